@@ -1,0 +1,39 @@
+# Two set-up commands (see README): `make run` and `make test`. Each creates .venv when absent.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+HOST ?= 127.0.0.1
+PORT ?= 8000
+PYTEST_ARGS ?=
+
+.PHONY: run test lint bench install-run install-test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# The service needs no torch.
+$(VENV)/.run-installed: $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+# Tests need torch (pinned CPU build) and the dev tools.
+$(VENV)/.test-installed: $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install -q -e '.[torch,dev]'
+	touch $@ $(VENV)/.run-installed
+
+install-run: $(VENV)/.run-installed
+install-test: $(VENV)/.test-installed
+
+run: install-run
+	$(BIN)/dcp cost 1024 8192 65536 --model llama-7b --cluster h200x32
+
+test: install-test
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: install-test
+	$(BIN)/ruff check .
+	$(BIN)/mypy costmodel planner api executor dcp_cli
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,125 @@
+"""Presets shipped as data files: models, hardware, clusters, benchmark workloads.
+
+The JSON files under ``costmodel/presets/`` are copies of ``shared/workloads`` and ship with
+the wheel. Fitted cost models committed by the profiling stage live in
+``costmodel/presets/fitted/``.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from costmodel.analytic import analytic_cost_model
+from costmodel.evaluate import CostModel
+from costmodel.schema import CostModelFile
+from costmodel.specs import ClusterSpec, HardwareSpec, ModelSpec
+
+_PRESETS = "presets"
+
+
+def _read_json(*parts: str) -> Any:
+    node = resources.files("costmodel").joinpath(_PRESETS, *parts)
+    return json.loads(node.read_text())
+
+
+def _unknown(kind: str, name: str, known: list[str]) -> ValueError:
+    return ValueError(f"unknown {kind} preset {name!r}; known: {', '.join(sorted(known))}")
+
+
+@cache
+def _models() -> dict[str, ModelSpec]:
+    return {name: ModelSpec(name=name, **spec) for name, spec in _read_json("models.json").items()}
+
+
+@cache
+def _hardware() -> dict[str, HardwareSpec]:
+    return {name: HardwareSpec(name=name, **spec) for name, spec in _read_json("hardware.json").items()}
+
+
+def model_names() -> list[str]:
+    """Names of the model presets."""
+    return sorted(_models())
+
+
+def hardware_names() -> list[str]:
+    """Names of the hardware presets."""
+    return sorted(_hardware())
+
+
+def cluster_names() -> list[str]:
+    """Names of the cluster presets."""
+    return sorted(_read_json("clusters.json"))
+
+
+def workload_names() -> list[str]:
+    """Names of the benchmark workload presets."""
+    folder = resources.files("costmodel").joinpath(_PRESETS, "workloads")
+    return sorted(p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+def load_model(name: str) -> ModelSpec:
+    """A model preset by name.
+
+    Raises:
+        ValueError: naming the unknown preset and the known ones.
+    """
+    models = _models()
+    if name not in models:
+        raise _unknown("model", name, list(models))
+    return models[name]
+
+
+def load_hardware(name: str) -> HardwareSpec:
+    """A hardware preset by name."""
+    hardware = _hardware()
+    if name not in hardware:
+        raise _unknown("hardware", name, list(hardware))
+    return hardware[name]
+
+
+def load_cluster(name: str, **overrides: Any) -> ClusterSpec:
+    """A cluster preset by name, with optional field overrides (e.g. ``memory_cap_fraction``)."""
+    clusters = _read_json("clusters.json")
+    if name not in clusters:
+        raise _unknown("cluster", name, list(clusters))
+    spec = dict(clusters[name])
+    spec["hardware"] = load_hardware(spec["hardware"])
+    spec.update(overrides)
+    return ClusterSpec(name=name, **spec)
+
+
+def load_workload_spec(name: str) -> dict[str, Any]:
+    """The raw JSON of a benchmark workload preset (``dcp-workload/1``)."""
+    if name not in workload_names():
+        raise _unknown("workload", name, workload_names())
+    spec: dict[str, Any] = _read_json("workloads", f"{name}.json")
+    return spec
+
+
+def fitted_cost_models() -> list[CostModelFile]:
+    """Fitted cost models shipped as presets (may be empty)."""
+    folder = resources.files("costmodel").joinpath(_PRESETS, "fitted")
+    if not folder.is_dir():
+        return []
+    return [CostModelFile.model_validate_json(p.read_text())
+            for p in sorted(folder.iterdir(), key=lambda p: p.name) if p.name.endswith(".json")]
+
+
+def default_cost_model_file(model: str, hardware: str) -> CostModelFile:
+    """The analytic default cost model for a model and hardware preset."""
+    return analytic_cost_model(load_model(model), load_hardware(hardware))
+
+
+def default_cost_model(model: str, cluster: str | ClusterSpec) -> CostModel:
+    """The analytic default cost model of a model preset bound to a cluster (preset or spec)."""
+    spec = load_cluster(cluster) if isinstance(cluster, str) else cluster
+    return CostModel(file=analytic_cost_model(load_model(model), spec.hardware), cluster=spec)
+
+
+def builtin_cost_model_files() -> list[CostModelFile]:
+    """Every embedded cost model: analytic defaults for all model x hardware presets, then fitted."""
+    analytic = [default_cost_model_file(m, h) for m in model_names() for h in hardware_names()]
+    return analytic + fitted_cost_models()

@@ -1,0 +1,180 @@
+"""Wire schemas for what the cost model is about: samples, models, hardware, clusters.
+
+A leaf module (pydantic only): the planner, the service and the executor all import it.
+Every model carries ``schema_version`` where it is stored on its own; validation errors
+name the field and the offending value (pydantic's ``ValidationError`` is a ``ValueError``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SCHEMA_VERSION = 1
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Sample(_Frozen):
+    """One training sequence, identified by a stable dataset id.
+
+    1D (text) samples give ``tokens``; 2D (video/image latent) samples give ``frames``,
+    ``height`` and ``width`` in patches, and ``tokens`` is derived as ``f*h*w``.
+    """
+
+    id: str = Field(min_length=1, max_length=256, description="Stable id of the sample in its dataset.")
+    tokens: int = Field(gt=0, description="Sequence length in tokens (f*h*w for 2D samples).")
+    frames: int | None = Field(default=None, gt=0, description="Latent frames (2D only).")
+    height: int | None = Field(default=None, gt=0, description="Latent height in patches (2D only).")
+    width: int | None = Field(default=None, gt=0, description="Latent width in patches (2D only).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_tokens(cls, data: object) -> object:
+        if not isinstance(data, dict):
+            return data
+        dims = [data.get("frames"), data.get("height"), data.get("width")]
+        given = [d is not None for d in dims]
+        if any(given) and not all(given):
+            raise ValueError(
+                f"a 2D sample needs frames, height and width together; got frames={dims[0]}, "
+                f"height={dims[1]}, width={dims[2]}"
+            )
+        if all(given):
+            for name, value in zip(("frames", "height", "width"), dims, strict=True):
+                if not isinstance(value, int) or value <= 0:
+                    raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            product = dims[0] * dims[1] * dims[2]  # type: ignore[operator]
+            if data.get("tokens") is None:
+                data = {**data, "tokens": product}
+            elif data["tokens"] != product:
+                raise ValueError(
+                    f"tokens={data['tokens']} does not equal frames*height*width={product}"
+                )
+        return data
+
+    @property
+    def is_2d(self) -> bool:
+        """True for a video/image latent sample."""
+        return self.frames is not None
+
+    @property
+    def spatial_tokens(self) -> int:
+        """Tokens per frame (``h*w``); the whole sequence for 1D samples."""
+        if self.height is None or self.width is None:
+            return self.tokens
+        return self.height * self.width
+
+    @property
+    def num_frames(self) -> int:
+        """Frames (1 for 1D samples)."""
+        return self.frames if self.frames is not None else 1
+
+    @property
+    def shape_key(self) -> tuple[int, int]:
+        """(frames, tokens per frame): samples with equal keys cost the same."""
+        return (self.num_frames, self.spatial_tokens)
+
+
+class ModelSpec(_Frozen):
+    """Public architecture numbers of a transformer (what the analytic cost model needs)."""
+
+    name: str = Field(min_length=1, description="Preset or user name of the model.")
+    kind: Literal["1d", "2d"] = Field(description="1d: text decoder; 2d: spatial+temporal video DiT.")
+    num_layers: int = Field(gt=0, description="Transformer layers (2D: spatial+temporal block pairs).")
+    hidden: int = Field(gt=0, description="Hidden size.")
+    num_heads: int = Field(gt=0, description="Attention heads; Ulysses group sizes must divide it.")
+    num_kv_heads: int | None = Field(default=None, gt=0, description="KV heads (GQA); default = num_heads.")
+    ffn_hidden: int = Field(gt=0, description="MLP inner size.")
+    vocab: int = Field(default=0, ge=0, description="Vocabulary size (1D only; 0 for 2D).")
+    causal: bool = Field(default=True, description="Causal self-attention (halves attention FLOPs).")
+    mlp: Literal["swiglu", "gelu"] | None = Field(
+        default=None, description="MLP kind; default swiglu for 1d, gelu for 2d."
+    )
+    cross_attention_tokens: int = Field(
+        default=0, ge=0, description="Text-conditioning tokens attended by each block (2D)."
+    )
+    attention: str | None = Field(default=None, description="Free-text note on the attention layout.")
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        if self.hidden % self.num_heads != 0:
+            raise ValueError(f"hidden={self.hidden} is not divisible by num_heads={self.num_heads}")
+        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads != 0:
+            raise ValueError(
+                f"num_heads={self.num_heads} is not divisible by num_kv_heads={self.num_kv_heads}"
+            )
+        return self
+
+    @property
+    def mlp_kind(self) -> str:
+        """The MLP kind with its default filled in."""
+        if self.mlp is not None:
+            return self.mlp
+        return "swiglu" if self.kind == "1d" else "gelu"
+
+    @property
+    def kv_heads(self) -> int:
+        """KV heads with the default filled in."""
+        return self.num_kv_heads if self.num_kv_heads is not None else self.num_heads
+
+    def allowed_group_sizes(self, *, max_size: int) -> list[int]:
+        """Ulysses SP sizes this model allows: divisors of the head count up to ``max_size``."""
+        return [d for d in range(1, min(max_size, self.num_heads) + 1) if self.num_heads % d == 0]
+
+
+class HardwareSpec(_Frozen):
+    """Public accelerator specs."""
+
+    name: str = Field(min_length=1, description="Preset or user name of the accelerator.")
+    hbm_bytes: float = Field(gt=0, description="Device memory in bytes.")
+    hbm_bandwidth_bytes_per_s: float = Field(gt=0, description="Device memory bandwidth.")
+    bf16_dense_flops: float = Field(gt=0, description="Peak dense bf16 FLOP/s.")
+    nvlink_bytes_per_s_per_direction: float = Field(gt=0, description="Intra-node link bandwidth per GPU.")
+    network_bytes_per_s_per_gpu: float = Field(gt=0, description="Inter-node bandwidth per GPU.")
+
+
+StateSharding = Literal["replicated", "zero1", "zero2", "zero3"]
+
+
+class ClusterSpec(_Frozen):
+    """The world a plan is made for."""
+
+    schema_version: int = Field(default=SCHEMA_VERSION, description="Wire schema version.")
+    name: str = Field(min_length=1, description="Preset or user name of the cluster.")
+    hardware: HardwareSpec = Field(description="The accelerator of every rank.")
+    num_gpus: int = Field(gt=0, description="World size N.")
+    gpus_per_node: int = Field(gt=0, description="GPUs per node G (NVLink inside, network across).")
+    memory_cap_fraction: float = Field(
+        default=0.8,
+        gt=0,
+        le=1,
+        description="Share of device memory a plan may use (a margin against allocator "
+        "fragmentation and out-of-memory deadlocks; DCP used 0.65-0.7).",
+    )
+    state_sharding: StateSharding = Field(
+        default="zero2",
+        description="How model states are sharded over the world: replicated (DDP), "
+        "zero1 (optimizer), zero2 (+grads), zero3 (+params).",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> ClusterSpec:
+        if self.num_gpus % self.gpus_per_node != 0:
+            raise ValueError(
+                f"num_gpus={self.num_gpus} is not a multiple of gpus_per_node={self.gpus_per_node}"
+            )
+        return self
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes in the cluster."""
+        return self.num_gpus // self.gpus_per_node
+
+    @property
+    def memory_cap_bytes(self) -> float:
+        """Bytes a rank may use under the cap."""
+        return self.hardware.hbm_bytes * self.memory_cap_fraction

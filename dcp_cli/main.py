@@ -1,0 +1,36 @@
+"""The ``dcp`` command line: one typer app, one module per command.
+
+Run ``dcp --help``. Each command lives in its own module under ``dcp_cli/`` and registers
+itself on ``app`` through ``register(app)``; heavy imports (torch, ortools) happen inside the
+commands so that ``dcp --help`` stays fast and the service never needs torch.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import typer
+
+from dcp_cli import cost
+
+app = typer.Typer(
+    name="dcp",
+    help="Data-Centric Parallel planner: cost models, plans, the planner service.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+@app.callback()
+def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging.")) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+for _module in (cost,):
+    _module.register(app)
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,183 @@
+"""Workloads: reproducible global batches from benchmark specs, and real dataset manifests.
+
+A benchmark spec (``dcp-workload/1``, see ``costmodel/presets/workloads``) is either 2D
+(``buckets`` of latent frames x height x width with sampling weights) or 1D (a token-length
+``distribution``: lognormal with median and sigma, or log-uniform, clipped to bounds).
+
+A manifest is JSON Lines, one sample per line: ``{"id": "a", "tokens": 812}`` or
+``{"id": "v1", "frames": 15, "height": 22, "width": 40}``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from costmodel.presets import load_workload_spec
+from costmodel.specs import Sample
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Bucket(_Frozen):
+    """A 2D shape bucket with its sampling weight."""
+
+    name: str
+    frames: int = Field(gt=0)
+    height: int = Field(gt=0)
+    width: int = Field(gt=0)
+    weight: float = Field(ge=0)
+
+
+class LengthDistribution(_Frozen):
+    """A 1D token-length distribution."""
+
+    type: Literal["lognormal", "loguniform"]
+    min_tokens: int = Field(gt=0)
+    max_tokens: int = Field(gt=0)
+    median_tokens: float | None = Field(default=None, gt=0)
+    sigma: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> LengthDistribution:
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens={self.min_tokens} exceeds max_tokens={self.max_tokens}")
+        if self.type == "lognormal" and (self.median_tokens is None or self.sigma is None):
+            raise ValueError("a lognormal distribution needs median_tokens and sigma")
+        return self
+
+
+class WorkloadSpec(_Frozen):
+    """A benchmark workload (``schema: dcp-workload/1``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    schema_: Literal["dcp-workload/1"] = Field(alias="schema")
+    name: str
+    kind: Literal["1d", "2d"]
+    model: str
+    description: str = ""
+    buckets: list[Bucket] | None = None
+    distribution: LengthDistribution | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkloadSpec:
+        if self.kind == "2d" and not self.buckets:
+            raise ValueError(f"2d workload {self.name!r} has no buckets")
+        if self.kind == "1d" and self.distribution is None:
+            raise ValueError(f"1d workload {self.name!r} has no distribution")
+        if self.buckets and sum(b.weight for b in self.buckets) <= 0:
+            raise ValueError(f"workload {self.name!r}: bucket weights sum to 0")
+        return self
+
+    @classmethod
+    def preset(cls, name: str) -> WorkloadSpec:
+        """Load a shipped workload preset by name."""
+        return cls.model_validate(load_workload_spec(name))
+
+    @property
+    def max_sample(self) -> Sample:
+        """The largest sample the workload can produce."""
+        if self.kind == "2d":
+            assert self.buckets is not None
+            b = max(self.buckets, key=lambda b: b.frames * b.height * b.width)
+            return Sample(id=f"{self.name}:max", frames=b.frames, height=b.height, width=b.width,
+                          tokens=b.frames * b.height * b.width)
+        assert self.distribution is not None
+        return Sample(id=f"{self.name}:max", tokens=self.distribution.max_tokens)
+
+
+def _draw(spec: WorkloadSpec, rng: np.random.Generator, count: int) -> list[dict[str, int]]:
+    if spec.kind == "2d":
+        assert spec.buckets is not None
+        weights = np.array([b.weight for b in spec.buckets], dtype=np.float64)
+        picks = rng.choice(len(spec.buckets), size=count, p=weights / weights.sum())
+        return [{"frames": spec.buckets[i].frames, "height": spec.buckets[i].height,
+                 "width": spec.buckets[i].width} for i in picks]
+    dist = spec.distribution
+    assert dist is not None
+    lo, hi = np.log(dist.min_tokens), np.log(dist.max_tokens)
+    if dist.type == "lognormal":
+        assert dist.median_tokens is not None and dist.sigma is not None
+        logs = rng.normal(np.log(dist.median_tokens), dist.sigma, size=count)
+    else:
+        logs = rng.uniform(lo, hi, size=count)
+    tokens = np.clip(np.rint(np.exp(logs)), dist.min_tokens, dist.max_tokens).astype(int)
+    return [{"tokens": int(t)} for t in tokens]
+
+
+def sample_batch(spec: WorkloadSpec, *, num_samples: int, seed: int, step: int = 0) -> list[Sample]:
+    """Draw one reproducible global batch.
+
+    Args:
+        spec: The workload.
+        num_samples: Samples in the batch.
+        seed: Seed of the run; the batch of (seed, step) is always the same.
+        step: Step index.
+
+    Returns:
+        Samples with ids ``<workload>:<seed>:<step>:<i>``.
+    """
+    if num_samples <= 0:
+        raise ValueError(f"num_samples must be positive, got {num_samples}")
+    rng = np.random.default_rng([seed, step])
+    return [Sample(id=f"{spec.name}:{seed}:{step}:{i}", **shape)
+            for i, shape in enumerate(_draw(spec, rng, num_samples))]
+
+
+def synthesize_manifest(spec: WorkloadSpec, *, num_samples: int, seed: int) -> list[Sample]:
+    """A reproducible synthetic dataset of ``num_samples`` samples (ids ``<workload>-<i>``)."""
+    if num_samples <= 0:
+        raise ValueError(f"num_samples must be positive, got {num_samples}")
+    rng = np.random.default_rng(seed)
+    return [Sample(id=f"{spec.name}-{i}", **shape) for i, shape in enumerate(_draw(spec, rng, num_samples))]
+
+
+def parse_manifest_lines(lines: Iterable[str], *, source: str = "<manifest>") -> Iterator[Sample]:
+    """Parse JSON Lines into samples; blank lines are skipped.
+
+    Raises:
+        ValueError: naming the source, the line number and the reason; also for duplicate ids.
+    """
+    seen: set[str] = set()
+    for number, line in enumerate(lines, start=1):
+        text = line.strip()
+        if not text:
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{source}:{number}: not JSON ({exc.msg})") from None
+        if isinstance(record, dict) and "id" in record and not isinstance(record["id"], str):
+            record["id"] = str(record["id"])
+        try:
+            sample = Sample.model_validate(record)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first["loc"]) or "sample"
+            raise ValueError(f"{source}:{number}: {field}: {first['msg']} (got {first.get('input')!r})") from None
+        if sample.id in seen:
+            raise ValueError(f"{source}:{number}: duplicate sample id {sample.id!r}")
+        seen.add(sample.id)
+        yield sample
+
+
+def read_manifest(path: str | Path) -> list[Sample]:
+    """Read a JSON Lines manifest file."""
+    p = Path(path)
+    with p.open() as fh:
+        return list(parse_manifest_lines(fh, source=str(p)))
+
+
+def write_manifest(samples: Iterable[Sample], path: str | Path) -> None:
+    """Write samples as a JSON Lines manifest."""
+    with Path(path).open("w") as fh:
+        for s in samples:
+            fh.write(s.model_dump_json(exclude_none=True) + "\n")
