@@ -1,0 +1,70 @@
+"""Workloads: seeded batches from the presets and JSON Lines manifests."""
+
+from __future__ import annotations
+
+import pytest
+
+from costmodel.specs import Sample
+from planner.workload import (
+    WorkloadSpec,
+    parse_manifest_lines,
+    read_manifest,
+    sample_batch,
+    synthesize_manifest,
+    write_manifest,
+)
+
+ALL = ["video-short", "video-balanced", "video-long", "text-longtail", "text-longcontext"]
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_batches_are_reproducible_and_within_spec(name: str) -> None:
+    spec = WorkloadSpec.preset(name)
+    a = sample_batch(spec, num_samples=256, seed=7, step=3)
+    b = sample_batch(spec, num_samples=256, seed=7, step=3)
+    c = sample_batch(spec, num_samples=256, seed=7, step=4)
+    assert a == b
+    assert a != c
+    assert len({s.id for s in a}) == 256
+    if spec.kind == "2d":
+        shapes = {(bk.frames, bk.height, bk.width) for bk in spec.buckets or []}
+        assert all((s.frames, s.height, s.width) in shapes for s in a)
+    else:
+        dist = spec.distribution
+        assert dist is not None
+        assert all(dist.min_tokens <= s.tokens <= dist.max_tokens for s in a)
+    assert max(s.tokens for s in a) <= spec.max_sample.tokens
+
+
+def test_video_short_is_short_dominated() -> None:
+    batch = sample_batch(WorkloadSpec.preset("video-short"), num_samples=2000, seed=0)
+    single_frame = sum(1 for s in batch if s.frames == 1)
+    assert single_frame / len(batch) > 0.7  # weights of the 1-frame buckets sum to ~0.78
+
+
+def test_manifest_round_trip(tmp_path) -> None:
+    samples = synthesize_manifest(WorkloadSpec.preset("video-balanced"), num_samples=50, seed=1)
+    samples += [Sample(id="text-1", tokens=77)]
+    path = tmp_path / "m.jsonl"
+    write_manifest(samples, path)
+    assert read_manifest(path) == samples
+
+
+def test_manifest_errors_name_line_and_field() -> None:
+    with pytest.raises(ValueError, match=r"m:2: tokens: .*greater than 0.*got -3"):
+        list(parse_manifest_lines(['{"id": "a", "tokens": 5}', '{"id": "b", "tokens": -3}'], source="m"))
+    with pytest.raises(ValueError, match="m:1: not JSON"):
+        list(parse_manifest_lines(["{oops"], source="m"))
+    with pytest.raises(ValueError, match="m:3: duplicate sample id 'a'"):
+        list(parse_manifest_lines(['{"id": "a", "tokens": 5}', "", '{"id": "a", "tokens": 6}'], source="m"))
+
+
+def test_numeric_ids_are_kept_as_strings() -> None:
+    (sample,) = parse_manifest_lines(['{"id": 17, "frames": 1, "height": 9, "width": 16}'])
+    assert sample.id == "17"
+    assert sample.tokens == 144
+
+
+def test_bad_batch_size_rejected() -> None:
+    with pytest.raises(ValueError, match="num_samples must be positive, got 0"):
+        sample_batch(WorkloadSpec.preset("video-short"), num_samples=0, seed=0)

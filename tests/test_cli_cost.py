@@ -1,0 +1,43 @@
+"""``dcp cost`` through the real typer app."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from dcp_cli.main import app
+
+runner = CliRunner()
+
+
+def test_cost_json_1d() -> None:
+    result = runner.invoke(app, ["cost", "1024", "65536", "--cluster", "h200x32", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output)
+    assert payload["cost_model_id"] == "analytic-llama-7b-h200-sxm"
+    rows = payload["rows"]
+    assert {r["group_size"] for r in rows} == {1, 2, 4, 8, 16, 32}
+    long_rows = [r for r in rows if r["tokens"] == 65536]
+    assert all(r["fits_full"] for r in long_rows)
+    times = [r["time_s_none"] for r in sorted(long_rows, key=lambda r: r["group_size"])]
+    assert times == sorted(times, reverse=True)  # a long sample gets faster with more GPUs
+    for r in rows:
+        assert r["activation_bytes_full"] <= r["activation_bytes_none"]
+
+
+def test_cost_table_2d() -> None:
+    result = runner.invoke(app, ["cost", "15x22x40", "--model", "stdit3-xl", "--cluster", "h200x8"])
+    assert result.exit_code == 0, result.output
+    assert "analytic-stdit3-xl-h200-sxm" in result.output
+
+
+def test_cost_bad_input() -> None:
+    result = runner.invoke(app, ["cost", "12x", "--model", "stdit3-xl"])
+    assert result.exit_code == 2
+    assert "12x" in result.output
+    result = runner.invoke(app, ["cost", "100", "--cluster", "nope"])
+    assert result.exit_code == 2
+    assert "unknown cluster preset 'nope'" in result.output
+    result = runner.invoke(app, ["cost", "100", "--model", "stdit3-xl"])
+    assert result.exit_code == 2
