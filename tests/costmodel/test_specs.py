@@ -88,3 +88,19 @@ def test_model_allowed_group_sizes_follow_heads() -> None:
 def test_model_spec_rejects_heads_not_dividing_hidden() -> None:
     with pytest.raises(ValueError, match="hidden=100 is not divisible by num_heads=3"):
         ModelSpec(name="m", kind="1d", num_layers=1, hidden=100, num_heads=3, ffn_hidden=10)
+
+
+def test_shipped_presets_match_shared_workloads() -> None:
+    import json
+    from importlib import resources
+    from pathlib import Path
+
+    shared = Path(__file__).resolve().parents[3] / "shared" / "workloads"
+    if not shared.is_dir():
+        pytest.skip(f"{shared} not present")
+    presets = resources.files("costmodel").joinpath("presets")
+    for name in ("models.json", "hardware.json", "clusters.json"):
+        assert json.loads(presets.joinpath(name).read_text()) == json.loads((shared / name).read_text())
+    for path in shared.glob("*-*.json"):
+        shipped = presets.joinpath("workloads", path.name).read_text()
+        assert json.loads(shipped) == json.loads(path.read_text()), path.name
