@@ -1,0 +1,106 @@
+"""The FastAPI app of the planner service: ``create_app(settings)``.
+
+Start it with ``dcp serve`` (uvicorn on 127.0.0.1:8000 by default). The lifespan opens and
+migrates the SQLite store, starts the solver process pool, warms its workers, resumes the
+epoch jobs a previous run left queued or running, and on shutdown stops the jobs (they
+resume at next start) and the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+from collections.abc import AsyncIterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+
+from api.deps import ServiceState
+from api.jobs import JobManager
+from api.limits import BodySizeLimitMiddleware
+from api.metrics import LatencyMiddleware, Metrics
+from api.plancache import PlanCache
+from api.registry import CostModelRegistry
+from api.routers import cost_models, epochs, health, plans
+from api.settings import Settings
+from api.store import PlanStore
+
+logger = logging.getLogger(__name__)
+
+API_VERSION = "1"
+
+
+def warm_worker() -> int:
+    """Import the planner in a pool worker (so the first plan does not pay for it)."""
+    import planner.planning  # noqa: F401
+
+    return os.getpid()
+
+
+def make_executor(num_workers: int) -> ProcessPoolExecutor:
+    """The solver pool: spawned processes (safe next to the server's threads)."""
+    return ProcessPoolExecutor(max_workers=num_workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The service app for ``settings`` (read from the environment when None)."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = PlanStore.open(settings.db_path)
+        registry = CostModelRegistry(store)
+        executor = make_executor(settings.num_workers)
+        metrics: Metrics = app.state.metrics
+        metrics.plans_stored.set_function(lambda: float(store.num_plans()))
+        jobs = JobManager(store, get_cost_model=registry.get, executor=executor,
+                          num_workers=settings.num_workers,
+                          write_batch_steps=settings.write_batch_steps, metrics=metrics)
+        state = ServiceState(settings=settings, store=store, registry=registry, executor=executor,
+                             jobs=jobs, metrics=metrics,
+                             cache=PlanCache(max_plans=settings.plan_cache_size))
+        app.state.service = state
+
+        async def warm() -> None:
+            loop = asyncio.get_running_loop()
+            pids = await asyncio.gather(*(loop.run_in_executor(executor, warm_worker)
+                                          for _ in range(settings.num_workers)))
+            state.ready = True
+            logger.info("solver pool ready: %d worker(s) %s", len(set(pids)), sorted(set(pids)))
+
+        warm_task = asyncio.create_task(warm())
+        if settings.resume_jobs:
+            resumed = jobs.resume_all()
+            if resumed:
+                logger.info("resumed %d epoch job(s): %s", len(resumed), resumed)
+        logger.info("planner service: store %s, %d solver worker(s)", settings.db_path,
+                    settings.num_workers)
+        try:
+            yield
+        finally:
+            warm_task.cancel()
+            await asyncio.to_thread(jobs.shutdown)
+            executor.shutdown(wait=False, cancel_futures=True)
+            store.close()
+            logger.info("planner service stopped")
+
+    app = FastAPI(
+        title="dcp-planner service",
+        version=API_VERSION,
+        summary="Per-step sequence-parallel plans for variable-length training: plan a batch, "
+                "precompute an epoch, serve plans to ranks.",
+        lifespan=lifespan,
+    )
+    app.state.metrics = Metrics()
+    for router in (plans.router, epochs.router, cost_models.router, health.router):
+        app.include_router(router)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
+                           allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"])
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(LatencyMiddleware, metrics=app.state.metrics)
+    return app

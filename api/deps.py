@@ -1,0 +1,70 @@
+"""Dependencies of the routers: the service state, the settings, the bearer-token check."""
+
+from __future__ import annotations
+
+import hmac
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from api.jobs import JobManager
+from api.metrics import Metrics
+from api.plancache import PlanCache
+from api.registry import CostModelRegistry
+from api.settings import Settings
+from api.store import PlanStore
+
+
+@dataclass(kw_only=True, slots=True)
+class ServiceState:
+    """Everything the lifespan opens, shared by the routers."""
+
+    settings: Settings
+    """The settings the app was made with."""
+    store: PlanStore
+    """The plan store."""
+    registry: CostModelRegistry
+    """Cost models."""
+    executor: Executor
+    """The solver process pool."""
+    jobs: JobManager
+    """Epoch jobs."""
+    metrics: Metrics
+    """Prometheus metrics."""
+    cache: PlanCache
+    """Parsed plans and rank views of recently fetched steps."""
+    ready: bool = field(default=False)
+    """True once the pool's workers are started."""
+
+
+def get_state(request: Request) -> ServiceState:
+    """The service state stored on the app by the lifespan."""
+    state: ServiceState = request.app.state.service
+    return state
+
+
+State = Annotated[ServiceState, Depends(get_state)]
+
+_bearer = HTTPBearer(auto_error=False, description="Required for writes when DCP_AUTH_TOKEN is set.")
+
+
+def require_writer(state: State,
+                   credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+                   ) -> None:
+    """Check the bearer token of a write (no-op when no token is configured).
+
+    Raises:
+        HTTPException: 401 when the token is missing or wrong.
+    """
+    token = state.settings.auth_token
+    if token is None:
+        return
+    if credentials is None or not hmac.compare_digest(credentials.credentials.encode(), token.encode()):
+        raise HTTPException(status_code=status.HTTP_401_UNAUTHORIZED,
+                            detail="missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+
+Writer = Depends(require_writer)

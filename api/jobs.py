@@ -1,0 +1,260 @@
+"""Epoch jobs: creation (steps fixed up front), running over the process pool, resuming.
+
+``prepare_epoch`` and ``run_epoch_job`` are shared by the service and ``dcp epoch``; the
+``JobManager`` runs jobs on threads of the service, each driving the shared process pool.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+
+from api.metrics import Metrics
+from api.registry import check_compatible
+from api.store import ACTIVE_STATES, EpochRecord, PlanStore
+from costmodel.schema import CostModelFile
+from costmodel.specs import ClusterSpec, Sample
+from planner.epoch import BatchRule, CancelledError, StepResult, StepTask, build_config, make_steps, run_epoch
+
+logger = logging.getLogger(__name__)
+
+
+def manifest_digest(samples: Sequence[Sample]) -> str:
+    """SHA-256 over the manifest's samples (ids and shapes, in order)."""
+    h = hashlib.sha256()
+    for s in samples:
+        h.update(s.model_dump_json(exclude_none=True).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def prepare_epoch(store: PlanStore, *, epoch_id: str, samples: Sequence[Sample], rule: BatchRule,
+                  seed: int, cluster: ClusterSpec, cost_model: CostModelFile,
+                  options: Mapping[str, Any], manifest_source: str) -> EpochRecord:
+    """Validate a job, cut the manifest into steps and store it as queued.
+
+    Raises:
+        ValueError: invalid options, a cost model for other hardware, a sample longer than
+            the token budget, an empty manifest.
+        api.store.EpochExistsError: when the id is taken.
+    """
+    build_config(options)
+    check_compatible(cost_model, cluster)
+    steps = make_steps(samples, rule=rule, seed=seed)
+    spec = {
+        "batch": rule.as_dict(), "seed": seed, "cluster": cluster.model_dump(mode="json"),
+        "cost_model_id": cost_model.id, "cost_model_digest": cost_model.digest(),
+        "options": dict(options),
+        "manifest": {"source": manifest_source, "num_samples": len(samples),
+                     "digest": manifest_digest(samples)},
+    }
+    return store.create_epoch(epoch_id, spec=spec, steps=steps)
+
+
+def same_request(record: EpochRecord, *, rule: BatchRule, seed: int, cluster: ClusterSpec,
+                 cost_model: CostModelFile, options: Mapping[str, Any],
+                 samples: Sequence[Sample]) -> bool:
+    """True when a stored job was made from exactly these inputs (so it may be resumed)."""
+    spec = record.spec
+    return (spec["batch"] == rule.as_dict() and spec["seed"] == seed
+            and spec["cluster"] == cluster.model_dump(mode="json")
+            and spec["cost_model_digest"] == cost_model.digest() and spec["options"] == dict(options)
+            and spec["manifest"]["digest"] == manifest_digest(samples))
+
+
+def _tasks(store: PlanStore, record: EpochRecord, cluster: ClusterSpec,
+           cost_model: CostModelFile) -> Iterator[StepTask]:
+    for step in store.pending_steps(record.id):
+        yield StepTask(step=step, samples=store.batch(record.id, step), cluster=cluster,
+                       cost_model=cost_model, options=record.spec["options"], seed=record.spec["seed"])
+
+
+class _MeteredSink:
+    def __init__(self, store: PlanStore, epoch_id: str, metrics: Metrics | None) -> None:
+        self.store = store
+        self.epoch_id = epoch_id
+        self.metrics = metrics
+
+    def write_steps(self, results: Sequence[StepResult]) -> int:
+        new = self.store.write_steps(self.epoch_id, results)
+        if self.metrics is not None:
+            for r in results:
+                self.metrics.solver_latency_s.labels("epoch").observe(r.solve_time_s)
+        return new
+
+
+def run_epoch_job(store: PlanStore, epoch_id: str, *, get_cost_model: Callable[[str], CostModelFile],
+                  executor: Executor, num_workers: int, write_batch_steps: int = 16,
+                  should_stop: Callable[[], bool] = lambda: False,
+                  stop_state: Callable[[], str] = lambda: "cancelled",
+                  on_written: Callable[[int], None] = lambda n: None,
+                  metrics: Metrics | None = None) -> EpochRecord:
+    """Plan every step of a stored job that has no plan yet; record the final state.
+
+    Args:
+        store: The plan store.
+        epoch_id: The job.
+        get_cost_model: Resolves the job's cost-model id.
+        executor: The process pool.
+        num_workers: Its size (about twice as many steps are kept in flight).
+        write_batch_steps: Most steps per transaction.
+        should_stop: Polled; true stops the job after writing what finished.
+        stop_state: The state a stopped job gets (``cancelled``, or ``queued`` at shutdown).
+        on_written: Called with the number of new steps after each write.
+        metrics: Service metrics, if any.
+
+    Returns:
+        The job as stored at the end (done, failed, cancelled or queued).
+    """
+    record = store.get_epoch(epoch_id)
+    if record is None:
+        raise KeyError(f"unknown epoch {epoch_id!r}")
+    store.set_state(epoch_id, "running")
+    try:
+        cost_model = get_cost_model(record.spec["cost_model_id"])
+        if cost_model.digest() != record.spec["cost_model_digest"]:
+            raise ValueError(f"cost model {cost_model.id!r} changed since the job was created")
+        cluster = ClusterSpec.model_validate(record.spec["cluster"])
+        run_epoch(_tasks(store, record, cluster, cost_model), executor=executor,
+                  sink=_MeteredSink(store, epoch_id, metrics), max_in_flight=2 * num_workers,
+                  write_batch_steps=write_batch_steps, should_stop=should_stop,
+                  on_written=on_written)
+    except CancelledError:
+        store.set_state(epoch_id, stop_state())
+    except Exception as exc:
+        logger.warning("epoch %s failed: %s", epoch_id, exc)
+        store.set_state(epoch_id, "failed", error=f"{type(exc).__name__}: {exc}")
+    else:
+        store.set_state(epoch_id, "done")
+    final = store.get_epoch(epoch_id)
+    assert final is not None
+    return final
+
+
+@dataclass(slots=True)
+class _Run:
+    thread: threading.Thread
+    cancel: threading.Event
+    started_monotonic: float
+    steps_at_start: int
+    steps_done: int
+
+
+class JobManager:
+    """Runs epoch jobs on threads of the service; each thread drives the shared process pool."""
+
+    def __init__(self, store: PlanStore, *, get_cost_model: Callable[[str], CostModelFile],
+                 executor: Executor, num_workers: int, write_batch_steps: int,
+                 metrics: Metrics | None = None) -> None:
+        self.store = store
+        self.get_cost_model = get_cost_model
+        self.executor = executor
+        self.num_workers = num_workers
+        self.write_batch_steps = write_batch_steps
+        self.metrics = metrics
+        self._runs: dict[str, _Run] = {}
+        self._lock = threading.Lock()
+        self._shutdown = threading.Event()
+
+    def start(self, epoch_id: str) -> None:
+        """Start (or resume) a stored job on a new thread."""
+        record = self.store.get_epoch(epoch_id)
+        if record is None:
+            raise KeyError(f"unknown epoch {epoch_id!r}")
+        with self._lock:
+            if epoch_id in self._runs and self._runs[epoch_id].thread.is_alive():
+                return
+            cancel = threading.Event()
+            thread = threading.Thread(target=self._run, args=(epoch_id, cancel),
+                                      name=f"epoch-{epoch_id}", daemon=True)
+            self._runs[epoch_id] = _Run(thread=thread, cancel=cancel,
+                                        started_monotonic=time.monotonic(),
+                                        steps_at_start=record.steps_done,
+                                        steps_done=record.steps_done)
+            thread.start()
+
+    def _run(self, epoch_id: str, cancel: threading.Event) -> None:
+        run = self._runs[epoch_id]
+
+        def on_written(new: int) -> None:
+            run.steps_done += new
+            if self.metrics is not None:
+                record = self.store.get_epoch(epoch_id)
+                if record is not None:
+                    self.metrics.job_steps_done.labels(epoch_id).set(record.steps_done)
+                    self.metrics.job_progress.labels(epoch_id).set(
+                        record.steps_done / max(record.steps_total, 1))
+
+        try:
+            final = run_epoch_job(
+                self.store, epoch_id, get_cost_model=self.get_cost_model, executor=self.executor,
+                num_workers=self.num_workers, write_batch_steps=self.write_batch_steps,
+                should_stop=lambda: cancel.is_set() or self._shutdown.is_set(),
+                stop_state=lambda: "queued" if self._shutdown.is_set() and not cancel.is_set()
+                else "cancelled",
+                on_written=on_written, metrics=self.metrics)
+            logger.info("epoch %s ended %s (%d/%d steps)", epoch_id, final.state, final.steps_done,
+                        final.steps_total)
+        except Exception:
+            logger.exception("epoch %s crashed", epoch_id)
+
+    def cancel(self, epoch_id: str) -> EpochRecord:
+        """Cancel a queued or running job (a finished job is left as it is).
+
+        Raises:
+            KeyError: for an unknown epoch.
+        """
+        record = self.store.get_epoch(epoch_id)
+        if record is None:
+            raise KeyError(f"unknown epoch {epoch_id!r}")
+        with self._lock:
+            run = self._runs.get(epoch_id)
+        if run is not None and run.thread.is_alive():
+            run.cancel.set()
+            run.thread.join(timeout=30.0)
+        elif record.state in ACTIVE_STATES:
+            self.store.set_state(epoch_id, "cancelled")
+        final = self.store.get_epoch(epoch_id)
+        assert final is not None
+        return final
+
+    def eta_s(self, record: EpochRecord) -> float | None:
+        """Seconds to finish at the current run's rate (0 when done, None when unknown)."""
+        if record.state == "done":
+            return 0.0
+        run = self._runs.get(record.id)
+        if record.state != "running" or run is None:
+            return None
+        planned = run.steps_done - run.steps_at_start
+        elapsed = time.monotonic() - run.started_monotonic
+        if planned <= 0 or elapsed <= 0:
+            return None
+        return (record.steps_total - record.steps_done) * elapsed / planned
+
+    def resume_all(self) -> list[str]:
+        """Start every job stored as queued or running (after a restart or a crash)."""
+        resumed = [r.id for r in self.store.list_epochs() if r.state in ACTIVE_STATES]
+        for epoch_id in resumed:
+            logger.info("resuming epoch %s", epoch_id)
+            self.start(epoch_id)
+        return resumed
+
+    def shutdown(self, *, timeout_s: float = 30.0) -> None:
+        """Stop every job after its finished steps are written; they resume at next start."""
+        self._shutdown.set()
+        with self._lock:
+            runs = list(self._runs.values())
+        deadline = time.monotonic() + timeout_s
+        for run in runs:
+            run.thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    def active(self) -> list[str]:
+        """Ids of the jobs whose thread is running."""
+        with self._lock:
+            return [k for k, r in self._runs.items() if r.thread.is_alive()]

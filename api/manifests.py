@@ -1,0 +1,54 @@
+"""Manifests given to epoch jobs: inline JSON Lines, or a file confined to the data directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from costmodel.specs import Sample
+from planner.workload import parse_manifest_lines
+
+
+class PathEscapeError(ValueError):
+    """A manifest path that leaves the data directory."""
+
+
+def resolve_manifest_path(data_dir: Path, relative: str) -> Path:
+    """The manifest file ``relative`` under ``data_dir``, symlinks resolved.
+
+    Raises:
+        PathEscapeError: when the path (absolute, ``..`` or a symlink) leads outside.
+        ValueError: when no such file exists.
+    """
+    root = data_dir.resolve()
+    candidate = (root / relative).resolve()
+    if not candidate.is_relative_to(root):
+        raise PathEscapeError(f"manifest_path {relative!r} is outside the data directory")
+    if not candidate.is_file():
+        raise ValueError(f"manifest_path {relative!r}: no such file in the data directory")
+    return candidate
+
+
+def load_manifest(*, text: str | None, path: Path | None, max_samples: int) -> list[Sample]:
+    """Parse an inline manifest or a file.
+
+    Raises:
+        ValueError: naming the line and the reason, or the sample count over ``max_samples``.
+    """
+    samples: list[Sample] = []
+    if text is not None:
+        lines = text.splitlines()
+        source = "manifest_jsonl"
+        for sample in parse_manifest_lines(lines, source=source):
+            samples.append(sample)
+            if len(samples) > max_samples:
+                raise ValueError(f"manifest holds more than {max_samples} samples")
+    else:
+        assert path is not None
+        with path.open() as fh:
+            for sample in parse_manifest_lines(fh, source=path.name):
+                samples.append(sample)
+                if len(samples) > max_samples:
+                    raise ValueError(f"manifest holds more than {max_samples} samples")
+    if not samples:
+        raise ValueError("the manifest holds no samples")
+    return samples

@@ -1,0 +1,66 @@
+"""Prometheus metrics of the service, in a registry of their own (one per app)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+_LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_SOLVER_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+
+
+class Metrics:
+    """Request latency, solver latency, plans stored and job progress."""
+
+    def __init__(self, *, plans_stored: Callable[[], float] | None = None) -> None:
+        self.registry = CollectorRegistry()
+        self.request_latency_s = Histogram(
+            "dcp_http_request_duration_seconds", "HTTP request latency by route.",
+            ["method", "route", "status"], buckets=_LATENCY_BUCKETS_S, registry=self.registry)
+        self.solver_latency_s = Histogram(
+            "dcp_solver_duration_seconds", "Planner wall time per plan.", ["kind"],
+            buckets=_SOLVER_BUCKETS_S, registry=self.registry)
+        self.plans_stored = Gauge("dcp_plans_stored", "Plans in the store (all epochs).",
+                                  registry=self.registry)
+        if plans_stored is not None:
+            self.plans_stored.set_function(plans_stored)
+        self.job_steps_done = Gauge("dcp_epoch_steps_done", "Steps planned and stored per epoch job.",
+                                    ["epoch_id"], registry=self.registry)
+        self.job_progress = Gauge("dcp_epoch_progress", "steps_done / steps_total per epoch job.",
+                                  ["epoch_id"], registry=self.registry)
+
+    def render(self) -> bytes:
+        """The text exposition format."""
+        return generate_latest(self.registry)
+
+
+class LatencyMiddleware:
+    """Pure ASGI middleware observing each HTTP request's latency under its route template."""
+
+    def __init__(self, app: ASGIApp, *, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            path = getattr(route, "path", None) or "unmatched"
+            self.metrics.request_latency_s.labels(scope["method"], path, str(status)).observe(
+                time.perf_counter() - start)

@@ -1,0 +1,70 @@
+"""The cost-model registry: the embedded analytic defaults plus the models uploaded to the store."""
+
+from __future__ import annotations
+
+from api.store import CostModelConflictError, PlanStore
+from costmodel.presets import builtin_cost_model_files, load_cluster
+from costmodel.schema import CostModelFile
+from costmodel.specs import ClusterSpec
+
+
+class CostModelRegistry:
+    """Resolves cost-model ids; the embedded files are always present and cannot be replaced."""
+
+    def __init__(self, store: PlanStore) -> None:
+        self.store = store
+        self._builtin = {f.id: f for f in builtin_cost_model_files()}
+
+    def is_builtin(self, cost_model_id: str) -> bool:
+        """True for an embedded (shipped) cost model."""
+        return cost_model_id in self._builtin
+
+    def get(self, cost_model_id: str) -> CostModelFile:
+        """The cost model with this id.
+
+        Raises:
+            KeyError: naming the unknown id.
+        """
+        found = self._builtin.get(cost_model_id) or self.store.get_cost_model(cost_model_id)
+        if found is None:
+            raise KeyError(f"unknown cost model {cost_model_id!r}; GET /v1/cost-models lists them")
+        return found
+
+    def list(self) -> list[tuple[CostModelFile, str]]:
+        """Every cost model with where it came from (``builtin`` or ``uploaded``)."""
+        items = [(f, "builtin") for f in self._builtin.values()]
+        items += [(f, "uploaded") for f in self.store.list_cost_models()]
+        return items
+
+    def add(self, file: CostModelFile) -> bool:
+        """Store an uploaded cost model; False when the identical file is already stored.
+
+        Raises:
+            CostModelConflictError: when the id belongs to an embedded or a different model.
+        """
+        if file.id in self._builtin:
+            if self._builtin[file.id].digest() == file.digest():
+                return False
+            raise CostModelConflictError(f"cost model id {file.id!r} is an embedded default and "
+                                         "cannot be replaced; upload under a new id")
+        return self.store.put_cost_model(file)
+
+
+def resolve_cluster(cluster: str | ClusterSpec) -> ClusterSpec:
+    """A cluster preset name or a full spec.
+
+    Raises:
+        ValueError: for an unknown preset (naming the known ones).
+    """
+    return load_cluster(cluster) if isinstance(cluster, str) else cluster
+
+
+def check_compatible(cost_model: CostModelFile, cluster: ClusterSpec) -> None:
+    """Raise when the cost model was made for another accelerator than the cluster's.
+
+    Raises:
+        ValueError: naming both.
+    """
+    if cost_model.hardware != cluster.hardware.name:
+        raise ValueError(f"cost model {cost_model.id!r} is for hardware {cost_model.hardware!r} "
+                         f"but cluster {cluster.name!r} has {cluster.hardware.name!r}")

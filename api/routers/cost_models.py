@@ -1,0 +1,50 @@
+"""``/v1/cost-models``: the embedded analytic defaults plus uploaded (fitted) cost models."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Response, status
+
+from api.deps import State, Writer
+from api.errors import conflict, not_found
+from api.schemas import CostModelCreated, CostModelInfo
+from api.store import CostModelConflictError
+from costmodel.schema import CostModelFile
+
+router = APIRouter(prefix="/v1/cost-models", tags=["cost-models"])
+
+CostModelId = Annotated[str, Path(max_length=200, description="Cost-model id.")]
+
+
+@router.get("", response_model=list[CostModelInfo])
+async def list_cost_models(state: State) -> list[CostModelInfo]:
+    """Every cost model with its provenance (analytic or fitted) and source (builtin or uploaded)."""
+    return [CostModelInfo(id=f.id, provenance=f.provenance, source=source,  # type: ignore[arg-type]
+                          model=f.model.name, hardware=f.hardware, digest=f.digest(), notes=f.notes)
+            for f, source in state.registry.list()]
+
+
+@router.get("/{cost_model_id}", response_model=CostModelFile,
+            responses={404: {"description": "Unknown cost model."}})
+async def get_cost_model(cost_model_id: CostModelId, state: State) -> CostModelFile:
+    """The full cost-model file."""
+    try:
+        return state.registry.get(cost_model_id)
+    except KeyError as exc:
+        not_found(str(exc.args[0]))
+
+
+@router.post("", response_model=CostModelCreated, status_code=status.HTTP_201_CREATED,
+             dependencies=[Writer],
+             responses={200: {"description": "The identical file was already registered."},
+                        409: {"description": "The id is taken by a different (or embedded) model."}})
+async def upload_cost_model(body: CostModelFile, state: State, response: Response) -> CostModelCreated:
+    """Register a cost-model file (e.g. one fitted by ``dcp profile``); ids are immutable."""
+    try:
+        created = state.registry.add(body)
+    except CostModelConflictError as exc:
+        conflict(str(exc))
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return CostModelCreated(id=body.id, digest=body.digest(), created=created)

@@ -1,0 +1,178 @@
+"""``/v1/epochs``: epoch precompute jobs and their stored plans (whole, per rank, ranges)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Response, status
+
+from api.deps import ServiceState, State, Writer
+from api.errors import bad_request, conflict, not_found, unprocessable
+from api.jobs import prepare_epoch
+from api.manifests import PathEscapeError, load_manifest, resolve_manifest_path
+from api.registry import resolve_cluster
+from api.schemas import EPOCH_ID_PATTERN, EpochRequest, EpochStatus, EpochSummary, StepPlan
+from api.store import EpochExistsError, EpochRecord
+from costmodel.specs import Sample
+from planner.epoch import BatchRule
+from planner.plan import RankPlan
+
+router = APIRouter(prefix="/v1/epochs", tags=["epochs"])
+
+MAX_RANGE_STEPS = 256
+"""Most steps one range request returns."""
+
+EpochId = Annotated[str, Path(pattern=EPOCH_ID_PATTERN, description="Epoch id.")]
+StepIndex = Annotated[int, Path(ge=0, description="Step index in the epoch.")]
+
+
+def _status(state: ServiceState, record: EpochRecord) -> EpochStatus:
+    summary = state.store.summary(record.id)
+    spec = record.spec
+    return EpochStatus(
+        epoch_id=record.id, state=record.state,  # type: ignore[arg-type]
+        steps_total=record.steps_total, steps_done=record.steps_done,
+        progress=record.steps_done / max(record.steps_total, 1), eta_s=state.jobs.eta_s(record),
+        cluster_name=spec["cluster"]["name"], cost_model_id=spec["cost_model_id"], seed=spec["seed"],
+        batch=spec["batch"], created_at=record.created_at, started_at=record.started_at,
+        finished_at=record.finished_at, error=record.error,
+        summary=EpochSummary(mean_predicted_speedup_vs_bucket=summary["mean_speedup_vs_bucket"],
+                             mean_gap=summary["mean_gap"],
+                             mean_predicted_step_time_s=summary["mean_predicted_step_time_s"]))
+
+
+def _record(state: ServiceState, epoch_id: str) -> EpochRecord:
+    record = state.store.get_epoch(epoch_id)
+    if record is None:
+        not_found(f"unknown epoch {epoch_id!r}")
+    return record
+
+
+def _missing_step(record: EpochRecord, step: int) -> Response:
+    if step >= record.steps_total:
+        not_found(f"epoch {record.id!r} has {record.steps_total} steps; step {step} does not exist")
+    not_found(f"step {step} of epoch {record.id!r} is not planned yet ({record.steps_done}/"
+              f"{record.steps_total} done, job {record.state}); retry later")
+
+
+@router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=EpochStatus, dependencies=[Writer],
+             responses={400: {"description": "manifest_path outside the data directory."},
+                        404: {"description": "Unknown cost model."},
+                        409: {"description": "epoch_id already exists."},
+                        422: {"description": "Invalid manifest, batch rule, cluster or options."}})
+async def create_epoch(body: EpochRequest, state: State) -> EpochStatus:
+    """Start an epoch precompute job: the manifest is shuffled with the seed and cut into
+    steps by the batch rule now; each step is then planned on the process pool and stored."""
+    epoch_id = body.epoch_id or f"epoch-{uuid.uuid4().hex[:12]}"
+    if state.store.get_epoch(epoch_id) is not None:
+        conflict(f"epoch {epoch_id!r} already exists")
+    try:
+        cluster = resolve_cluster(body.cluster)
+    except ValueError as exc:
+        unprocessable(["body", "cluster"], str(exc))
+    try:
+        cost_model = state.registry.get(body.cost_model_id)
+    except KeyError as exc:
+        not_found(str(exc.args[0]))
+    path = None
+    if body.manifest_path is not None:
+        try:
+            path = resolve_manifest_path(state.settings.data_dir, body.manifest_path)
+        except PathEscapeError as exc:
+            bad_request(str(exc))
+        except ValueError as exc:
+            unprocessable(["body", "manifest_path"], str(exc))
+    options = body.options.to_options(default_time_limit_s=state.settings.plan_time_limit_s)
+    rule = BatchRule(samples_per_step=body.batch.samples_per_step,
+                     tokens_per_step=body.batch.tokens_per_step)
+
+    def prepare() -> EpochRecord:
+        try:
+            samples: list[Sample] = load_manifest(text=body.manifest_jsonl, path=path,
+                                                  max_samples=state.settings.max_manifest_samples)
+        except ValueError as exc:
+            field = "manifest_jsonl" if body.manifest_jsonl is not None else "manifest_path"
+            unprocessable(["body", field], str(exc))
+        return prepare_epoch(state.store, epoch_id=epoch_id, samples=samples, rule=rule,
+                             seed=body.seed, cluster=cluster, cost_model=cost_model,
+                             options=options, manifest_source=body.manifest_path or "inline")
+
+    try:
+        record = await asyncio.to_thread(prepare)
+    except EpochExistsError as exc:
+        conflict(str(exc))
+    except ValueError as exc:
+        unprocessable(["body"], str(exc))
+    state.jobs.start(record.id)
+    return _status(state, record)
+
+
+@router.get("", response_model=list[EpochStatus])
+async def list_epochs(state: State) -> list[EpochStatus]:
+    """Every epoch job, oldest first."""
+    return [_status(state, r) for r in state.store.list_epochs()]
+
+
+@router.get("/{epoch_id}", response_model=EpochStatus, responses={404: {"description": "Unknown epoch."}})
+async def get_epoch(epoch_id: EpochId, state: State) -> EpochStatus:
+    """Status of a job: state, progress, ETA, summary of predicted speedup and gap."""
+    return _status(state, _record(state, epoch_id))
+
+
+@router.post("/{epoch_id}/cancel", response_model=EpochStatus, dependencies=[Writer],
+             responses={404: {"description": "Unknown epoch."}})
+async def cancel_epoch(epoch_id: EpochId, state: State) -> EpochStatus:
+    """Cancel a queued or running job; the steps already stored stay served."""
+    _record(state, epoch_id)
+    record = await asyncio.to_thread(state.jobs.cancel, epoch_id)
+    return _status(state, record)
+
+
+@router.get("/{epoch_id}/steps", response_model=list[StepPlan],
+            responses={404: {"description": "Unknown epoch."}})
+async def get_steps(epoch_id: EpochId, state: State,
+                    start: Annotated[int, Query(ge=0, description="First step.")] = 0,
+                    stop: Annotated[int | None, Query(ge=0, description="One past the last step "
+                                                      "(default start + 16).")] = None) -> Response:
+    """The stored plans of steps ``[start, stop)`` (at most 256; steps not planned yet are absent)."""
+    record = _record(state, epoch_id)
+    end = start + 16 if stop is None else stop
+    if end < start:
+        unprocessable(["query", "stop"], f"stop={end} is before start={start}")
+    if end - start > MAX_RANGE_STEPS:
+        unprocessable(["query", "stop"], f"a range holds at most {MAX_RANGE_STEPS} steps, got {end - start}")
+    rows = state.store.get_plans(record.id, start=start, stop=end)
+    body = "[" + ",".join(f'{{"step":{s},"digest":"{d}","plan":{p}}}' for s, d, p in rows) + "]"
+    return Response(content=body, media_type="application/json")
+
+
+@router.get("/{epoch_id}/steps/{step}", response_model=StepPlan,
+            responses={404: {"description": "Unknown epoch, or step not planned yet (retry)."}})
+async def get_step(epoch_id: EpochId, step: StepIndex, state: State) -> Response:
+    """The whole plan of one step with its digest."""
+    found = state.store.get_plan(epoch_id, step)
+    if found is None:
+        return _missing_step(_record(state, epoch_id), step)
+    digest, plan_json = found
+    return Response(content=f'{{"step":{step},"digest":"{digest}","plan":{plan_json}}}',
+                    media_type="application/json")
+
+
+@router.get("/{epoch_id}/steps/{step}/ranks/{rank}", response_model=RankPlan,
+            responses={404: {"description": "Unknown epoch, rank outside the world, or step not "
+                                            "planned yet (retry)."}})
+async def get_rank_step(epoch_id: EpochId, step: StepIndex,
+                        rank: Annotated[int, Path(ge=0, description="Global rank.")],
+                        state: State) -> Response:
+    """Rank ``rank``'s part of one step (its group and micro-batches) with the plan digest."""
+    found = state.store.get_plan(epoch_id, step)
+    if found is None:
+        return _missing_step(_record(state, epoch_id), step)
+    digest, plan_json = found
+    try:
+        body = state.cache.rank_view(epoch_id, step, rank, digest=digest, plan_json=plan_json)
+    except ValueError as exc:
+        not_found(str(exc))
+    return Response(content=body, media_type="application/json")

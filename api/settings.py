@@ -1,0 +1,59 @@
+"""Service settings: the only module that reads environment variables.
+
+Every field can be set with an environment variable ``DCP_<FIELD>`` (e.g. ``DCP_DB_PATH``,
+``DCP_AUTH_TOKEN``) or a ``.env`` file in the working directory; ``dcp serve`` options
+override both.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_workers() -> int:
+    return max(1, (os.cpu_count() or 1))
+
+
+class Settings(BaseSettings):
+    """Configuration of the planner service."""
+
+    model_config = SettingsConfigDict(env_prefix="DCP_", env_file=".env", extra="ignore",
+                                      frozen=True)
+
+    host: str = Field(default="127.0.0.1", description="Interface to bind (loopback by default).")
+    port: int = Field(default=8000, ge=0, le=65535, description="TCP port (0 = any free port).")
+    db_path: Path = Field(default=Path("dcp-plans.sqlite"),
+                          description="SQLite file of the plan store (created when absent).")
+    data_dir: Path = Field(default=Path("data"),
+                           description="Server-side manifests must lie under this directory.")
+    num_workers: int = Field(default_factory=_default_workers, ge=1,
+                             description="Solver processes in the pool (epoch jobs use all of them).")
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0,
+                                description="Largest accepted request body; larger gets 413.")
+    max_samples_per_batch: int = Field(default=4096, gt=0,
+                                       description="Most samples in one synchronous plan request.")
+    max_manifest_samples: int = Field(default=10_000_000, gt=0,
+                                      description="Most samples in one epoch manifest.")
+    auth_token: str | None = Field(default=None,
+                                   description="When set, every write needs 'Authorization: Bearer <token>'.")
+    cors_origins: list[str] = Field(default_factory=list,
+                                    description="Origins allowed by CORS; empty = CORS off.")
+    plan_time_limit_s: float = Field(default=1.0, gt=0,
+                                     description="Default solver budget of a plan (sync and epoch).")
+    plan_cache_size: int = Field(default=64, ge=0,
+                                 description="Parsed plans kept in memory for rank views (LRU).")
+    write_batch_steps: int = Field(default=16, gt=0,
+                                   description="Epoch steps written per store transaction (at most).")
+    resume_jobs: bool = Field(default=True,
+                              description="Restart queued/running epoch jobs found at start-up.")
+
+    @field_validator("auth_token")
+    @classmethod
+    def _non_empty_token(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            return None
+        return value

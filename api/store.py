@@ -1,0 +1,360 @@
+"""The durable plan store: one SQLite file holding cost models, epoch jobs and their plans.
+
+The schema is created or migrated when the store is opened (``PlanStore.open``). The file is
+in WAL mode so that readers (the API) never wait for the writer (an epoch job). Every write
+is one transaction; a plan row is inserted once (``INSERT OR IGNORE`` on ``(epoch_id,
+step)``) and the job's ``steps_done`` counter moves in the same transaction, so a crash at
+any point leaves a consistent store: no plan lost once committed, none duplicated.
+
+Each thread gets its own connection. The service reads on the event-loop thread (queries
+are index lookups of well under a millisecond) and writes from the job threads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from costmodel.schema import CostModelFile
+from costmodel.specs import Sample
+from planner.epoch import StepResult
+
+logger = logging.getLogger(__name__)
+
+STORE_SCHEMA_VERSION = 1
+
+_MIGRATIONS: list[str] = [
+    # 0 -> 1: initial schema.
+    """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE cost_models (
+        id TEXT PRIMARY KEY,
+        provenance TEXT NOT NULL,
+        digest TEXT NOT NULL,
+        body TEXT NOT NULL,
+        created_at REAL NOT NULL
+    );
+    CREATE TABLE epochs (
+        id TEXT PRIMARY KEY,
+        state TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        steps_total INTEGER NOT NULL,
+        steps_done INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL,
+        started_at REAL,
+        finished_at REAL,
+        error TEXT
+    );
+    CREATE TABLE epoch_batches (
+        epoch_id TEXT NOT NULL REFERENCES epochs(id),
+        step INTEGER NOT NULL,
+        samples TEXT NOT NULL,
+        PRIMARY KEY (epoch_id, step)
+    );
+    CREATE TABLE plans (
+        epoch_id TEXT NOT NULL REFERENCES epochs(id),
+        step INTEGER NOT NULL,
+        digest TEXT NOT NULL,
+        plan TEXT NOT NULL,
+        gap REAL NOT NULL,
+        predicted_step_time_s REAL NOT NULL,
+        speedup_vs_bucket REAL,
+        PRIMARY KEY (epoch_id, step)
+    );
+    """,
+]
+
+JOB_STATES = ("queued", "running", "done", "failed", "cancelled")
+ACTIVE_STATES = ("queued", "running")
+
+
+class EpochExistsError(ValueError):
+    """An epoch with this id is already stored."""
+
+
+class CostModelConflictError(ValueError):
+    """A different cost model with this id is already stored."""
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class EpochRecord:
+    """One epoch job as stored."""
+
+    id: str
+    """Epoch id."""
+    state: str
+    """queued, running, done, failed or cancelled."""
+    spec: dict[str, Any]
+    """What was asked: batch rule, seed, cluster, cost model id and digest, options, manifest."""
+    steps_total: int
+    """Steps of the epoch."""
+    steps_done: int
+    """Steps planned and stored."""
+    created_at: float
+    """Unix time of creation."""
+    started_at: float | None
+    """Unix time the (latest) run started."""
+    finished_at: float | None
+    """Unix time it ended (done, failed or cancelled)."""
+    error: str | None
+    """Why it failed."""
+
+
+def _row_to_epoch(row: sqlite3.Row) -> EpochRecord:
+    return EpochRecord(id=row["id"], state=row["state"], spec=json.loads(row["spec"]),
+                       steps_total=row["steps_total"], steps_done=row["steps_done"],
+                       created_at=row["created_at"], started_at=row["started_at"],
+                       finished_at=row["finished_at"], error=row["error"])
+
+
+class PlanStore:
+    """A SQLite plan store (thread-safe: one connection per thread)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._conns: list[sqlite3.Connection] = []
+
+    @classmethod
+    def open(cls, path: str | Path) -> PlanStore:
+        """Open (creating the file and parent folder when absent) and migrate the schema."""
+        store = cls(path)
+        store.path.parent.mkdir(parents=True, exist_ok=True)
+        store.migrate()
+        return store
+
+    # ------------------------------------------------------------------ plumbing
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None,
+                                   check_same_thread=False)
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            self._local.conn = conn
+            with self._lock:
+                self._conns.append(conn)
+        return conn
+
+    def close(self) -> None:
+        """Close every connection opened by this store."""
+        with self._lock:
+            for conn in self._conns:
+                conn.close()
+            self._conns.clear()
+        self._local = threading.local()
+
+    def schema_version(self) -> int:
+        """The schema version of the file (0 for an empty file)."""
+        conn = self._conn()
+        exists = conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
+        if not exists:
+            return 0
+        row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        return int(row["value"]) if row else 0
+
+    def migrate(self) -> None:
+        """Create the schema or bring it up to ``STORE_SCHEMA_VERSION``.
+
+        Raises:
+            ValueError: when the file was written by a newer version.
+        """
+        conn = self._conn()
+        version = self.schema_version()
+        if version > STORE_SCHEMA_VERSION:
+            raise ValueError(f"store {self.path} has schema version {version}, newer than "
+                             f"this program's {STORE_SCHEMA_VERSION}")
+        for target in range(version, STORE_SCHEMA_VERSION):
+            logger.info("migrating store %s to schema version %d", self.path, target + 1)
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in _MIGRATIONS[target].split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)",
+                             (str(target + 1),))
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+    # --------------------------------------------------------------- cost models
+    def put_cost_model(self, file: CostModelFile) -> bool:
+        """Store an uploaded cost model; return False when the identical file is already there.
+
+        Raises:
+            CostModelConflictError: when another file with the same id is stored.
+        """
+        digest = file.digest()
+        conn = self._conn()
+        row = conn.execute("SELECT digest FROM cost_models WHERE id=?", (file.id,)).fetchone()
+        if row is not None:
+            if row["digest"] != digest:
+                raise CostModelConflictError(f"cost model {file.id!r} already exists with other "
+                                             "coefficients; upload it under a new id")
+            return False
+        conn.execute("INSERT INTO cost_models(id, provenance, digest, body, created_at) "
+                     "VALUES (?, ?, ?, ?, ?)",
+                     (file.id, file.provenance, digest, file.model_dump_json(), time.time()))
+        return True
+
+    def get_cost_model(self, cost_model_id: str) -> CostModelFile | None:
+        """An uploaded cost model, or None."""
+        row = self._conn().execute("SELECT body FROM cost_models WHERE id=?", (cost_model_id,)).fetchone()
+        return None if row is None else CostModelFile.model_validate_json(row["body"])
+
+    def list_cost_models(self) -> list[CostModelFile]:
+        """Every uploaded cost model, by id."""
+        rows = self._conn().execute("SELECT body FROM cost_models ORDER BY id").fetchall()
+        return [CostModelFile.model_validate_json(r["body"]) for r in rows]
+
+    # -------------------------------------------------------------------- epochs
+    def create_epoch(self, epoch_id: str, *, spec: dict[str, Any],
+                     steps: Sequence[Sequence[Sample]]) -> EpochRecord:
+        """Store a new queued epoch with the membership of every step, in one transaction.
+
+        Raises:
+            EpochExistsError: when the id is taken.
+        """
+        conn = self._conn()
+        now = time.time()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if conn.execute("SELECT 1 FROM epochs WHERE id=?", (epoch_id,)).fetchone():
+                raise EpochExistsError(f"epoch {epoch_id!r} already exists")
+            conn.execute("INSERT INTO epochs(id, state, spec, steps_total, created_at) "
+                         "VALUES (?, 'queued', ?, ?, ?)",
+                         (epoch_id, json.dumps(spec, sort_keys=True), len(steps), now))
+            conn.executemany(
+                "INSERT INTO epoch_batches(epoch_id, step, samples) VALUES (?, ?, ?)",
+                ((epoch_id, i, json.dumps([s.model_dump(exclude_none=True) for s in batch]))
+                 for i, batch in enumerate(steps)))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        record = self.get_epoch(epoch_id)
+        assert record is not None
+        return record
+
+    def get_epoch(self, epoch_id: str) -> EpochRecord | None:
+        """One epoch, or None."""
+        row = self._conn().execute("SELECT * FROM epochs WHERE id=?", (epoch_id,)).fetchone()
+        return None if row is None else _row_to_epoch(row)
+
+    def list_epochs(self) -> list[EpochRecord]:
+        """Every epoch, oldest first."""
+        rows = self._conn().execute("SELECT * FROM epochs ORDER BY created_at, id").fetchall()
+        return [_row_to_epoch(r) for r in rows]
+
+    def set_state(self, epoch_id: str, state: str, *, error: str | None = None) -> None:
+        """Move a job to ``state`` (stamping start or finish time)."""
+        if state not in JOB_STATES:
+            raise ValueError(f"unknown job state {state!r}; known: {JOB_STATES}")
+        now = time.time()
+        if state == "running":
+            self._conn().execute("UPDATE epochs SET state=?, started_at=?, finished_at=NULL, error=NULL "
+                                 "WHERE id=?", (state, now, epoch_id))
+        elif state == "queued":
+            self._conn().execute("UPDATE epochs SET state=? WHERE id=?", (state, epoch_id))
+        else:
+            self._conn().execute("UPDATE epochs SET state=?, finished_at=?, error=? WHERE id=?",
+                                 (state, now, error, epoch_id))
+
+    def pending_steps(self, epoch_id: str) -> list[int]:
+        """Steps of the epoch without a stored plan, ascending."""
+        rows = self._conn().execute(
+            "SELECT b.step FROM epoch_batches b LEFT JOIN plans p "
+            "ON p.epoch_id=b.epoch_id AND p.step=b.step "
+            "WHERE b.epoch_id=? AND p.step IS NULL ORDER BY b.step", (epoch_id,)).fetchall()
+        return [r["step"] for r in rows]
+
+    def batch(self, epoch_id: str, step: int) -> list[Sample]:
+        """The samples of one step (its membership, fixed at creation).
+
+        Raises:
+            KeyError: for an unknown epoch or step.
+        """
+        row = self._conn().execute("SELECT samples FROM epoch_batches WHERE epoch_id=? AND step=?",
+                                   (epoch_id, step)).fetchone()
+        if row is None:
+            raise KeyError(f"epoch {epoch_id!r} has no step {step}")
+        return [Sample.model_validate(s) for s in json.loads(row["samples"])]
+
+    def write_steps(self, epoch_id: str, results: Iterable[StepResult]) -> int:
+        """Insert planned steps and advance ``steps_done``, in one transaction.
+
+        Returns:
+            Steps newly stored (a step already stored is left as it is).
+        """
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            new = 0
+            for r in results:
+                if r.step is None:
+                    raise ValueError("an epoch step result needs a step index")
+                cur = conn.execute(
+                    "INSERT OR IGNORE INTO plans(epoch_id, step, digest, plan, gap, "
+                    "predicted_step_time_s, speedup_vs_bucket) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (epoch_id, r.step, r.digest, r.plan_json, r.gap, r.predicted_step_time_s,
+                     r.speedup_vs_bucket))
+                new += cur.rowcount
+            conn.execute("UPDATE epochs SET steps_done = steps_done + ? WHERE id=?", (new, epoch_id))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return new
+
+    def get_plan(self, epoch_id: str, step: int) -> tuple[str, str] | None:
+        """``(digest, plan JSON)`` of a stored step, or None."""
+        row = self._conn().execute("SELECT digest, plan FROM plans WHERE epoch_id=? AND step=?",
+                                   (epoch_id, step)).fetchone()
+        return None if row is None else (row["digest"], row["plan"])
+
+    def get_plans(self, epoch_id: str, *, start: int, stop: int) -> list[tuple[int, str, str]]:
+        """``(step, digest, plan JSON)`` of the stored steps in ``[start, stop)``, ascending."""
+        rows = self._conn().execute(
+            "SELECT step, digest, plan FROM plans WHERE epoch_id=? AND step>=? AND step<? ORDER BY step",
+            (epoch_id, start, stop)).fetchall()
+        return [(r["step"], r["digest"], r["plan"]) for r in rows]
+
+    def digests(self, epoch_id: str) -> dict[int, str]:
+        """Digest of every stored step."""
+        rows = self._conn().execute("SELECT step, digest FROM plans WHERE epoch_id=?", (epoch_id,))
+        return {r["step"]: r["digest"] for r in rows}
+
+    def summary(self, epoch_id: str) -> dict[str, float | None]:
+        """Mean gap, mean predicted speedup over bucket, and mean predicted step time."""
+        row = self._conn().execute(
+            "SELECT AVG(gap) AS gap, AVG(speedup_vs_bucket) AS speedup, "
+            "AVG(predicted_step_time_s) AS step_s FROM plans WHERE epoch_id=?", (epoch_id,)).fetchone()
+        return {"mean_gap": row["gap"], "mean_speedup_vs_bucket": row["speedup"],
+                "mean_predicted_step_time_s": row["step_s"]}
+
+    def num_plans(self) -> int:
+        """Plans stored over all epochs."""
+        return int(self._conn().execute("SELECT COUNT(*) AS n FROM plans").fetchone()["n"])
+
+
+class EpochSink:
+    """The store seen as the sink of one epoch's results (``planner.epoch.StepSink``)."""
+
+    def __init__(self, store: PlanStore, epoch_id: str) -> None:
+        self.store = store
+        self.epoch_id = epoch_id
+
+    def write_steps(self, results: Sequence[StepResult]) -> int:
+        """Store the results in one transaction."""
+        return self.store.write_steps(self.epoch_id, results)
