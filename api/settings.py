@@ -42,8 +42,11 @@ class Settings(BaseSettings):
                                    description="When set, every write needs 'Authorization: Bearer <token>'.")
     cors_origins: list[str] = Field(default_factory=list,
                                     description="Origins allowed by CORS; empty = CORS off.")
-    plan_time_limit_s: float = Field(default=1.0, gt=0,
-                                     description="Default solver budget of a plan (sync and epoch).")
+    plan_time_limit_s: float = Field(
+        default=2.0, gt=0,
+        description="Default wall-clock safety cap of one plan (sync and epoch). The planner's "
+                    "search budget is deterministic (PlannerConfig.cpsat_deterministic_time), so "
+                    "a cap that is not hit keeps plans reproducible.")
     plan_cache_size: int = Field(default=64, ge=0,
                                  description="Parsed plans kept in memory for rank views (LRU).")
     write_batch_steps: int = Field(default=16, gt=0,

@@ -11,7 +11,8 @@ import logging
 
 import typer
 
-from dcp_cli import cost
+from dcp_cli import cost, serve
+from dcp_cli import epoch as epoch_cmd
 
 app = typer.Typer(
     name="dcp",
@@ -29,7 +30,7 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
     )
 
 
-for _module in (cost,):
+for _module in (cost, serve, epoch_cmd):
     _module.register(app)
 
 if __name__ == "__main__":

@@ -1,0 +1,37 @@
+"""``dcp serve``: run the planner service (uvicorn) on 127.0.0.1 by default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``dcp serve`` to the app."""
+
+    @app.command("serve")
+    def serve(
+        host: str | None = typer.Option(None, help="Interface (default DCP_HOST or 127.0.0.1)."),
+        port: int | None = typer.Option(None, help="Port (default DCP_PORT or 8000)."),
+        db: Path | None = typer.Option(None, "--db", help="SQLite plan store (default DCP_DB_PATH)."),
+        data_dir: Path | None = typer.Option(None, help="Directory server-side manifests must be in."),
+        workers: int | None = typer.Option(None, "--workers", help="Solver processes (default: cores)."),
+        log_level: str = typer.Option("info", help="uvicorn log level."),
+    ) -> None:
+        """Run the planner service: plans, epoch jobs, stored plans per step and rank, metrics."""
+        import uvicorn
+
+        from api.app import create_app
+        from api.settings import Settings
+
+        overrides: dict[str, Any] = {k: v for k, v in {
+            "host": host, "port": port, "db_path": db, "data_dir": data_dir, "num_workers": workers,
+        }.items() if v is not None}
+        try:
+            settings = Settings(**overrides)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
+                    log_level=log_level, timeout_graceful_shutdown=10)
