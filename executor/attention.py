@@ -1,0 +1,71 @@
+"""Attention over a packed sequence that never crosses a sample boundary.
+
+These kernels run on the head-sharded side of Ulysses: the whole packed sequence (sample after
+sample) for some heads. ``causal_1d`` is causal attention inside each sample; ``spatial_2d``
+attends among the tokens of one frame; ``temporal_2d`` attends among the frames at one spatial
+position. Each sample is a separate ``scaled_dot_product_attention`` call, so no mask ever
+lets one sample see another.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from executor.layout import SampleShape
+
+AttentionKind = Literal["causal_1d", "spatial_2d", "temporal_2d"]
+
+
+def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                     samples: tuple[SampleShape, ...], kind: AttentionKind) -> torch.Tensor:
+    """Attention of a packed sequence, sample by sample.
+
+    Args:
+        q: Queries ``(total_tokens, heads, head_dim)``, samples contiguous and in order.
+        k: Keys, same shape.
+        v: Values, same shape.
+        samples: The samples of the packed sequence, in order.
+        kind: ``causal_1d``, ``spatial_2d`` or ``temporal_2d``.
+
+    Returns:
+        ``(total_tokens, heads, head_dim)``.
+    """
+    total = sum(s.tokens for s in samples)
+    if q.shape[0] != total:
+        raise ValueError(f"packed attention: {q.shape[0]} tokens but the samples hold {total}")
+    outs = []
+    start = 0
+    for shape in samples:
+        end = start + shape.tokens
+        outs.append(_one_sample(q[start:end], k[start:end], v[start:end], shape, kind))
+        start = end
+    return torch.cat(outs, dim=0)
+
+
+def _one_sample(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: SampleShape,
+                kind: AttentionKind) -> torch.Tensor:
+    tokens, heads, head_dim = q.shape
+    if kind == "causal_1d":
+        # (T, h, Dh) -> (h, T, Dh)
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                             is_causal=True)
+        return out.transpose(0, 1)
+    frames, spatial = shape.frames, shape.spatial
+    if kind == "spatial_2d":
+        # (f, hw, h, Dh) -> (f, h, hw, Dh): batch over frames, attend over positions.
+        def to_batch(t: torch.Tensor) -> torch.Tensor:
+            return t.reshape(frames, spatial, heads, head_dim).permute(0, 2, 1, 3)
+
+        out = F.scaled_dot_product_attention(to_batch(q), to_batch(k), to_batch(v))
+        return out.permute(0, 2, 1, 3).reshape(tokens, heads, head_dim)
+    if kind == "temporal_2d":
+        # (f, hw, h, Dh) -> (hw, h, f, Dh): batch over positions, attend over frames.
+        def to_time(t: torch.Tensor) -> torch.Tensor:
+            return t.reshape(frames, spatial, heads, head_dim).permute(1, 2, 0, 3)
+
+        out = F.scaled_dot_product_attention(to_time(q), to_time(k), to_time(v))
+        return out.permute(2, 0, 1, 3).reshape(tokens, heads, head_dim)
+    raise ValueError(f"unknown attention kind {kind!r}")

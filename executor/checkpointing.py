@@ -1,0 +1,73 @@
+"""Per-sample activation checkpointing over a stack of layers.
+
+A sample's policy is ``k`` in ``0..L``: it recomputes the first ``k`` layers in backward
+(``0`` none, ``L`` full, anything between selective). Samples of one micro-batch may differ:
+at layer ``l`` the samples with ``k > l`` run the layer under
+``torch.utils.checkpoint`` (non-reentrant), the others run it plainly. Attention never crosses
+samples and every sample is sharded on its own (:mod:`executor.layout`), so a layer applied to
+a subset of the samples computes exactly what it computes for them inside the full set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from executor import memory
+from executor.context import SPContext
+
+Layer = Callable[[torch.Tensor, SPContext], torch.Tensor]
+
+
+def validate_policies(recompute_layers: Sequence[int], *, num_layers: int, num_samples: int) -> None:
+    """Check one policy per sample, each in ``0..num_layers``.
+
+    Raises:
+        ValueError: naming the offending sample index and value.
+    """
+    if len(recompute_layers) != num_samples:
+        raise ValueError(f"{len(recompute_layers)} checkpoint policies for {num_samples} samples")
+    for i, k in enumerate(recompute_layers):
+        if not 0 <= k <= num_layers:
+            raise ValueError(f"sample {i}: recompute_layers={k} is outside [0, {num_layers}]")
+
+
+def _apply(layer: Layer, h: torch.Tensor, ctx: SPContext, recompute: bool) -> torch.Tensor:
+    if not recompute or not torch.is_grad_enabled():
+        return layer(h, ctx)
+    h = memory.keep_checkpoint_input(h)
+    out = checkpoint(layer, h, ctx, use_reentrant=False)
+    assert isinstance(out, torch.Tensor)
+    return out
+
+
+def run_layers(layers: Sequence[Layer], h: torch.Tensor, ctx: SPContext, *,
+               recompute_layers: Sequence[int]) -> torch.Tensor:
+    """Run ``layers`` on the local tokens ``h``, checkpointing per sample.
+
+    Args:
+        layers: The layer stack; each maps ``(local_tokens, hidden)`` to the same shape.
+        h: Local (sequence-sharded) hidden states, sample after sample.
+        ctx: The micro-batch context.
+        recompute_layers: Policy ``k`` per sample of ``ctx.layout``.
+
+    Returns:
+        The hidden states after the last layer, in the same local order.
+    """
+    validate_policies(recompute_layers, num_layers=len(layers), num_samples=ctx.layout.num_samples)
+    for index, layer in enumerate(layers):
+        flags = [k > index for k in recompute_layers]
+        if all(flags) or not any(flags):
+            h = _apply(layer, h, ctx, flags[0])
+            continue
+        kept = [i for i, f in enumerate(flags) if f]
+        plain = [i for i, f in enumerate(flags) if not f]
+        rows_kept = ctx.layout.local_rows(kept).to(h.device)
+        rows_plain = ctx.layout.local_rows(plain).to(h.device)
+        out_kept = _apply(layer, h.index_select(0, rows_kept), ctx.subset(kept), True)
+        out_plain = _apply(layer, h.index_select(0, rows_plain), ctx.subset(plain), False)
+        order = torch.argsort(torch.cat([rows_kept, rows_plain]))
+        h = torch.cat([out_kept, out_plain]).index_select(0, order)
+    return h

@@ -1,0 +1,219 @@
+"""Small reference models that run under the executor: LLaMA-style 1D and STDiT-style 2D.
+
+Both take the rank's local (sequence-sharded) tokens of one micro-batch, an
+:class:`~executor.context.SPContext` and one checkpoint policy per sample, and return local
+outputs. Attention runs Ulysses (:mod:`executor.ulysses`) around the sample-bounded kernels of
+:mod:`executor.attention`; everything else is per token, so it runs on the shard as is.
+A group of one rank with all samples is the plain single-process model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+from executor.attention import AttentionKind, packed_attention
+from executor.checkpointing import run_layers
+from executor.context import SPContext
+from executor.ulysses import head_to_seq, seq_to_head
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class ModelConfig:
+    """Size of a reference model."""
+
+    num_layers: int = 2
+    """Layers ``L`` (2D: spatial+temporal block pairs); policies range over ``0..L``."""
+    hidden: int = 32
+    """Hidden size."""
+    num_heads: int = 4
+    """Attention heads; every SP group size must divide it."""
+    ffn_hidden: int = 64
+    """MLP inner size."""
+    vocab: int = 64
+    """Vocabulary (1D only)."""
+    in_channels: int = 4
+    """Latent channels per patch, input and output (2D only)."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden", "num_heads", "ffn_hidden", "vocab", "in_channels"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.hidden % self.num_heads != 0:
+            raise ValueError(f"hidden={self.hidden} is not divisible by num_heads={self.num_heads}")
+
+
+def _rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of ``(tokens, heads, head_dim)`` at integer positions (RoFormer)."""
+    half = x.shape[-1] // 2
+    freqs = 1.0 / (10000.0 ** (torch.arange(half, dtype=x.dtype, device=x.device) / half))
+    angles = positions.to(device=x.device, dtype=x.dtype)[:, None] * freqs[None, :]
+    cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
+    x1, x2 = x[..., :half], x[..., half:2 * half]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos, x[..., 2 * half:]], dim=-1)
+
+
+class SPAttention(nn.Module):
+    """Multi-head self-attention with Ulysses SP over a packed micro-batch."""
+
+    def __init__(self, config: ModelConfig, kind: AttentionKind, *, rotary: bool) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.head_dim = config.hidden // config.num_heads
+        self.kind: AttentionKind = kind
+        self.rotary = rotary
+        # Per head [q | k | v], so one all-to-all moves all three.
+        self.qkv = nn.Linear(config.hidden, 3 * config.hidden, bias=False)
+        self.out = nn.Linear(config.hidden, config.hidden, bias=False)
+
+    def forward(self, h: torch.Tensor, ctx: SPContext) -> torch.Tensor:
+        """``(local_tokens, hidden)`` -> same shape."""
+        tokens = h.shape[0]
+        qkv = self.qkv(h).view(tokens, self.num_heads, 3 * self.head_dim)
+        full = seq_to_head(qkv, ctx.layout, ctx.group)
+        q, k, v = full.split(self.head_dim, dim=-1)
+        if self.rotary:
+            positions = ctx.packed_positions()
+            q, k = _rope(q, positions), _rope(k, positions)
+        o = packed_attention(q, k, v, samples=ctx.layout.samples, kind=self.kind)
+        local = head_to_seq(o, ctx.layout, ctx.group)
+        return self.out(local.reshape(tokens, self.num_heads * self.head_dim))
+
+
+class SwiGLU(nn.Module):
+    """LLaMA MLP: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate = nn.Linear(config.hidden, config.ffn_hidden, bias=False)
+        self.up = nn.Linear(config.hidden, config.ffn_hidden, bias=False)
+        self.down = nn.Linear(config.ffn_hidden, config.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-token MLP."""
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class LlamaBlock(nn.Module):
+    """Pre-norm decoder block: causal attention + SwiGLU."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(config.hidden)
+        self.attn = SPAttention(config, "causal_1d", rotary=True)
+        self.mlp_norm = nn.RMSNorm(config.hidden)
+        self.mlp = SwiGLU(config)
+
+    def forward(self, h: torch.Tensor, ctx: SPContext) -> torch.Tensor:
+        """One block on the local tokens."""
+        h = h + self.attn(self.attn_norm(h), ctx)
+        return h + self.mlp(self.mlp_norm(h))
+
+
+class Llama1D(nn.Module):
+    """LLaMA-style causal language model (token ids in, logits out)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab, config.hidden)
+        self.layers = nn.ModuleList(LlamaBlock(config) for _ in range(config.num_layers))
+        self.norm = nn.RMSNorm(config.hidden)
+        self.head = nn.Linear(config.hidden, config.vocab, bias=False)
+
+    def forward(self, token_ids: torch.Tensor, ctx: SPContext, *,
+                recompute_layers: Sequence[int]) -> torch.Tensor:
+        """Local token ids ``(local_tokens,)`` -> logits ``(local_tokens, vocab)``."""
+        h = self.embed(token_ids)
+        h = run_layers(list(self.layers), h, ctx, recompute_layers=recompute_layers)
+        return self.head(self.norm(h))
+
+    @staticmethod
+    def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy of every local token ``(local_tokens,)``."""
+        return F.cross_entropy(logits, targets, reduction="none")
+
+
+class DiTBlock(nn.Module):
+    """Pre-norm transformer block with non-causal attention (spatial or temporal) + GELU MLP."""
+
+    def __init__(self, config: ModelConfig, kind: AttentionKind) -> None:
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(config.hidden)
+        self.attn = SPAttention(config, kind, rotary=False)
+        self.mlp_norm = nn.LayerNorm(config.hidden)
+        self.mlp = nn.Sequential(nn.Linear(config.hidden, config.ffn_hidden), nn.GELU(approximate="tanh"),
+                                 nn.Linear(config.ffn_hidden, config.hidden))
+
+    def forward(self, h: torch.Tensor, ctx: SPContext) -> torch.Tensor:
+        """One block on the local tokens."""
+        h = h + self.attn(self.attn_norm(h), ctx)
+        return h + self.mlp(self.mlp_norm(h))
+
+
+class STDiTLayer(nn.Module):
+    """One STDiT layer: a spatial block then a temporal block (the checkpoint unit)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.spatial = DiTBlock(config, "spatial_2d")
+        self.temporal = DiTBlock(config, "temporal_2d")
+
+    def forward(self, h: torch.Tensor, ctx: SPContext) -> torch.Tensor:
+        """Spatial then temporal attention on the local tokens."""
+        return self.temporal(self.spatial(h, ctx), ctx)
+
+
+def _sincos(positions: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    half = dim // 2
+    freqs = 1.0 / (10000.0 ** (torch.arange(half, dtype=dtype, device=positions.device) / half))
+    angles = positions.to(dtype)[:, None] * freqs[None, :]
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+class STDiT2D(nn.Module):
+    """STDiT-style video latent model: patches in, per-patch prediction out (frame-major tokens)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        if config.hidden % 2 != 0:
+            raise ValueError(f"hidden={config.hidden} must be even for the sin-cos embedding")
+        self.config = config
+        self.embed = nn.Linear(config.in_channels, config.hidden)
+        self.layers = nn.ModuleList(STDiTLayer(config) for _ in range(config.num_layers))
+        self.norm = nn.LayerNorm(config.hidden)
+        self.head = nn.Linear(config.hidden, config.in_channels)
+
+    def forward(self, patches: torch.Tensor, ctx: SPContext, *,
+                recompute_layers: Sequence[int]) -> torch.Tensor:
+        """Local patches ``(local_tokens, in_channels)`` -> ``(local_tokens, in_channels)``."""
+        positions = ctx.local_positions().to(patches.device)
+        spatial = ctx.layout.local_spatial().to(patches.device)
+        pos = (_sincos(positions % spatial, self.config.hidden, patches.dtype)
+               + _sincos(positions // spatial, self.config.hidden, patches.dtype))
+        h = self.embed(patches) + pos
+        h = run_layers(list(self.layers), h, ctx, recompute_layers=recompute_layers)
+        return self.head(self.norm(h))
+
+    @staticmethod
+    def token_losses(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Mean squared error over channels of every local token ``(local_tokens,)``."""
+        return ((pred - target) ** 2).mean(dim=-1)
+
+
+def init_weights(model: nn.Module, *, seed: int) -> None:
+    """Deterministic small-normal init (same on every rank for the same seed)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if name.endswith("bias"):
+                p.zero_()
+            elif p.dim() == 1:
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) / math.sqrt(p.shape[-1]))

@@ -1,0 +1,202 @@
+"""The per-rank step interpreter: agree on the plan, feed micro-batches, sync gradients once.
+
+Step semantics (DESIGN.md): every token's loss is weighted by ``1 / global token count`` (or,
+for sample normalisation, ``1 / (sample tokens * global sample count)``), each rank backwards
+the weighted sum over its own shard of every micro-batch (gradients accumulate in ``.grad``),
+and :meth:`Executor.sync_gradients` sums the gradients over the whole world in one
+all-reduce. Inside a group the shards' losses add up to the micro-batch's loss and the
+all-to-all's backward routes every contribution to the rank that owns it, so the world sum is
+exactly the gradient of the plain large-batch step, whatever the groups, micro-batches and
+checkpoint policies (up to rounding).
+
+FSDP / ZeRO: with sharded gradients, replace the all-reduce by a reduce-scatter with SUM (not
+AVG) over the same world (FSDP2: set the gradient divide factor to 1 and let the plan's
+weights do the normalisation); the result on each shard is the same slice of the same sum.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from costmodel.specs import Sample
+from executor.consistency import check_plan_agreement
+from executor.context import SPContext
+from executor.groups import GroupRegistry
+from executor.layout import PackedLayout, SampleShape
+from planner.plan import LossNormalizer, RankPlan
+
+logger = logging.getLogger(__name__)
+
+Item = Mapping[str, object]
+"""One loaded sample: ``inputs`` and ``targets`` tensors (first dim = tokens), optional ``id``."""
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class MicroBatchWork:
+    """One micro-batch as this rank runs it."""
+
+    index: int
+    """Position of the micro-batch in the group's list."""
+    ctx: SPContext
+    """Layout and process group, to pass to the model."""
+    inputs: torch.Tensor
+    """This rank's shard of the packed inputs."""
+    targets: torch.Tensor
+    """This rank's shard of the packed targets."""
+    token_weights: torch.Tensor
+    """Weight of every local token's loss (global normalisation built in)."""
+    recompute_layers: tuple[int, ...]
+    """Checkpoint policy per sample."""
+    sample_ids: tuple[str, ...]
+    """The samples, in order."""
+
+    def loss(self, token_losses: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the step loss: ``sum(token_losses * token_weights)``.
+
+        Raises:
+            ValueError: when ``token_losses`` does not have one value per local token.
+        """
+        if token_losses.shape != self.token_weights.shape:
+            raise ValueError(f"token_losses has shape {tuple(token_losses.shape)}, expected "
+                             f"{tuple(self.token_weights.shape)} (one per local token)")
+        return (token_losses * self.token_weights.to(token_losses.dtype)).sum()
+
+
+def sample_shape(sample: Sample) -> SampleShape:
+    """The model-side shape of a planned sample."""
+    return SampleShape(tokens=sample.tokens, frames=sample.num_frames)
+
+
+def token_weights(samples: Sequence[Sample], layout: PackedLayout, normalizer: LossNormalizer,
+                  *, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """Per local token loss weight so that the world's weighted sum is the step's mean loss."""
+    parts = []
+    for s, sample in enumerate(samples):
+        count = layout.pieces[s][layout.index_in_group]
+        if normalizer.kind == "tokens":
+            weight = 1.0 / normalizer.total
+        else:
+            weight = 1.0 / (sample.tokens * normalizer.total)
+        parts.append(torch.full((count,), weight, dtype=dtype, device=device))
+    return torch.cat(parts)
+
+
+class Executor:
+    """Runs planned steps on one rank. Create once, after ``init_process_group``."""
+
+    def __init__(self, *, registry: GroupRegistry, device: torch.device | str = "cpu",
+                 weight_dtype: torch.dtype = torch.float64) -> None:
+        """Bind the executor to its groups.
+
+        Args:
+            registry: The process groups (created at start-up).
+            device: Device of inputs and the digest collective (``cuda`` under NCCL).
+            weight_dtype: Dtype of the loss weights (fp64 keeps ``1/N`` exact enough).
+        """
+        self.registry = registry
+        self.rank = registry.rank
+        self.world_size = registry.world_size
+        self.device = torch.device(device)
+        self.weight_dtype = weight_dtype
+
+    def begin_step(self, rank_plan: RankPlan, *, step: int) -> None:
+        """Check, on every rank together, that all hold the same plan for ``step``.
+
+        Raises:
+            PlanMismatchError: on every rank when plans differ.
+            ValueError: when the agreed plan uses a group size that was not registered.
+        """
+        check_plan_agreement(rank_plan, step=step, rank=self.rank, world_size=self.world_size,
+                             device=self.device)
+        self.registry.group_for(rank_plan.group)
+
+    def micro_batches(self, rank_plan: RankPlan, *,
+                      loaded: Iterable[Sequence[Item]] | None = None,
+                      load_sample: Callable[[Sample], Item] | None = None) -> Iterator[MicroBatchWork]:
+        """Yield this rank's micro-batches, sharded and weighted, in plan order.
+
+        Give either ``loaded`` (one list of items per micro-batch, e.g. a DataLoader over
+        :class:`executor.data.PlanBatchSampler`) or ``load_sample`` (loads one planned sample).
+
+        Raises:
+            ValueError: when the loaded items do not match the plan (count, id or token count).
+        """
+        if (loaded is None) == (load_sample is None):
+            raise ValueError("give exactly one of loaded= or load_sample=")
+        group = rank_plan.group
+        process_group = self.registry.group_for(group)
+        batches = iter(loaded) if loaded is not None else None
+        for index, micro in enumerate(group.micro_batches):
+            samples = [ps.sample for ps in micro.samples]
+            if batches is not None:
+                try:
+                    items = list(next(batches))
+                except StopIteration:
+                    raise ValueError(f"step {rank_plan.step}: the loader ended before micro-batch "
+                                     f"{index} of {len(group.micro_batches)}") from None
+            else:
+                assert load_sample is not None
+                items = [load_sample(s) for s in samples]
+            yield self._work(rank_plan, index, samples, items, process_group,
+                             tuple(ps.recompute_layers for ps in micro.samples))
+
+    def _work(self, rank_plan: RankPlan, index: int, samples: list[Sample], items: list[Item],
+              process_group: dist.ProcessGroup | None, policies: tuple[int, ...]) -> MicroBatchWork:
+        if len(items) != len(samples):
+            raise ValueError(f"step {rank_plan.step} micro-batch {index}: {len(items)} items loaded "
+                             f"for {len(samples)} planned samples")
+        layout = PackedLayout(samples=tuple(sample_shape(s) for s in samples),
+                              group_size=rank_plan.group.size, index_in_group=rank_plan.index_in_group)
+        inputs: list[torch.Tensor] = []
+        targets: list[torch.Tensor] = []
+        for s, (sample, item) in enumerate(zip(samples, items, strict=True)):
+            item_id = item.get("id")
+            if item_id is not None and item_id != sample.id:
+                raise ValueError(f"step {rank_plan.step} micro-batch {index}: loaded sample "
+                                 f"{item_id!r} where the plan has {sample.id!r}")
+            for key, bucket in (("inputs", inputs), ("targets", targets)):
+                value = item.get(key)
+                if not isinstance(value, torch.Tensor):
+                    raise ValueError(f"sample {sample.id!r}: item[{key!r}] must be a tensor")
+                bucket.append(layout.shard(value, s))
+        return MicroBatchWork(
+            index=index,
+            ctx=SPContext(layout=layout, group=process_group),
+            inputs=torch.cat(inputs).to(self.device),
+            targets=torch.cat(targets).to(self.device),
+            token_weights=token_weights(samples, layout, rank_plan.loss_normalizer,
+                                        dtype=self.weight_dtype, device=self.device),
+            recompute_layers=policies,
+            sample_ids=tuple(s.id for s in samples),
+        )
+
+    def sync_gradients(self, module: torch.nn.Module) -> None:
+        """Sum the gradients of ``module`` over the whole world in one all-reduce per dtype.
+
+        Parameters without a gradient (a rank with no micro-batch) contribute zeros and get
+        the summed gradient, so every replica ends with the same ``.grad``.
+        """
+        params = [p for p in module.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        if self.world_size == 1:
+            return
+        by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+        for p in params:
+            by_dtype.setdefault(p.dtype, []).append(p)
+        for dtype in sorted(by_dtype, key=str):
+            group = by_dtype[dtype]
+            flat = torch.cat([p.grad.reshape(-1) for p in group if p.grad is not None])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            offset = 0
+            for p in group:
+                assert p.grad is not None
+                n = p.grad.numel()
+                p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+                offset += n

@@ -1,0 +1,103 @@
+"""Ulysses sequence parallelism: swap the sequence shard for a head shard and back.
+
+Before attention each rank of a group of ``d`` holds its pieces of every sample for all ``H``
+heads; after :func:`seq_to_head` it holds the whole packed sequence for ``H/d`` heads;
+:func:`head_to_seq` undoes it. Both are one ``all_to_all_single`` with (possibly uneven)
+split sizes, wrapped in an autograd Function whose backward is the opposite all-to-all, so
+they work under gloo (CPU) and NCCL (GPU). Buffers are made contiguous before the collective
+and outputs are fresh contiguous tensors (gloo silently corrupts non-contiguous outputs).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from executor.layout import PackedLayout
+
+
+class _AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` on a flat tensor; backward swaps the split sizes."""
+
+    @staticmethod
+    def forward(ctx: Any, flat: torch.Tensor, in_splits: list[int], out_splits: list[int],
+                group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.in_splits = in_splits
+        ctx.out_splits = out_splits
+        ctx.group = group
+        return _all_to_all(flat, in_splits, out_splits, group)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        grad = _all_to_all(grads[0], ctx.out_splits, ctx.in_splits, ctx.group)
+        return grad, None, None, None
+
+
+def _all_to_all(flat: torch.Tensor, in_splits: list[int], out_splits: list[int],
+                group: dist.ProcessGroup) -> torch.Tensor:
+    source = flat.contiguous()
+    out = source.new_empty(sum(out_splits))
+    dist.all_to_all_single(out, source, output_split_sizes=out_splits,
+                           input_split_sizes=in_splits, group=group)
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _indices(layout: PackedLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    return layout.gather_index(), layout.scatter_index()
+
+
+def seq_to_head(x: torch.Tensor, layout: PackedLayout, group: dist.ProcessGroup | None
+                ) -> torch.Tensor:
+    """Sequence-sharded ``(local_tokens, H, Dh)`` -> head-sharded ``(total_tokens, H/d, Dh)``.
+
+    Args:
+        x: This rank's tokens for all heads, in local order.
+        layout: Token placement of the micro-batch in the group.
+        group: The group's process group (``None`` only for a group of one).
+
+    Returns:
+        The packed sequence (sample after sample) for this rank's ``H/d`` heads.
+    """
+    d = layout.group_size
+    if d == 1:
+        return x
+    if group is None:
+        raise ValueError(f"a group of size {d} needs a process group")
+    tokens, heads, head_dim = x.shape
+    if tokens != layout.local_tokens or heads % d != 0:
+        raise ValueError(f"seq_to_head: got shape {tuple(x.shape)}, expected "
+                         f"({layout.local_tokens}, H divisible by {d}, Dh)")
+    hd = heads // d
+    # (T_i, d, H/d, Dh) -> (d, T_i, H/d, Dh): chunk j goes to group rank j.
+    send = x.reshape(tokens, d, hd, head_dim).transpose(0, 1).reshape(-1)
+    unit = hd * head_dim
+    in_splits = [tokens * unit] * d
+    out_splits = [layout.rank_tokens(r) * unit for r in range(d)]
+    recv = _AllToAll.apply(send, in_splits, out_splits, group)
+    gather, _ = _indices(layout)
+    return recv.view(layout.total_tokens, hd, head_dim).index_select(0, gather.to(recv.device))
+
+
+def head_to_seq(y: torch.Tensor, layout: PackedLayout, group: dist.ProcessGroup | None
+                ) -> torch.Tensor:
+    """Inverse of :func:`seq_to_head`: ``(total_tokens, H/d, Dh)`` -> ``(local_tokens, H, Dh)``."""
+    d = layout.group_size
+    if d == 1:
+        return y
+    if group is None:
+        raise ValueError(f"a group of size {d} needs a process group")
+    total, hd, head_dim = y.shape
+    if total != layout.total_tokens:
+        raise ValueError(f"head_to_seq: got {total} tokens, expected {layout.total_tokens}")
+    _, scatter = _indices(layout)
+    send = y.index_select(0, scatter.to(y.device)).reshape(-1)
+    unit = hd * head_dim
+    local = layout.local_tokens
+    in_splits = [layout.rank_tokens(r) * unit for r in range(d)]
+    out_splits = [local * unit] * d
+    recv = _AllToAll.apply(send, in_splits, out_splits, group)
+    return recv.view(d, local, hd, head_dim).transpose(0, 1).reshape(local, d * hd, head_dim)

@@ -1,0 +1,113 @@
+"""Shared helpers of the executor tests: hand-built plans, reference steps, process spawning.
+
+Plans here are built directly with the plan schema (no solver): the executor's job is to run
+whatever valid plan it gets.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from costmodel.specs import Sample
+from executor.context import SPContext
+from executor.data import SyntheticDataset
+from executor.layout import PackedLayout
+from executor.models import Llama1D, ModelConfig, STDiT2D, init_weights
+from executor.runtime import sample_shape, token_weights
+from planner.plan import (
+    GroupPlan,
+    LossNormalizer,
+    LowerBound,
+    MicroBatch,
+    Plan,
+    PlannedSample,
+    SolverInfo,
+)
+
+CONFIG = ModelConfig(num_layers=3, hidden=16, num_heads=4, ffn_hidden=32, vocab=32, in_channels=3)
+
+GroupSpec = tuple[list[int], list[list[tuple[Sample, int]]]]
+"""(ranks, micro-batches of (sample, recompute_layers))."""
+
+
+def s1d(sample_id: str, tokens: int) -> Sample:
+    """A 1D sample."""
+    return Sample(id=sample_id, tokens=tokens)
+
+
+def s2d(sample_id: str, frames: int, height: int, width: int) -> Sample:
+    """A 2D sample."""
+    return Sample(id=sample_id, tokens=frames * height * width, frames=frames, height=height,
+                  width=width)
+
+
+def make_plan(groups: Sequence[GroupSpec], *, num_ranks: int, step: int = 0,
+              normalizer: str = "tokens", cost_model_id: str = "hand") -> Plan:
+    """A valid plan with the given groups (predictions are placeholders: zero)."""
+    group_plans = []
+    samples: list[Sample] = []
+    for ranks, micro_batches in groups:
+        mbs = []
+        for micro in micro_batches:
+            mbs.append(MicroBatch(
+                samples=[PlannedSample(sample=s, recompute_layers=k, predicted_time_s=0.0,
+                                       predicted_activation_bytes=0.0) for s, k in micro],
+                predicted_time_s=0.0, predicted_peak_mem_bytes=0.0))
+            samples.extend(s for s, _ in micro)
+        group_plans.append(GroupPlan(ranks=ranks, micro_batches=mbs, predicted_time_s=0.0,
+                                     predicted_peak_mem_bytes=0.0))
+    total = sum(s.tokens for s in samples) if normalizer == "tokens" else len(samples)
+    return Plan(step=step, num_ranks=num_ranks, groups=group_plans, predicted_step_time_s=0.0,
+                grad_sync_time_s=0.0, lower_bound=LowerBound(value_s=0.0, kind="hand"),
+                solver=SolverInfo(status="HEURISTIC", method="hand", wall_time_s=0.0),
+                loss_normalizer=LossNormalizer(kind=normalizer, total=total),  # type: ignore[arg-type]
+                cost_model_id=cost_model_id, cluster_name="cpu4")
+
+
+def build_model(kind: str, *, seed: int = 0) -> torch.nn.Module:
+    """A reference model in fp64, deterministically initialised."""
+    model = Llama1D(CONFIG) if kind == "1d" else STDiT2D(CONFIG)
+    model = model.to(torch.float64)
+    init_weights(model, seed=seed)
+    return model
+
+
+def dataset_for(plan: Plan, kind: str) -> SyntheticDataset:
+    """Deterministic data for the plan's samples."""
+    samples = [ps.sample for g in plan.groups for mb in g.micro_batches for ps in mb.samples]
+    return SyntheticDataset(samples, kind=kind, vocab=CONFIG.vocab, channels=CONFIG.in_channels,
+                            seed=7, dtype=torch.float64)
+
+
+def reference_backward(model: torch.nn.Module, plan: Plan, kind: str) -> None:
+    """The plain large-batch step in one process: every sample in one packed batch, no SP."""
+    samples = [ps.sample for g in plan.groups for mb in g.micro_batches for ps in mb.samples]
+    data = dataset_for(plan, kind)
+    layout = PackedLayout(samples=tuple(sample_shape(s) for s in samples), group_size=1,
+                          index_in_group=0)
+    ctx = SPContext(layout=layout, group=None)
+    items = [data.load(s) for s in samples]
+    inputs = torch.cat([i["inputs"] for i in items])  # type: ignore[misc]
+    targets = torch.cat([i["targets"] for i in items])  # type: ignore[misc]
+    out = model(inputs, ctx, recompute_layers=[0] * len(samples))
+    weights = token_weights(samples, layout, plan.loss_normalizer, dtype=torch.float64, device="cpu")
+    (model.token_losses(out, targets) * weights).sum().backward()  # type: ignore[operator]
+
+
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def init_gloo(rank: int, world_size: int, port: int) -> None:
+    """Join a gloo world on loopback (one thread per rank)."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size, timeout=timedelta(seconds=60))

@@ -1,0 +1,121 @@
+"""The plans of the multi-process tests (world of 4), and the code every rank runs.
+
+Run under ``torch.multiprocessing.spawn``; each rank saves what it computed to
+``<out_dir>/rank<r>.pt`` and the test process compares against single-process references.
+"""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from executor.consistency import PlanMismatchError
+from executor.groups import GroupRegistry
+from executor.runtime import Executor
+from planner.plan import Plan
+from tests.executor.helpers import (
+    CONFIG,
+    build_model,
+    dataset_for,
+    init_gloo,
+    make_plan,
+    s1d,
+    s2d,
+)
+
+WORLD = 4
+L = CONFIG.num_layers
+
+
+def plans_1d() -> list[Plan]:
+    """Mixed groups 2+1+1 then one group of 4; uneven lengths, mixed policies per micro-batch."""
+    a = make_plan([
+        ([0, 1], [[(s1d("a", 7), 0), (s1d("b", 9), L)], [(s1d("c", 5), 1)]]),
+        ([2], [[(s1d("d", 6), 2), (s1d("e", 3), 0)]]),
+        ([3], [[(s1d("f", 8), L)], [(s1d("g", 4), 0), (s1d("h", 2), 1)]]),
+    ], num_ranks=WORLD, step=0)
+    b = make_plan([
+        ([0, 1, 2, 3], [[(s1d("i", 11), 1), (s1d("j", 3), 0), (s1d("k", 6), L)],
+                        [(s1d("l", 13), 0)], [(s1d("m", 2), 2)]]),
+    ], num_ranks=WORLD, step=1)
+    c = make_plan([
+        ([0], [[(s1d("n", 5), 0)]]),
+        ([1, 2], [[(s1d("o", 10), 2), (s1d("p", 1), 0)]]),
+        ([3], []),
+    ], num_ranks=WORLD, step=2, normalizer="samples")
+    return [a, b, c]
+
+
+def plans_2d() -> list[Plan]:
+    """Mixed groups 2+1+1 then 4; frames x height x width not divisible by the group size."""
+    a = make_plan([
+        ([0, 1], [[(s2d("A", 3, 1, 3), 0), (s2d("B", 2, 2, 2), L)], [(s2d("C", 1, 3, 3), 1)]]),
+        ([2], [[(s2d("D", 2, 1, 2), 2)], [(s2d("E", 4, 1, 1), 0)]]),
+        ([3], [[(s2d("F", 3, 2, 1), L), (s2d("G", 1, 1, 2), 0)]]),
+    ], num_ranks=WORLD, step=0)
+    b = make_plan([
+        ([0, 1, 2, 3], [[(s2d("H", 3, 1, 5), 1), (s2d("I", 1, 1, 3), L)],
+                        [(s2d("J", 2, 3, 1), 0), (s2d("K", 5, 1, 1), 2)]]),
+    ], num_ranks=WORLD, step=1)
+    return [a, b]
+
+
+def _grads(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.grad.detach().clone() for p in model.parameters()]  # type: ignore[union-attr]
+
+
+def run_step(executor: Executor, model: torch.nn.Module, plan: Plan, kind: str) -> None:
+    """One planned step on this rank: digest check, micro-batches, world gradient sum."""
+    rank_plan = plan.rank_view(executor.rank)
+    executor.begin_step(rank_plan, step=plan.step or 0)
+    data = dataset_for(plan, kind)
+    for work in executor.micro_batches(rank_plan, load_sample=data.load):
+        out = model(work.inputs, work.ctx, recompute_layers=work.recompute_layers)
+        work.loss(model.token_losses(out, work.targets)).backward()  # type: ignore[operator]
+    executor.sync_gradients(model)
+
+
+def worker(rank: int, port: int, out_dir: str) -> None:
+    """Every scenario on one rank; results to ``out_dir/rank<r>.pt``."""
+    init_gloo(rank, WORLD, port)
+    results: dict[str, object] = {}
+    try:
+        registry = GroupRegistry(world_size=WORLD, rank=rank, group_sizes=[1, 2, 4])
+        executor = Executor(registry=registry)
+        for kind, plans in (("1d", plans_1d()), ("2d", plans_2d())):
+            for i, plan in enumerate(plans):
+                model = build_model(kind)
+                run_step(executor, model, plan, kind)
+                results[f"grad_{kind}_{i}"] = _grads(model)
+            # A few optimizer steps over the plans in turn.
+            model = build_model(kind)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            for plan in plans * 2:
+                opt.zero_grad(set_to_none=True)
+                run_step(executor, model, plan.model_copy(update={"step": 0}), kind)
+                opt.step()
+            results[f"params_{kind}"] = [p.detach().clone() for p in model.parameters()]
+        # Digest mismatch: rank 2 holds a different plan (another cost model id).
+        plan = plans_1d()[0]
+        if rank == 2:
+            plan = plan.model_copy(update={"cost_model_id": "other"})
+        try:
+            executor.begin_step(plan.rank_view(rank), step=0)
+            results["mismatch"] = None
+        except PlanMismatchError as err:
+            results["mismatch"] = str(err)
+        # Wrong step on every rank: the plan is for step 0, the loop is at step 5.
+        try:
+            executor.begin_step(plans_1d()[0].rank_view(rank), step=5)
+            results["wrong_step"] = None
+        except PlanMismatchError as err:
+            results["wrong_step"] = str(err)
+    except Exception:
+        results["error"] = traceback.format_exc()
+        raise
+    finally:
+        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+        dist.destroy_process_group()
