@@ -1,0 +1,137 @@
+"""Fixtures of the service tests: settings on a tmp SQLite file, a TestClient, a real uvicorn."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from api.settings import Settings
+
+TOKEN = "test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+COST_MODEL = "analytic-llama-7b-h200-sxm"
+# Small, quick planner settings for tests (deterministic budget; generous wall cap).
+FAST = {"time_limit_s": 5.0}
+
+
+def manifest_lines(num_samples: int, *, seed: int = 0, prefix: str = "s") -> str:
+    """A JSON Lines manifest of 1D samples with lengths from 512 to 64k tokens."""
+    lengths = [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]
+    return "".join(json.dumps({"id": f"{prefix}{i}", "tokens": lengths[(i * 7 + seed) % len(lengths)]})
+                   + "\n" for i in range(num_samples))
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    data = tmp_path / "data"
+    data.mkdir()
+    return Settings(db_path=tmp_path / "plans.sqlite", data_dir=data, num_workers=1,
+                    auth_token=TOKEN, max_body_bytes=1_000_000, max_samples_per_batch=64)
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """``dcp serve`` in a subprocess (own session, so kill -9 takes its pool workers too)."""
+
+    def __init__(self, tmp_path: Path, *, workers: int = 1, token: str | None = TOKEN) -> None:
+        self.tmp_path = tmp_path
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.workers = workers
+        self.token = token
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = tmp_path / "server.log"
+
+    def start(self) -> Server:
+        env = {**os.environ, "DCP_DB_PATH": str(self.tmp_path / "plans.sqlite"),
+               "DCP_DATA_DIR": str(self.tmp_path / "data"), "DCP_NUM_WORKERS": str(self.workers)}
+        if self.token:
+            env["DCP_AUTH_TOKEN"] = self.token
+        (self.tmp_path / "data").mkdir(exist_ok=True)
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "dcp_cli.main", "serve", "--port", str(self.port),
+                 "--log-level", "warning"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, cwd=self.tmp_path)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log.read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"server not ready: {self.log.read_text()[-2000:]}")
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        headers = {**AUTH, **kwargs.pop("headers", {})} if self.token else kwargs.pop("headers", {})
+        return httpx.request(method, f"{self.url}{path}", headers=headers, timeout=60.0, **kwargs)
+
+    def terminate(self) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=30)
+        self._reap()
+        return code
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def _reap(self) -> None:
+        assert self.proc is not None
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.proc is not None:
+            self._reap()
+
+
+@pytest.fixture
+def server_factory(tmp_path: Path) -> Iterator[Any]:
+    servers: list[Server] = []
+
+    def make(**kwargs: Any) -> Server:
+        server = Server(tmp_path, **kwargs)
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()

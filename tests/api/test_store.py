@@ -1,0 +1,97 @@
+"""The SQLite plan store: schema migration, epochs, plan rows written once, cost models."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from api.store import (
+    STORE_SCHEMA_VERSION,
+    CostModelConflictError,
+    EpochExistsError,
+    PlanStore,
+)
+from costmodel.presets import default_cost_model_file
+from costmodel.specs import Sample
+from planner.epoch import StepResult
+
+
+def _result(step: int, digest: str = "d" * 64) -> StepResult:
+    return StepResult(step=step, plan_json=f'{{"step":{step}}}', digest=digest, gap=0.1,
+                      predicted_step_time_s=1.0, speedup_vs_bucket=1.5, solve_time_s=0.01)
+
+
+def _steps(n: int) -> list[list[Sample]]:
+    return [[Sample(id=f"s{i}", tokens=100 + i)] for i in range(n)]
+
+
+def test_schema_created_and_reopened(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "p.sqlite"
+    store = PlanStore.open(path)
+    assert store.schema_version() == STORE_SCHEMA_VERSION
+    store.create_epoch("e", spec={"x": 1}, steps=_steps(3))
+    store.close()
+    again = PlanStore.open(path)
+    record = again.get_epoch("e")
+    assert record is not None and record.steps_total == 3 and record.state == "queued"
+    assert again.pending_steps("e") == [0, 1, 2]
+    assert again.batch("e", 2) == [Sample(id="s2", tokens=102)]
+
+
+def test_newer_schema_refused(tmp_path: Path) -> None:
+    path = tmp_path / "p.sqlite"
+    PlanStore.open(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
+    with pytest.raises(ValueError, match="schema version 99"):
+        PlanStore.open(path)
+
+
+def test_steps_written_once(tmp_path: Path) -> None:
+    store = PlanStore.open(tmp_path / "p.sqlite")
+    store.create_epoch("e", spec={}, steps=_steps(4))
+    assert store.write_steps("e", [_result(0), _result(2)]) == 2
+    assert store.write_steps("e", [_result(2, "e" * 64), _result(3)]) == 1  # step 2 kept as it was
+    record = store.get_epoch("e")
+    assert record is not None and record.steps_done == 3
+    assert store.pending_steps("e") == [1]
+    assert store.get_plan("e", 2) == ("d" * 64, '{"step":2}')
+    assert store.get_plan("e", 1) is None
+    assert [s for s, _, _ in store.get_plans("e", start=0, stop=4)] == [0, 2, 3]
+    assert store.summary("e")["mean_gap"] == pytest.approx(0.1)
+    assert store.num_plans() == 3
+
+
+def test_failed_transaction_leaves_nothing(tmp_path: Path) -> None:
+    store = PlanStore.open(tmp_path / "p.sqlite")
+    store.create_epoch("e", spec={}, steps=_steps(2))
+    bad = StepResult(step=None, plan_json="{}", digest="d" * 64, gap=0, predicted_step_time_s=0,
+                     speedup_vs_bucket=None, solve_time_s=0)
+    with pytest.raises(ValueError, match="step index"):
+        store.write_steps("e", [_result(0), bad])
+    record = store.get_epoch("e")
+    assert record is not None and record.steps_done == 0
+    assert store.get_plan("e", 0) is None
+
+
+def test_epoch_id_conflict(tmp_path: Path) -> None:
+    store = PlanStore.open(tmp_path / "p.sqlite")
+    store.create_epoch("e", spec={}, steps=_steps(2))
+    with pytest.raises(EpochExistsError, match="'e' already exists"):
+        store.create_epoch("e", spec={}, steps=_steps(5))
+    record = store.get_epoch("e")
+    assert record is not None and record.steps_total == 2
+
+
+def test_cost_models(tmp_path: Path) -> None:
+    store = PlanStore.open(tmp_path / "p.sqlite")
+    file = default_cost_model_file("llama-7b", "h200-sxm").model_copy(update={"id": "mine"})
+    assert store.put_cost_model(file) is True
+    assert store.put_cost_model(file) is False
+    changed = file.model_copy(update={"notes": "other"})
+    with pytest.raises(CostModelConflictError, match="'mine' already exists"):
+        store.put_cost_model(changed)
+    assert store.get_cost_model("mine") == file
+    assert [f.id for f in store.list_cost_models()] == ["mine"]
