@@ -24,7 +24,7 @@ TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 COST_MODEL = "analytic-llama-7b-h200-sxm"
 # Small, quick planner settings for tests (deterministic budget; generous wall cap).
-FAST = {"time_limit_s": 5.0}
+FAST: dict[str, object] = {"time_limit_s": 5.0, "use_cpsat": False}
 
 
 def manifest_lines(num_samples: int, *, seed: int = 0, prefix: str = "s") -> str:
