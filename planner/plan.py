@@ -155,6 +155,17 @@ class Plan(_Frozen):
         """SHA-256 hex digest of the canonical JSON."""
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
+    def content_json(self) -> str:
+        """Canonical JSON without ``solver.wall_time_s``, the one field that differs between
+        two runs of the planner on the same input and seed (what determinism is defined on)."""
+        data = self.model_dump(mode="json")
+        data["solver"].pop("wall_time_s", None)
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+    def content_digest(self) -> str:
+        """SHA-256 hex digest of :meth:`content_json`: equal for equal input and seed."""
+        return hashlib.sha256(self.content_json().encode()).hexdigest()
+
     def rank_view(self, rank: int) -> RankPlan:
         """The part of the plan rank ``rank`` executes, with the digest of the whole plan."""
         group = self.group_of_rank(rank)

@@ -1,0 +1,175 @@
+"""Drafts (the solvers' internal plans) and their exact evaluation and assembly into a ``Plan``.
+
+A draft names, per group, its size, its first rank and its ordered micro-batches of
+``(sample index, recompute layers)``. Every number in the assembled plan comes from the cost
+model for the actual placement (nodes spanned), never from a solver's approximation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from costmodel.evaluate import CostModel, nodes_spanned
+from costmodel.specs import Sample
+from planner.plan import (
+    GroupPlan,
+    LossNormalizer,
+    LowerBound,
+    MicroBatch,
+    Plan,
+    PlannedSample,
+    SolverInfo,
+    SolverStatus,
+)
+
+
+@dataclass(slots=True)
+class DraftGroup:
+    """One group of a draft: contiguous ranks ``[first_rank, first_rank + size)``."""
+
+    size: int
+    first_rank: int
+    micro_batches: list[list[tuple[int, int]]] = field(default_factory=list)
+    """Ordered micro-batches of ``(sample index, recompute layers)``."""
+
+
+Draft = list[DraftGroup]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchArrays:
+    """Shapes of the batch as arrays (sample order), for vectorised cost evaluation."""
+
+    tokens: np.ndarray
+    frames: np.ndarray
+    spatial: np.ndarray
+
+    @classmethod
+    def of(cls, samples: Sequence[Sample]) -> BatchArrays:
+        """Arrays of tokens, frames and tokens per frame."""
+        return cls(tokens=np.array([s.tokens for s in samples], dtype=np.float64),
+                   frames=np.array([s.num_frames for s in samples], dtype=np.float64),
+                   spatial=np.array([s.spatial_tokens for s in samples], dtype=np.float64))
+
+
+@dataclass(frozen=True, slots=True)
+class GroupCosts:
+    """Exact per-sample and per-micro-batch numbers of one group."""
+
+    sample_time_s: np.ndarray
+    sample_act_bytes: np.ndarray
+    microbatch_time_s: list[float]
+    microbatch_peak_bytes: list[float]
+
+    @property
+    def time_s(self) -> float:
+        """Sum of the micro-batch times."""
+        return float(sum(self.microbatch_time_s))
+
+
+def group_costs(group: DraftGroup, arrays: BatchArrays, cost_model: CostModel) -> GroupCosts:
+    """Exact costs of a draft group under the cost model."""
+    flat = [item for mb in group.micro_batches for item in mb]
+    if not flat:
+        return GroupCosts(np.zeros(0), np.zeros(0), [], [])
+    idx = np.array([i for i, _ in flat], dtype=np.int64)
+    ks = np.array([k for _, k in flat], dtype=np.int64)
+    nodes = nodes_spanned(first_rank=group.first_rank, group_size=group.size,
+                          gpus_per_node=cost_model.cluster.gpus_per_node)
+    times = cost_model.sample_time_s(arrays.tokens[idx], group_size=group.size, recompute_layers=ks,
+                                     frames=arrays.frames[idx], spatial=arrays.spatial[idx],
+                                     num_nodes=nodes)
+    acts = cost_model.activation_bytes(arrays.tokens[idx], group_size=group.size,
+                                       recompute_layers=ks)
+    overhead = cost_model.file.compute.microbatch_overhead_s
+    fixed = cost_model.fixed_bytes()
+    mb_time, mb_peak = [], []
+    start = 0
+    for mb in group.micro_batches:
+        stop = start + len(mb)
+        mb_time.append(float(overhead + times[start:stop].sum()))
+        mb_peak.append(float(fixed + acts[start:stop].sum()))
+        start = stop
+    return GroupCosts(np.asarray(times), np.asarray(acts), mb_time, mb_peak)
+
+
+def draft_step_time_s(draft: Draft, arrays: BatchArrays, cost_model: CostModel) -> float:
+    """Predicted step time of a draft: slowest group plus gradient sync."""
+    slowest = max((group_costs(g, arrays, cost_model).time_s for g in draft), default=0.0)
+    return slowest + cost_model.grad_sync_time_s()
+
+
+def draft_fits_memory(draft: Draft, arrays: BatchArrays, cost_model: CostModel) -> bool:
+    """True when every micro-batch stays under the memory cap."""
+    cap = cost_model.cluster.memory_cap_bytes
+    return all(peak <= cap for g in draft
+               for peak in group_costs(g, arrays, cost_model).microbatch_peak_bytes)
+
+
+def loss_normalizer(samples: Sequence[Sample], kind: str) -> LossNormalizer:
+    """The global loss normaliser of the step."""
+    if kind == "tokens":
+        return LossNormalizer(kind="tokens", total=sum(s.tokens for s in samples))
+    return LossNormalizer(kind="samples", total=len(samples))
+
+
+@dataclass(frozen=True, slots=True)
+class PlanMeta:
+    """What a plan records besides its groups."""
+
+    status: SolverStatus
+    method: str
+    wall_time_s: float
+    lower_bound: LowerBound
+    objective_bound_s: float | None = None
+    seed: int = 0
+    step: int | None = None
+    loss_normalization: str = "tokens"
+    baselines_s: dict[str, float] = field(default_factory=dict)
+
+
+def assemble_plan(draft: Draft, samples: Sequence[Sample], *, cost_model: CostModel,
+                  meta: PlanMeta, arrays: BatchArrays | None = None) -> Plan:
+    """Build the wire ``Plan`` of a draft with exact predicted times and memory."""
+    arrays = BatchArrays.of(samples) if arrays is None else arrays
+    groups: list[GroupPlan] = []
+    slowest = 0.0
+    for g in sorted(draft, key=lambda g: g.first_rank):
+        costs = group_costs(g, arrays, cost_model)
+        mbs: list[MicroBatch] = []
+        pos = 0
+        for mb, mb_time, mb_peak in zip(g.micro_batches, costs.microbatch_time_s,
+                                        costs.microbatch_peak_bytes, strict=True):
+            planned = []
+            for i, k in mb:
+                planned.append(PlannedSample.model_construct(
+                    sample=samples[i], recompute_layers=int(k),
+                    predicted_time_s=float(costs.sample_time_s[pos]),
+                    predicted_activation_bytes=float(costs.sample_act_bytes[pos])))
+                pos += 1
+            mbs.append(MicroBatch.model_construct(samples=planned, predicted_time_s=mb_time,
+                                                  predicted_peak_mem_bytes=mb_peak))
+        group_time = costs.time_s
+        slowest = max(slowest, group_time)
+        peak = max(costs.microbatch_peak_bytes, default=cost_model.fixed_bytes())
+        groups.append(GroupPlan(ranks=list(range(g.first_rank, g.first_rank + g.size)),
+                                micro_batches=mbs, predicted_time_s=group_time,
+                                predicted_peak_mem_bytes=peak))
+    sync = cost_model.grad_sync_time_s()
+    return Plan(
+        step=meta.step,
+        num_ranks=cost_model.cluster.num_gpus,
+        groups=groups,
+        predicted_step_time_s=slowest + sync,
+        grad_sync_time_s=sync,
+        lower_bound=meta.lower_bound,
+        solver=SolverInfo(status=meta.status, method=meta.method, wall_time_s=meta.wall_time_s,
+                          objective_bound_s=meta.objective_bound_s, seed=meta.seed),
+        loss_normalizer=loss_normalizer(samples, meta.loss_normalization),
+        cost_model_id=cost_model.file.id,
+        cluster_name=cost_model.cluster.name,
+        baselines_s=dict(sorted(meta.baselines_s.items())),
+    )

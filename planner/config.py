@@ -1,0 +1,90 @@
+"""Planner configuration: one frozen, keyword-only dataclass validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+SizeMode = Literal["pow2", "any"]
+LossNormalization = Literal["tokens", "samples"]
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class PlannerConfig:
+    """How ``plan_batch`` searches.
+
+    Determinism: every search limit that can change the plan is a *work* limit (heuristic
+    candidate and move counts, CP-SAT's deterministic time), never wall time, so the same input
+    and seed give a byte-identical plan apart from ``solver.wall_time_s`` (see
+    ``planner.plan.Plan.content_digest``). ``time_limit_s`` is only a safety cap on CP-SAT's wall
+    time; when it is hit first the plan is still valid but may differ between runs.
+    """
+
+    time_limit_s: float = 0.05
+    """Wall-clock cap for the whole planner call (the CP-SAT phase gets what is left)."""
+    cpsat_deterministic_time: float = 0.02
+    """CP-SAT budget in its deterministic time units (reproducible, roughly seconds)."""
+    num_workers: int = 1
+    """CP-SAT search workers (1 keeps the search deterministic and single-core)."""
+    seed: int = 0
+    """Seed of every randomised part (CP-SAT's random seed, tie-breaking)."""
+    sizes: SizeMode = "pow2"
+    """Allowed group sizes: powers of two, or any size, in both cases dividing the head count."""
+    max_group_size: int | None = None
+    """Largest group size (default: the world size)."""
+    group_sizes: tuple[int, ...] | None = None
+    """Explicit allowed group sizes; overrides ``sizes`` (each must divide the head count)."""
+    loss_normalization: LossNormalization = "tokens"
+    """Global loss normaliser: total tokens or total samples of the step."""
+    use_cpsat: bool = False
+    """Run CP-SAT after the heuristic (off: heuristic and baselines only)."""
+    exact_max_samples: int = 8
+    """Batches up to this many samples (and ``exact_max_ranks`` ranks) get the exact per-sample
+    CP-SAT model, which proves optimality; larger batches get the aggregated model."""
+    exact_max_ranks: int = 8
+    """See ``exact_max_samples``."""
+    exact_time_limit_s: float = 10.0
+    """Wall-clock cap of the exact model (tiny instances only)."""
+    local_search_max_moves: int = 400
+    """Most improving moves of the local search per plan."""
+    num_candidate_partitions: int = 24
+    """Most group-size multisets the heuristic evaluates."""
+    compute_baselines: bool = True
+    """Compute the baselines (needed for the never-slower-than-a-baseline guarantee)."""
+    baseline_group_size: int | None = None
+    """Fixed SP size of the bucket and packed baselines (default: the smallest size that fits
+    the reference sample, or the batch's largest sample, under full checkpointing)."""
+    memory_safety_fraction: float = 1e-9
+    """Relative slack kept below the memory cap to absorb floating-point summation order."""
+
+    def __post_init__(self) -> None:
+        if not self.time_limit_s > 0:
+            raise ValueError(f"time_limit_s must be positive, got {self.time_limit_s}")
+        if not self.cpsat_deterministic_time > 0:
+            raise ValueError(
+                f"cpsat_deterministic_time must be positive, got {self.cpsat_deterministic_time}")
+        if self.num_workers < 1:
+            raise ValueError(f"num_workers must be at least 1, got {self.num_workers}")
+        if self.sizes not in ("pow2", "any"):
+            raise ValueError(f"sizes must be 'pow2' or 'any', got {self.sizes!r}")
+        if self.max_group_size is not None and self.max_group_size < 1:
+            raise ValueError(f"max_group_size must be at least 1, got {self.max_group_size}")
+        if self.group_sizes is not None and (not self.group_sizes or any(d < 1 for d in self.group_sizes)):
+            raise ValueError(f"group_sizes must be positive integers, got {self.group_sizes}")
+        if self.loss_normalization not in ("tokens", "samples"):
+            raise ValueError(
+                f"loss_normalization must be 'tokens' or 'samples', got {self.loss_normalization!r}")
+        for name in ("exact_max_samples", "exact_max_ranks", "local_search_max_moves"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be non-negative, got {getattr(self, name)}")
+        if self.num_candidate_partitions < 1:
+            raise ValueError(
+                f"num_candidate_partitions must be at least 1, got {self.num_candidate_partitions}")
+        if not self.exact_time_limit_s > 0:
+            raise ValueError(f"exact_time_limit_s must be positive, got {self.exact_time_limit_s}")
+        if self.baseline_group_size is not None and self.baseline_group_size < 1:
+            raise ValueError(
+                f"baseline_group_size must be at least 1, got {self.baseline_group_size}")
+        if not 0 <= self.memory_safety_fraction < 0.5:
+            raise ValueError(
+                f"memory_safety_fraction must be in [0, 0.5), got {self.memory_safety_fraction}")

@@ -1,0 +1,189 @@
+"""Cost tables: every sample class's time and memory on every allowed group size, at once.
+
+Samples with the same shape cost the same, so the planner works on *classes* (unique
+``(frames, tokens per frame)`` shapes). For each class and allowed size ``d`` the table holds
+the cheapest checkpoint policy that lets the sample fit a micro-batch on its own (``k_min``),
+its time and activation bytes under that policy, and the time and bytes of any other policy
+(both linear in ``k`` for ``k >= 1``), all from ``costmodel.evaluate.CostModel``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel.evaluate import CostModel
+from costmodel.specs import Sample
+
+INF = math.inf
+
+
+def allowed_sizes(cost_model: CostModel, *, mode: str, max_group_size: int | None,
+                  explicit: Sequence[int] | None) -> list[int]:
+    """Group sizes the planner may use, ascending.
+
+    Sizes divide the model's head count (Ulysses) and are at most the world size and
+    ``max_group_size``; ``mode='pow2'`` keeps powers of two; ``explicit`` lists them directly.
+
+    Raises:
+        ValueError: naming an explicit size the model or the world does not allow.
+    """
+    world = cost_model.cluster.num_gpus
+    limit = world if max_group_size is None else min(world, max_group_size)
+    heads_ok = set(cost_model.allowed_group_sizes(max_size=limit))
+    if explicit is not None:
+        for d in explicit:
+            if d not in heads_ok:
+                raise ValueError(
+                    f"group size {d} is not allowed: it must divide num_heads="
+                    f"{cost_model.file.model.num_heads} and be at most {limit}")
+        return sorted(set(explicit))
+    sizes = sorted(heads_ok)
+    if mode == "pow2":
+        sizes = [d for d in sizes if d & (d - 1) == 0]
+    return sizes
+
+
+@dataclass(frozen=True, slots=True)
+class SampleClasses:
+    """The batch grouped by shape.
+
+    Attributes:
+        class_of: Class index of every sample (batch order).
+        members: Sample indices of every class, in batch order.
+        tokens: Tokens of every class.
+        frames: Frames of every class.
+        spatial: Tokens per frame of every class.
+    """
+
+    class_of: list[int]
+    members: list[list[int]]
+    tokens: np.ndarray
+    frames: np.ndarray
+    spatial: np.ndarray
+
+    @classmethod
+    def of(cls, samples: Sequence[Sample]) -> SampleClasses:
+        """Group samples by ``shape_key``; classes are numbered in order of first appearance."""
+        index: dict[tuple[int, int], int] = {}
+        class_of: list[int] = []
+        members: list[list[int]] = []
+        shapes: list[tuple[int, int, int]] = []
+        for i, s in enumerate(samples):
+            key = s.shape_key
+            c = index.get(key)
+            if c is None:
+                c = len(members)
+                index[key] = c
+                members.append([])
+                shapes.append((s.tokens, s.num_frames, s.spatial_tokens))
+            class_of.append(c)
+            members[c].append(i)
+        arr = np.array(shapes, dtype=np.float64).reshape(-1, 3)
+        return cls(class_of=class_of, members=members, tokens=arr[:, 0], frames=arr[:, 1],
+                   spatial=arr[:, 2])
+
+    @property
+    def num_classes(self) -> int:
+        """Distinct shapes."""
+        return len(self.members)
+
+
+class CostTable:
+    """Per class x allowed size: cheapest fitting policy, its time and bytes.
+
+    Times are for an aligned contiguous placement (``CostModel.default_nodes``); the plan
+    assembler recomputes exact numbers for the actual placement.
+    """
+
+    def __init__(self, cost_model: CostModel, samples: Sequence[Sample], *, sizes: Sequence[int],
+                 memory_safety_fraction: float = 0.0) -> None:
+        self.cost_model = cost_model
+        self.samples = list(samples)
+        self.classes = SampleClasses.of(self.samples)
+        self.sizes = list(sizes)
+        self.num_layers = cost_model.num_layers
+        self.overhead_s = cost_model.file.compute.microbatch_overhead_s
+        self.grad_sync_s = cost_model.grad_sync_time_s()
+        budget = cost_model.activation_budget_bytes()
+        self.budget_bytes = budget * (1.0 - memory_safety_fraction) if budget > 0 else budget
+        num_c, num_d = self.classes.num_classes, len(self.sizes)
+        self.k_min = np.full((num_c, num_d), -1, dtype=np.int64)
+        self.time_s = np.full((num_c, num_d), INF)
+        self.mem_bytes = np.full((num_c, num_d), INF)
+        self.recompute_s_per_layer = np.zeros((num_c, num_d))
+        self.time0_s = np.zeros((num_c, num_d))
+        for j, d in enumerate(self.sizes):
+            self._fill_size(j, d)
+        # Fastest fitting size per class (ties: smaller size).
+        fits = np.isfinite(self.time_s)
+        self.fits_anywhere = fits.any(axis=1)
+
+    def _fill_size(self, j: int, d: int) -> None:
+        cm, c = self.cost_model, self.classes
+        layers = self.num_layers
+        act0 = cm.activation_bytes(c.tokens, group_size=d, recompute_layers=0)
+        act_full = cm.activation_bytes(c.tokens, group_size=d, recompute_layers=layers)
+        k = np.zeros(len(c.tokens), dtype=np.int64)
+        need = act0 > self.budget_bytes
+        if need.any() and layers >= 1:
+            act1 = cm.activation_bytes(c.tokens, group_size=d, recompute_layers=1)
+            slope = (act1 - act_full) / max(layers - 1, 1)  # bytes saved per extra layer
+            with np.errstate(divide="ignore", invalid="ignore"):
+                est = np.where(slope > 0, np.ceil((act1 - self.budget_bytes) / slope) + 1, 1)
+            est = np.clip(np.nan_to_num(est, nan=1.0), 1, layers).astype(np.int64)
+            k = np.where(need, est, 0)
+            # Correct the estimate against the cost model itself (floating-point edges).
+            for _ in range(3):
+                act = cm.activation_bytes(c.tokens, group_size=d, recompute_layers=k)
+                up = need & (act > self.budget_bytes) & (k < layers)
+                if not up.any():
+                    break
+                k = np.where(up, k + 1, k)
+            while True:
+                lower = np.maximum(k - 1, 1)
+                act_lower = cm.activation_bytes(c.tokens, group_size=d, recompute_layers=lower)
+                down = need & (k > 1) & (act_lower <= self.budget_bytes)
+                if not down.any():
+                    break
+                k = np.where(down, lower, k)
+        act = cm.activation_bytes(c.tokens, group_size=d, recompute_layers=k)
+        ok = act <= self.budget_bytes
+        t = cm.sample_time_s(c.tokens, group_size=d, recompute_layers=k, frames=c.frames,
+                             spatial=c.spatial)
+        t0 = cm.sample_time_s(c.tokens, group_size=d, recompute_layers=0, frames=c.frames,
+                              spatial=c.spatial)
+        tl = cm.sample_time_s(c.tokens, group_size=d, recompute_layers=layers, frames=c.frames,
+                              spatial=c.spatial)
+        self.k_min[:, j] = np.where(ok, k, -1)
+        self.time_s[:, j] = np.where(ok, t, INF)
+        self.mem_bytes[:, j] = np.where(ok, act, INF)
+        self.time0_s[:, j] = t0
+        self.recompute_s_per_layer[:, j] = (tl - t0) / max(layers, 1)
+
+    def size_index(self, d: int) -> int:
+        """Column of group size ``d``."""
+        return self.sizes.index(d)
+
+    def sample_time(self, i: int, j: int) -> float:
+        """Time of sample ``i`` at size column ``j`` under its ``k_min`` (inf if it cannot fit)."""
+        return float(self.time_s[self.classes.class_of[i], j])
+
+    def sample_mem(self, i: int, j: int) -> float:
+        """Activation bytes of sample ``i`` at size column ``j`` under its ``k_min``."""
+        return float(self.mem_bytes[self.classes.class_of[i], j])
+
+    def policy(self, i: int, j: int) -> int:
+        """``k_min`` of sample ``i`` at size column ``j`` (-1 if it cannot fit)."""
+        return int(self.k_min[self.classes.class_of[i], j])
+
+    def smallest_fitting_size(self, i: int) -> int | None:
+        """Smallest allowed size on which sample ``i`` fits (any policy), or None."""
+        row = self.k_min[self.classes.class_of[i]]
+        for j, d in enumerate(self.sizes):
+            if row[j] >= 0:
+                return d
+        return None

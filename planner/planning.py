@@ -1,0 +1,163 @@
+"""``plan_batch``: one step's plan, jointly choosing group sizes, placement, micro-batches and
+checkpoint policies (DESIGN.md, 'The optimisation').
+
+Pipeline: check the input; tabulate costs per sample class and allowed size; compute the lower
+bounds; run the heuristic (candidate multisets, LPT, local search); hand its draft to CP-SAT as
+a hint (the exact per-sample model for tiny batches, the aggregated model otherwise) and keep
+CP-SAT's plan only when it is better; compute the baselines and return the best baseline
+instead whenever it is predicted faster. Every returned plan passes ``validate_plan``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from costmodel.evaluate import CostModel
+from costmodel.schema import CostModelFile
+from costmodel.specs import ClusterSpec, Sample
+from planner.assemble import BatchArrays, Draft, PlanMeta, assemble_plan, draft_step_time_s
+from planner.baselines import baseline_drafts
+from planner.bounds import BoundReport, lower_bounds
+from planner.config import PlannerConfig
+from planner.costs import CostTable, allowed_sizes
+from planner.heuristic import heuristic_plan
+from planner.placement import representable
+from planner.plan import LowerBound, Plan, SolverStatus
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A checked batch with its cost table and bounds."""
+
+    cost_model: CostModel
+    table: CostTable
+    bounds: BoundReport
+    arrays: BatchArrays
+
+
+def prepare(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: CostModelFile,
+            config: PlannerConfig) -> Prepared:
+    """Check the input and tabulate costs and bounds.
+
+    Raises:
+        ValueError: for an empty batch, repeated sample ids, a world the allowed sizes cannot
+            partition, model states over the memory cap, or a sample that fits nowhere.
+    """
+    if len(samples) == 0:
+        raise ValueError("the batch is empty: a plan needs at least one sample")
+    seen: set[str] = set()
+    for s in samples:
+        if s.id in seen:
+            raise ValueError(f"sample id {s.id!r} appears more than once in the batch")
+        seen.add(s.id)
+    cm = CostModel(file=cost_model, cluster=cluster)
+    sizes = allowed_sizes(cm, mode=config.sizes, max_group_size=config.max_group_size,
+                          explicit=config.group_sizes)
+    n = cluster.num_gpus
+    if not sizes or not representable(n, sizes):
+        raise ValueError(f"the world of {n} ranks cannot be partitioned into groups of the "
+                         f"allowed sizes {sizes} (num_heads={cost_model.model.num_heads}, "
+                         f"max_group_size={config.max_group_size})")
+    budget = cm.activation_budget_bytes()
+    if budget <= 0:
+        raise ValueError(f"model states and working buffers need {cm.fixed_bytes():.6g} bytes per "
+                         f"rank, over the memory cap {cluster.memory_cap_bytes:.6g} bytes")
+    table = CostTable(cm, samples, sizes=sizes, memory_safety_fraction=config.memory_safety_fraction)
+    if not table.fits_anywhere.all():
+        c = int((~table.fits_anywhere).nonzero()[0][0])
+        sample = samples[table.classes.members[c][0]]
+        biggest = max(sizes)
+        act = float(cm.activation_bytes(sample.tokens, group_size=biggest,
+                                        recompute_layers=cm.num_layers))
+        raise ValueError(
+            f"sample {sample.id!r} ({sample.tokens} tokens) fits nowhere: even on the largest "
+            f"allowed group ({biggest} ranks) with full checkpointing it needs {act:.6g} "
+            f"activation bytes per rank, over the limit of {table.budget_bytes:.6g} bytes "
+            f"(memory cap {cluster.memory_cap_bytes:.6g} minus {cm.fixed_bytes():.6g} fixed)")
+    return Prepared(cost_model=cm, table=table, bounds=lower_bounds(table),
+                    arrays=BatchArrays.of(samples))
+
+
+def plan_batch(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: CostModelFile,
+               config: PlannerConfig | None = None, step: int | None = None,
+               reference_sample: Sample | None = None) -> Plan:
+    """Plan one optimizer step.
+
+    Args:
+        samples: The global batch, in sampler order (ids unique).
+        cluster: The world the plan is for.
+        cost_model: The cost-model file (bound to ``cluster`` here).
+        config: Search settings (default ``PlannerConfig()``).
+        step: Step index recorded in the plan.
+        reference_sample: The workload's longest sample, which sets the bucket baselines'
+            fixed SP size (default: the batch's longest).
+
+    Returns:
+        A valid plan with its lower bound, solver status and every baseline's predicted step
+        time; never predicted slower than a baseline it computed.
+
+    Raises:
+        ValueError: see ``prepare``.
+    """
+    start = time.perf_counter()
+    config = config or PlannerConfig()
+    prep = prepare(samples, cluster=cluster, cost_model=cost_model, config=config)
+    cm, table, arrays = prep.cost_model, prep.table, prep.arrays
+    draft, _ = heuristic_plan(table, makespan_hint_s=prep.bounds.compute_makespan_s,
+                              num_candidates=config.num_candidate_partitions,
+                              max_moves=config.local_search_max_moves)
+    best_time = draft_step_time_s(draft, arrays, cm)
+    status: SolverStatus = "HEURISTIC"
+    method = "heuristic"
+    solver_bound: float | None = None
+    if config.use_cpsat:
+        from planner import cpsat  # the only module that imports ortools
+
+        deadline = start + (config.exact_time_limit_s if cpsat.is_exact_size(table, config)
+                            else config.time_limit_s)
+        result = cpsat.improve(table, draft, config=config, deadline=deadline,
+                               bound_s=prep.bounds.compute_makespan_s)
+        solver_bound = result.bound_s
+        if result.draft is not None:
+            cand_time = draft_step_time_s(result.draft, arrays, cm)
+            if cand_time < best_time * (1 - 1e-9) or (
+                    result.status == "OPTIMAL" and cand_time <= best_time * (1 + 1e-9)):
+                draft, best_time = result.draft, cand_time
+                status, method = result.status, result.method
+            elif result.status == "OPTIMAL":
+                status, method = "OPTIMAL", result.method  # the hint was already optimal
+    baselines: dict[str, float] = {}
+    baseline_best: tuple[float, str, Draft] | None = None
+    if config.compute_baselines:
+        for name, b_draft in baseline_drafts(table, group_size=config.baseline_group_size,
+                                             reference=reference_sample).items():
+            t = draft_step_time_s(b_draft, arrays, cm)
+            baselines[name] = t
+            if baseline_best is None or t < baseline_best[0]:
+                baseline_best = (t, name, b_draft)
+    if baseline_best is not None and baseline_best[0] < best_time * (1 - 1e-12):
+        logger.info("baseline %s (%.6f s) beats the planner (%.6f s)", baseline_best[1],
+                    baseline_best[0], best_time)
+        best_time, method, draft = baseline_best[0], baseline_best[1], baseline_best[2]
+        status = "BASELINE"
+    bound_value, bound_kind = prep.bounds.best_s, prep.bounds.best_kind
+    if solver_bound is not None:
+        with_sync = solver_bound + table.grad_sync_s
+        if with_sync > bound_value:
+            bound_value, bound_kind = with_sync, "cpsat"
+    if status == "OPTIMAL" and best_time > bound_value:
+        bound_value, bound_kind = best_time, "cpsat-optimal"
+    meta = PlanMeta(status=status, method=method, wall_time_s=time.perf_counter() - start,
+                    lower_bound=LowerBound(value_s=min(bound_value, best_time), kind=bound_kind),
+                    objective_bound_s=None if solver_bound is None
+                    else solver_bound + table.grad_sync_s,
+                    seed=config.seed, step=step, loss_normalization=config.loss_normalization,
+                    baselines_s=baselines)
+    plan = assemble_plan(draft, samples, cost_model=cm, meta=meta, arrays=arrays)
+    return plan.model_copy(update={"solver": plan.solver.model_copy(
+        update={"wall_time_s": time.perf_counter() - start})})
