@@ -69,7 +69,8 @@ class Server:
 
     def start(self) -> Server:
         env = {**os.environ, "DCP_DB_PATH": str(self.tmp_path / "plans.sqlite"),
-               "DCP_DATA_DIR": str(self.tmp_path / "data"), "DCP_NUM_WORKERS": str(self.workers)}
+               "DCP_DATA_DIR": str(self.tmp_path / "data"), "DCP_NUM_WORKERS": str(self.workers),
+               "DCP_WRITE_BATCH_STEPS": "4", "DCP_MAX_BODY_BYTES": "1000000"}
         if self.token:
             env["DCP_AUTH_TOKEN"] = self.token
         (self.tmp_path / "data").mkdir(exist_ok=True)

@@ -71,8 +71,8 @@ def test_cost_models(client: TestClient) -> None:
 
 
 def test_plan_one_batch(client: TestClient) -> None:
-    samples = [{"id": f"q{i}", "tokens": t} for i, t in enumerate([512, 4096, 32768, 1024, 65536, 2048,
-                                                                     8192, 16384, 700, 900])]
+    lengths = [512, 4096, 32768, 1024, 65536, 2048, 8192, 16384, 700, 900]
+    samples: list[dict[str, Any]] = [{"id": f"q{i}", "tokens": t} for i, t in enumerate(lengths)]
     body = {"samples": samples, "cluster": "h200x8", "cost_model_id": COST_MODEL, "options": FAST}
     response = client.post("/v1/plans", json=body, headers=AUTH)
     assert response.status_code == 200, response.text
