@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -27,6 +29,8 @@ def register(app: typer.Typer) -> None:
             2.0, help="Wall-clock safety cap per step (the search budget is deterministic)."),
         workers: int = typer.Option(os.cpu_count() or 1, help="Solver processes."),
         max_steps: int | None = typer.Option(None, help="Stop after this many new steps (resumable)."),
+        option: list[str] = typer.Option([], "--option", "-o",
+                                         help="A PlannerConfig field as KEY=JSON (repeatable)."),
     ) -> None:
         """Plan every step of an epoch (resumes an interrupted run of the same inputs)."""
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -55,7 +59,15 @@ def register(app: typer.Typer) -> None:
                 model = registry.get(cost_model)
         except (KeyError, ValueError) as exc:
             raise typer.BadParameter(str(exc.args[0] if isinstance(exc, KeyError) else exc)) from None
-        options = {"time_limit_s": time_limit_s}
+        options: dict[str, Any] = {"time_limit_s": time_limit_s}
+        for item in option:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise typer.BadParameter(f"--option {item!r} is not KEY=VALUE")
+            try:
+                options[key] = json.loads(value)
+            except json.JSONDecodeError:
+                options[key] = value
         eid = epoch_id or f"{manifest.stem}-s{seed}"
         record = store.get_epoch(eid)
         if record is None:
