@@ -18,6 +18,7 @@ import logging
 import random
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -191,6 +192,7 @@ class PlanPrefetcher:
         self.depth, self.num_steps, self.fallback = depth, num_steps, fallback
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"dcp-prefetch-r{rank}")
         self._pending: dict[int, Future[RankPlan]] = {}
+        self._done: OrderedDict[int, RankPlan] = OrderedDict()
         self.num_fallbacks = 0
         """Steps served by the local fallback."""
 
@@ -207,12 +209,15 @@ class PlanPrefetcher:
             self._pending.pop(old).cancel()
 
     def get(self, step: int) -> RankPlan:
-        """This rank's plan of ``step`` (prefetched when possible).
+        """This rank's plan of ``step`` (prefetched when possible; recent steps are kept, so a
+        data loader and the training loop may both ask).
 
         Raises:
             PlanUnavailableError: when the service stays unreachable past the deadline and
                 there is no fallback.
         """
+        if step in self._done:
+            return self._done[step]
         start = time.monotonic()
         future = self._pending.pop(step, None)
         self._schedule(step)
@@ -236,6 +241,9 @@ class PlanPrefetcher:
                 plan = self.fallback(step).rank_view(self.rank)
         if plan.step is not None and plan.step != step:
             raise PlanUnavailableError(f"asked for step {step} of {self.epoch_id!r}, got step {plan.step}")
+        self._done[step] = plan
+        while len(self._done) > self.depth + 2:
+            self._done.popitem(last=False)
         return plan
 
     def close(self) -> None:
