@@ -21,13 +21,13 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import manifest, model_spec, parse_args, start_epoch  # noqa: E402
+from common import manifest, model_spec, parse_args, start_epoch
 
-from executor.client import PlannerClient, PlanPrefetcher, RetryPolicy  # noqa: E402  # [dcp 1/10]
-from executor.data import PlanBatchSampler, SyntheticDataset, collate_items  # noqa: E402
-from executor.groups import GroupRegistry  # noqa: E402
-from executor.models import Llama1D, ModelConfig, init_weights  # noqa: E402
-from executor.runtime import Executor  # noqa: E402
+from executor.client import PlannerClient, PlanPrefetcher, RetryPolicy  # [dcp 1/10]
+from executor.data import PlanBatchSampler, SyntheticDataset, collate_items
+from executor.groups import GroupRegistry
+from executor.models import Llama1D, ModelConfig, init_weights
+from executor.runtime import Executor
 
 
 def main() -> None:
