@@ -4,6 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
+DB ?= plans.sqlite
 PYTEST_ARGS ?=
 
 .PHONY: run test lint bench install-run install-test clean
@@ -25,8 +26,9 @@ $(VENV)/.test-installed: $(BIN)/python pyproject.toml
 install-run: $(VENV)/.run-installed
 install-test: $(VENV)/.test-installed
 
+# The planner service on $(HOST):$(PORT), embedded analytic cost models, plans in the SQLite file $(DB).
 run: install-run
-	$(BIN)/dcp cost 1024 8192 65536 --model llama-7b --cluster h200x32
+	$(BIN)/dcp serve --host $(HOST) --port $(PORT) --db $(DB)
 
 test: install-test
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
