@@ -1,0 +1,173 @@
+"""Communication profile: ``all_to_all_single`` and ``all_reduce`` over every group size.
+
+Run on every rank of an initialised ``torch.distributed`` world (``dcp profile-comm`` under
+``torchrun``: gloo on CPU, NCCL on GPU). Groups are contiguous ranks; for each size ``d`` the
+world is tiled from rank 0 with groups ``[0, d), [d, 2d), ...`` (ranks left over sit idle), and
+every group is created once, up front, in the same order on every rank. All groups of one size
+run at the same time, as they do in training. Each rank times each operation after a group
+barrier; a record's time is the slowest rank's median (and the slowest rank's min and max).
+
+A group's placement comes from the nodes it spans: ranks are put on nodes by host name (or by
+``gpus_per_node`` when given, e.g. to emulate several nodes on one machine).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from costmodel.profiling.format import CommRecord
+from costmodel.profiling.sweep import log_sizes
+
+logger = logging.getLogger(__name__)
+
+ELEMENT_BYTES = 4  # float32 messages
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class CommSweepConfig:
+    """What the communication sweep runs."""
+
+    bytes_min: int = 64 * 1024
+    """Smallest message per rank in bytes."""
+    bytes_max: int = 8 * 1024 * 1024
+    """Largest message per rank in bytes."""
+    num_sizes: int = 6
+    """Log-spaced message sizes."""
+    ops: tuple[str, ...] = ("alltoall", "allreduce")
+    """Collectives to measure."""
+    group_sizes: tuple[int, ...] = ()
+    """Group sizes; empty = every size from 2 to the world size."""
+    gpus_per_node: int = 0
+    """Ranks per node; 0 = detect from host names."""
+    warmup: int = 3
+    """Untimed operations per point."""
+    repeats: int = 10
+    """Timed operations per point."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.bytes_min <= self.bytes_max:
+            raise ValueError(f"need 0 < bytes_min <= bytes_max, got {self.bytes_min}, {self.bytes_max}")
+        if self.num_sizes < 1 or self.repeats < 1 or self.warmup < 0 or self.gpus_per_node < 0:
+            raise ValueError(
+                f"need num_sizes >= 1, repeats >= 1, warmup >= 0, gpus_per_node >= 0; got "
+                f"{self.num_sizes}, {self.repeats}, {self.warmup}, {self.gpus_per_node}"
+            )
+        unknown = set(self.ops) - {"alltoall", "allreduce"}
+        if unknown or not self.ops:
+            raise ValueError(f"ops must be alltoall and/or allreduce, got {self.ops}")
+        if any(d < 2 for d in self.group_sizes):
+            raise ValueError(f"group sizes must be >= 2, got {self.group_sizes}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    size: int
+    ranks: tuple[int, ...]
+    num_nodes: int
+    handle: Any
+
+
+def node_of_ranks(world_size: int, gpus_per_node: int) -> list[int]:
+    """Node index of every rank: by ``gpus_per_node`` if positive, else by gathered host names."""
+    if gpus_per_node > 0:
+        return [r // gpus_per_node for r in range(world_size)]
+    hosts: list[Any] = [None] * world_size
+    dist.all_gather_object(hosts, socket.gethostname())
+    order: dict[str, int] = {}
+    return [order.setdefault(h, len(order)) for h in hosts]
+
+
+def create_groups(config: CommSweepConfig) -> list[_Group]:
+    """Every contiguous group of every size, created in the same order on every rank."""
+    world = dist.get_world_size()
+    sizes = sorted(set(config.group_sizes)) or list(range(2, world + 1))
+    too_big = [d for d in sizes if d > world]
+    if too_big:
+        raise ValueError(f"group sizes {too_big} exceed the world size {world}")
+    nodes = node_of_ranks(world, config.gpus_per_node)
+    groups = []
+    for d in sizes:
+        for start in range(0, world - d + 1, d):
+            ranks = tuple(range(start, start + d))
+            handle = dist.new_group(list(ranks))
+            groups.append(_Group(d, ranks, len({nodes[r] for r in ranks}), handle))
+    return groups
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_op(op: str, group: _Group, numel: int, *, device: torch.device, config: CommSweepConfig
+             ) -> tuple[float, float, float]:
+    send = torch.ones(numel, dtype=torch.float32, device=device)
+    recv = torch.empty_like(send)
+
+    def run() -> None:
+        if op == "alltoall":
+            dist.all_to_all_single(recv, send, group=group.handle)
+        else:
+            dist.all_reduce(send, group=group.handle)
+
+    for _ in range(config.warmup):
+        run()
+    _sync(device)
+    times = []
+    for _ in range(config.repeats):
+        dist.barrier(group=group.handle)
+        _sync(device)
+        t0 = time.perf_counter()
+        run()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), min(times), max(times)
+
+
+def run_comm_sweep(config: CommSweepConfig, *, device: torch.device,
+                   progress: Callable[[int, int, str], None] | None = None) -> list[CommRecord]:
+    """Measure the sweep on this rank; returns the records on rank 0 (an empty list elsewhere).
+
+    Raises:
+        ValueError: when the world has a single rank or a group size exceeds it.
+    """
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if world < 2:
+        raise ValueError("profile-comm needs at least 2 ranks (run it under torchrun)")
+    groups = create_groups(config)
+    sizes = sorted({d for d in (g.size for g in groups)})
+    byte_counts = log_sizes(config.bytes_min, config.bytes_max, config.num_sizes)
+    points = [(op, d, b) for op in config.ops for d in sizes for b in byte_counts]
+    backend = str(dist.get_backend())
+    records: list[CommRecord] = []
+    for i, (op, d, nbytes) in enumerate(points):
+        of_size = [g for g in groups if g.size == d]
+        numel = max(d, nbytes // ELEMENT_BYTES // d * d)  # all-to-all splits evenly
+        stats = torch.zeros(len(of_size), 3, dtype=torch.float64, device=device)
+        dist.barrier()
+        for j, group in enumerate(of_size):
+            if rank in group.ranks:
+                stats[j] = torch.tensor(_time_op(op, group, numel, device=device, config=config),
+                                        dtype=torch.float64)
+        dist.all_reduce(stats, op=dist.ReduceOp.MAX)  # the slowest rank of each group
+        if progress is not None and rank == 0:
+            progress(i + 1, len(points), f"{op} d={d} {numel * ELEMENT_BYTES} B")
+        if rank == 0:
+            for j, group in enumerate(of_size):
+                median, lo, hi = (float(v) for v in stats[j].tolist())
+                records.append(CommRecord(
+                    op=op, group_size=d, num_nodes=group.num_nodes,  # type: ignore[arg-type]
+                    bytes_per_rank=float(numel * ELEMENT_BYTES), time_s=median, time_s_min=lo,
+                    time_s_max=hi, num_repeats=config.repeats, backend=backend,
+                ))
+    logger.info("rank %d: communication sweep of %d points done", rank, len(points))
+    return records

@@ -1,0 +1,251 @@
+"""The profile file format ``dcp-profile/1``: versioned JSON Lines, one record per line.
+
+A leaf module (pydantic only, no torch) so that profiles made anywhere (another cluster, another
+framework) can be validated and fitted by ``costmodel.fit`` without torch.
+
+Layout of a file:
+
+1. the first line is a ``header`` record: the format version, what was profiled (the full
+   ``model`` the cost model is for, and the ``profiled`` shape that actually ran, which may have
+   fewer layers, a narrower width or a smaller vocabulary), the device, the dtype and the
+   software versions;
+2. then any number of measurement records, in any order:
+
+   * ``compute``: forward+backward of a stack of ``num_layers`` layers on one packed micro-batch
+     of ``samples`` (each ``[frames, tokens_per_frame]``; a 1D sample is ``[1, tokens]``), with
+     ``recompute_layers`` of them checkpointed. ``time_s`` is the median over ``num_repeats``
+     timed runs after warm-up, ``time_s_min`` / ``time_s_max`` the spread. ``activation_bytes``
+     is the exact size of what the forward keeps for backward (unique storages of the tensors
+     saved by autograd, plus the inputs held by checkpointed layers; parameters excluded);
+     ``device_kept_bytes`` / ``device_peak_bytes`` are the allocator's view on a GPU (optional).
+   * ``head``: forward+backward of what surrounds the layers (1D: embedding, final norm, output
+     projection, cross-entropy loss; 2D: patch embedding, final projection, loss) on ``tokens``
+     tokens, with its ``activation_bytes``.
+   * ``comm``: one collective (``alltoall`` = ``all_to_all_single``, or ``allreduce``) on a group
+     of ``group_size`` contiguous ranks spanning ``num_nodes`` nodes, each rank holding
+     ``bytes_per_rank`` bytes; ``time_s`` is the median over repeats of the slowest rank.
+
+Times are seconds and sizes bytes throughout. Unknown fields are refused, so a typo never
+passes silently.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+from costmodel.specs import ModelSpec
+
+PROFILE_FORMAT: Literal["dcp-profile/1"] = "dcp-profile/1"
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class _Timed(_Record):
+    time_s: float = Field(gt=0, description="Median time over the repeats, seconds.")
+    time_s_min: float = Field(gt=0, description="Fastest repeat, seconds.")
+    time_s_max: float = Field(gt=0, description="Slowest repeat, seconds.")
+    num_repeats: int = Field(gt=0, description="Timed repeats after warm-up.")
+
+    @model_validator(mode="after")
+    def _check_spread(self) -> _Timed:
+        if not self.time_s_min <= self.time_s <= self.time_s_max:
+            raise ValueError(
+                f"time_s={self.time_s} must lie between time_s_min={self.time_s_min} and "
+                f"time_s_max={self.time_s_max}"
+            )
+        return self
+
+
+class ProfileHeader(_Record):
+    """First line of every profile file: what was run, where, with what."""
+
+    record: Literal["header"] = "header"
+    format: Literal["dcp-profile/1"] = Field(default=PROFILE_FORMAT, description="Format version.")
+    hardware: str = Field(min_length=1, description="Accelerator kind the profile is for (e.g. h200-sxm).")
+    device: Literal["cpu", "cuda"] = Field(description="torch device type that ran the profile.")
+    device_name: str = Field(default="", description="Device name as reported by the runtime.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(description="Activation/parameter dtype.")
+    model: ModelSpec | None = Field(default=None, description="Full model the cost model is for.")
+    profiled: ModelSpec | None = Field(
+        default=None, description="Shape that actually ran (layers, width, vocabulary may be smaller)."
+    )
+    num_threads: int = Field(default=0, ge=0, description="CPU threads used by torch (0 = unknown).")
+    world_size: int = Field(default=1, gt=0, description="Ranks in a communication profile.")
+    versions: dict[str, str] = Field(default_factory=dict, description="python, torch, dcp versions.")
+    notes: str = Field(default="", description="Free text: command line, machine.")
+
+    @model_validator(mode="after")
+    def _check(self) -> ProfileHeader:
+        if (self.model is None) != (self.profiled is None):
+            raise ValueError("header: give both model and profiled, or neither (communication only)")
+        if self.model is not None and self.profiled is not None:
+            if self.model.kind != self.profiled.kind:
+                raise ValueError(
+                    f"header: profiled kind {self.profiled.kind!r} differs from model kind "
+                    f"{self.model.kind!r}"
+                )
+            if self.profiled.num_layers > self.model.num_layers:
+                raise ValueError(
+                    f"header: profiled.num_layers={self.profiled.num_layers} exceeds "
+                    f"model.num_layers={self.model.num_layers}"
+                )
+        return self
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes per element of the dtype."""
+        return 4 if self.dtype == "float32" else 2
+
+
+class ComputeRecord(_Timed):
+    """Forward+backward of ``num_layers`` layers on one packed micro-batch."""
+
+    record: Literal["compute"] = "compute"
+    num_layers: int = Field(gt=0, description="Layers in the stack that ran.")
+    recompute_layers: int = Field(ge=0, description="Layers of the stack run under checkpointing.")
+    samples: list[tuple[int, int]] = Field(
+        min_length=1, description="[frames, tokens_per_frame] per packed sample (1D: [1, tokens])."
+    )
+    activation_bytes: float = Field(ge=0, description="Exact bytes kept by the forward for backward.")
+    device_kept_bytes: float | None = Field(default=None, ge=0, description="Allocator: kept after forward.")
+    device_peak_bytes: float | None = Field(default=None, ge=0, description="Allocator: peak in the step.")
+
+    @model_validator(mode="after")
+    def _check(self) -> ComputeRecord:
+        if self.recompute_layers > self.num_layers:
+            raise ValueError(
+                f"recompute_layers={self.recompute_layers} exceeds num_layers={self.num_layers}"
+            )
+        for frames, spatial in self.samples:
+            if frames <= 0 or spatial <= 0:
+                raise ValueError(f"sample shape [{frames}, {spatial}] must be positive")
+        return self
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in the micro-batch."""
+        return sum(f * hw for f, hw in self.samples)
+
+
+class HeadRecord(_Timed):
+    """Forward+backward of the parts around the layers on ``tokens`` tokens."""
+
+    record: Literal["head"] = "head"
+    tokens: int = Field(gt=0, description="Tokens in the micro-batch.")
+    activation_bytes: float = Field(ge=0, description="Exact bytes kept by the forward for backward.")
+
+
+class CommRecord(_Timed):
+    """One collective on a contiguous group of ranks."""
+
+    record: Literal["comm"] = "comm"
+    op: Literal["alltoall", "allreduce"] = Field(description="all_to_all_single or all_reduce.")
+    group_size: int = Field(gt=1, description="Ranks in the group.")
+    num_nodes: int = Field(gt=0, description="Nodes the group spans.")
+    bytes_per_rank: float = Field(gt=0, description="Bytes each rank holds (input of the collective).")
+    backend: str = Field(default="", description="gloo, nccl, ...")
+
+    @property
+    def placement(self) -> Literal["intra", "inter"]:
+        """intra when the group stays inside one node."""
+        return "intra" if self.num_nodes == 1 else "inter"
+
+
+MeasurementRecord = Annotated[ComputeRecord | HeadRecord | CommRecord, Field(discriminator="record")]
+_MEASUREMENT = TypeAdapter(MeasurementRecord)
+
+
+class Profile(BaseModel):
+    """A parsed profile: its header and its measurement records."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    header: ProfileHeader
+    compute: list[ComputeRecord] = Field(default_factory=list)
+    head: list[HeadRecord] = Field(default_factory=list)
+    comm: list[CommRecord] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> Profile:
+        if (self.compute or self.head) and self.header.profiled is None:
+            raise ValueError("compute/head records need a header with model and profiled")
+        if self.header.profiled is not None:
+            for rec in self.compute:
+                if rec.num_layers > self.header.profiled.num_layers:
+                    raise ValueError(
+                        f"compute record num_layers={rec.num_layers} exceeds "
+                        f"profiled.num_layers={self.header.profiled.num_layers}"
+                    )
+                if self.header.profiled.kind == "1d" and any(f != 1 for f, _ in rec.samples):
+                    raise ValueError(f"1D profile has a sample with frames != 1: {rec.samples}")
+        return self
+
+
+def dump_line(record: BaseModel) -> str:
+    """One JSON line (no trailing newline) for a header or measurement record."""
+    return json.dumps(record.model_dump(mode="json"), separators=(",", ":"))
+
+
+def write_profile(path: str | Path, header: ProfileHeader, records: Iterable[BaseModel]) -> None:
+    """Write a whole profile file (header first)."""
+    lines = [dump_line(header), *(dump_line(r) for r in records)]
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
+def parse_profile_lines(lines: Sequence[str], *, source: str = "<profile>") -> Profile:
+    """Parse and validate the lines of a profile.
+
+    Raises:
+        ValueError: naming the source, the line number and the reason (missing or invalid field,
+            unknown record kind, missing header).
+    """
+    body = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
+    if not body:
+        raise ValueError(f"{source}: empty profile (expected a header line)")
+    first_no, first = body[0]
+    try:
+        raw = json.loads(first)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{source}:{first_no}: not JSON: {exc}") from None
+    if not isinstance(raw, dict) or raw.get("record") != "header":
+        raise ValueError(f"{source}:{first_no}: the first record must be a header")
+    if raw.get("format") not in (None, PROFILE_FORMAT):
+        raise ValueError(f"{source}:{first_no}: format {raw.get('format')!r} is not {PROFILE_FORMAT!r}")
+    try:
+        header = ProfileHeader.model_validate(raw)
+    except ValidationError as exc:
+        raise ValueError(f"{source}:{first_no}: invalid header: {_reason(exc)}") from None
+    buckets: dict[str, list[BaseModel]] = {"compute": [], "head": [], "comm": []}
+    for no, line in body[1:]:
+        try:
+            rec = _MEASUREMENT.validate_json(line)
+        except ValidationError as exc:
+            raise ValueError(f"{source}:{no}: invalid record: {_reason(exc)}") from None
+        buckets[rec.record].append(rec)
+    try:
+        return Profile(header=header, **buckets)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise ValueError(f"{source}: {_reason(exc)}") from None
+
+
+def read_profile(path: str | Path) -> Profile:
+    """Read and validate a profile file (see :func:`parse_profile_lines`)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"profile {str(p)!r} does not exist")
+    return parse_profile_lines(p.read_text().splitlines(), source=str(p))
+
+
+def _reason(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(x) for x in err["loc"]) or "<record>"
+        parts.append(f"{loc}: {err['msg']} (got {err.get('input')!r})"[:300])
+    return "; ".join(parts)

@@ -1,0 +1,224 @@
+"""``dcp profile``, ``dcp profile-comm`` and ``dcp fit``: measure, then fit a cost model.
+
+Examples::
+
+    dcp profile --model llama-7b --device cpu --hidden 256 --heads 4 --ffn 688 --vocab 4096 \\
+        --out prof.jsonl
+    torchrun --standalone --nproc-per-node 4 -m dcp_cli.main profile-comm --out comm.jsonl
+    dcp fit prof.jsonl comm.jsonl --out costmodel.json
+
+torch is imported inside the profiling commands only; ``dcp fit`` needs numpy and scipy.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from costmodel.fit import FitConfig, FitRefusedError, fit_profiles
+from costmodel.profiling.format import dump_line, read_profile
+
+
+def _ints(text: str, name: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise typer.BadParameter(f"{name}={text!r} is not a comma-separated list of integers") from None
+    return values
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=Console(stderr=True), transient=False)
+
+
+def fit_table(result: Any, console: Console) -> None:
+    """Print the held-out error of every term."""
+    table = Table(title=f"{result.file.id}: held-out MAPE per term")
+    for col in ("term", "MAPE", "fit points", "held-out points"):
+        table.add_column(col, justify="right")
+    for name, term in result.terms.items():
+        table.add_row(name, f"{term.mape:.2%}", str(term.num_points), str(term.num_heldout))
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``dcp profile``, ``dcp profile-comm`` and ``dcp fit`` to the app."""
+
+    @app.command("profile")
+    def profile(
+        out: Path = typer.Option(..., help="Profile file to write (JSON Lines, dcp-profile/1)."),
+        model: str = typer.Option("llama-7b", help="Model preset the cost model is for."),
+        device: str = typer.Option("cpu", help="cpu or cuda."),
+        hardware: str = typer.Option("", help="Hardware name in the profile (default: cpu / cuda)."),
+        dtype: str = typer.Option("", help="float32, bfloat16, float16 (default: fp32 cpu, bf16 cuda)."),
+        layers: int = typer.Option(2, help="Layers to build (the largest stack run)."),
+        layer_counts: str = typer.Option("1,2", help="Stack depths to run."),
+        policies: str = typer.Option("all", help="all: every k in 0..n checkpointed; ends: 0 and n."),
+        hidden: int = typer.Option(0, help="Narrower hidden size to profile (0 = the model's)."),
+        heads: int = typer.Option(0, help="Heads of the narrower shape (0 = the model's)."),
+        ffn: int = typer.Option(0, help="MLP size of the narrower shape (0 = the model's)."),
+        vocab: int = typer.Option(-1, help="Vocabulary to profile (-1 = the model's)."),
+        text_tokens: int = typer.Option(-1, help="2D: text tokens (-1 = the model's)."),
+        tokens_min: int = typer.Option(128, help="Smallest micro-batch in tokens."),
+        tokens_max: int = typer.Option(2048, help="Largest micro-batch in tokens."),
+        num_sizes: int = typer.Option(8, help="Log-spaced single-sample sizes."),
+        packings: str = typer.Option("2,4", help="Samples per packed micro-batch."),
+        num_packed: int = typer.Option(3, help="Packed micro-batches per packing."),
+        frames: str = typer.Option("1,2,4,8,16", help="2D: frame counts of the sample shapes."),
+        head_sizes: int = typer.Option(6, help="Head measurements."),
+        warmup: int = typer.Option(2, help="Untimed runs per point."),
+        repeats: int = typer.Option(7, help="Timed runs per point (median recorded)."),
+        threads: int = typer.Option(0, help="CPU threads for torch (0 = leave as is)."),
+        seed: int = typer.Option(0, help="Seed of weights, inputs and packings."),
+    ) -> None:
+        """Profile real transformer blocks: time and activation bytes per micro-batch and policy."""
+        import torch
+
+        from costmodel.presets import load_model
+        from costmodel.profiling.sweep import SweepConfig, make_header, narrowed, run_sweep
+
+        if device not in ("cpu", "cuda"):
+            raise typer.BadParameter(f"device={device!r} is not cpu or cuda")
+        if device == "cuda" and not torch.cuda.is_available():
+            raise typer.BadParameter("device=cuda but no CUDA device is available")
+        if threads > 0:
+            torch.set_num_threads(threads)
+        try:
+            full = load_model(model)
+            shape = narrowed(full, num_layers=layers, hidden=hidden or None, num_heads=heads or None,
+                             ffn_hidden=ffn or None, vocab=None if vocab < 0 else vocab,
+                             cross_attention_tokens=None if text_tokens < 0 else text_tokens)
+            config = SweepConfig(
+                tokens_min=tokens_min, tokens_max=tokens_max, num_sizes=num_sizes,
+                packings=_ints(packings, "packings"), num_packed=num_packed,
+                frames=_ints(frames, "frames"), layer_counts=_ints(layer_counts, "layer_counts"),
+                policies=policies,  # type: ignore[arg-type]
+                num_head_sizes=head_sizes, warmup=warmup, repeats=repeats, seed=seed,
+            )
+            torch_device = torch.device(device)
+            dtype_name = dtype or ("float32" if device == "cpu" else "bfloat16")
+            header = make_header(model=full, profiled=shape, hardware=hardware or device,
+                                 device=torch_device, dtype=dtype_name,
+                                 notes=f"dcp profile --model {model} --device {device}")
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("w") as fh, _progress() as bar:
+            fh.write(dump_line(header) + "\n")
+            task = bar.add_task(f"profile {shape.name}", total=None)
+
+            def step(done: int, total: int, desc: str) -> None:
+                bar.update(task, completed=done, total=total, description=desc)
+
+            for record in run_sweep(shape, config, device=torch_device, dtype=dtype_name, progress=step):
+                fh.write(dump_line(record) + "\n")
+                fh.flush()
+        typer.echo(f"wrote {out}")
+
+    @app.command("profile-comm")
+    def profile_comm(
+        out: Path = typer.Option(..., help="Profile file rank 0 writes (JSON Lines)."),
+        hardware: str = typer.Option("", help="Hardware name in the profile (default: cpu / cuda)."),
+        backend: str = typer.Option("auto", help="auto (nccl with CUDA, else gloo), gloo or nccl."),
+        bytes_min: int = typer.Option(64 * 1024, help="Smallest message per rank in bytes."),
+        bytes_max: int = typer.Option(8 * 1024 * 1024, help="Largest message per rank in bytes."),
+        num_sizes: int = typer.Option(6, help="Log-spaced message sizes."),
+        group_sizes: str = typer.Option("", help="Group sizes (default: every size 2..world)."),
+        gpus_per_node: int = typer.Option(0, help="Ranks per node (0 = detect from host names)."),
+        ops: str = typer.Option("alltoall,allreduce", help="Collectives to measure."),
+        warmup: int = typer.Option(3, help="Untimed operations per point."),
+        repeats: int = typer.Option(10, help="Timed operations per point."),
+    ) -> None:
+        """Measure all-to-all and all-reduce per group size and message size (run under torchrun)."""
+        import platform
+
+        import torch
+        import torch.distributed as dist
+
+        from costmodel.profiling.comm import CommSweepConfig, run_comm_sweep
+        from costmodel.profiling.format import ProfileHeader
+
+        if backend == "auto":
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend not in ("gloo", "nccl"):
+            raise typer.BadParameter(f"backend={backend!r} is not auto, gloo or nccl")
+        try:
+            config = CommSweepConfig(
+                bytes_min=bytes_min, bytes_max=bytes_max, num_sizes=num_sizes,
+                group_sizes=_ints(group_sizes, "group_sizes"), gpus_per_node=gpus_per_node,
+                ops=tuple(o.strip() for o in ops.split(",") if o.strip()), warmup=warmup,
+                repeats=repeats,
+            )
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        torch.set_num_threads(1)
+        dist.init_process_group(backend=backend)
+        try:
+            rank = dist.get_rank()
+            if backend == "nccl":
+                device = torch.device("cuda", rank % torch.cuda.device_count())
+                torch.cuda.set_device(device)
+            else:
+                device = torch.device("cpu")
+            if rank == 0:
+                with _progress() as bar:
+                    task = bar.add_task("profile-comm", total=None)
+                    records = run_comm_sweep(config, device=device, progress=lambda d, t, s: bar.update(
+                        task, completed=d, total=t, description=s))
+            else:
+                records = run_comm_sweep(config, device=device)
+            if rank == 0:
+                name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+                header = ProfileHeader(
+                    hardware=hardware or device.type, device=device.type,  # type: ignore[arg-type]
+                    device_name=name or "", dtype="float32", world_size=dist.get_world_size(),
+                    versions={"python": platform.python_version(), "torch": torch.__version__},
+                    notes=f"dcp profile-comm backend={backend}",
+                )
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text("\n".join([dump_line(header), *(dump_line(r) for r in records)]) + "\n")
+                typer.echo(f"wrote {out} ({len(records)} records)")
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+
+    @app.command("fit")
+    def fit(
+        profiles: list[Path] = typer.Argument(..., help="Profile files (compute, and comm if any)."),
+        out: Path = typer.Option(..., help="Cost-model file to write."),
+        holdout: float = typer.Option(0.25, help="Share of points held out for MAPE."),
+        max_mape: float = typer.Option(0.10, help="Refuse a fit above this held-out MAPE."),
+        force: bool = typer.Option(False, "--force", help="Write the fit even above --max-mape."),
+        time_statistic: str = typer.Option("median", help="median or min of the timed repeats."),
+        seed: int = typer.Option(0, help="Seed of the hold-out split."),
+        model_id: str = typer.Option("", "--id", help="Id of the cost model (default fitted-M-HW)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the fit quality as JSON."),
+    ) -> None:
+        """Fit a cost-model file to profiles; refuse it when a term's held-out MAPE is too high."""
+        if time_statistic not in ("median", "min"):
+            raise typer.BadParameter(f"time_statistic={time_statistic!r} is not median or min")
+        try:
+            config = FitConfig(holdout_fraction=holdout, max_mape=max_mape, force=force,
+                               time_statistic=time_statistic,  # type: ignore[arg-type]
+                               seed=seed, model_id=model_id or None)
+            parsed = [read_profile(p) for p in profiles]
+            result = fit_profiles(parsed, config)
+        except FitRefusedError as exc:
+            typer.echo(str(exc), err=True)
+            raise typer.Exit(1) from None
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        out.parent.mkdir(parents=True, exist_ok=True)
+        result.file.save(out)
+        if as_json:
+            typer.echo(json.dumps({n: t.model_dump() for n, t in result.file.fit_quality.items()}))
+        else:
+            fit_table(result, Console())
+        typer.echo(f"wrote {out}")
