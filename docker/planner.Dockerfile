@@ -1,0 +1,33 @@
+# The planner service (no torch): FastAPI + uvicorn + OR-Tools, plans in a SQLite file on a volume.
+#   docker build -f docker/planner.Dockerfile -t dcp-planner .
+#   docker run -p 8000:8000 -v dcp-data:/var/lib/dcp dcp-planner
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    DCP_HOST=0.0.0.0 \
+    DCP_PORT=8000 \
+    DCP_DB_PATH=/var/lib/dcp/plans.sqlite \
+    DCP_DATA_DIR=/var/lib/dcp/data
+
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY costmodel ./costmodel
+COPY planner ./planner
+COPY api ./api
+COPY executor ./executor
+COPY dcp_cli ./dcp_cli
+# Base dependencies only: the service never imports torch.
+RUN pip install . \
+    && useradd --system --uid 10001 dcp \
+    && mkdir -p /var/lib/dcp/data \
+    && chown -R dcp /var/lib/dcp
+
+USER dcp
+VOLUME ["/var/lib/dcp"]
+EXPOSE 8000
+HEALTHCHECK --interval=10s --timeout=3s --start-period=30s \
+    CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/readyz', timeout=2)"
+# Settings come from DCP_* variables (api/settings.py); set DCP_AUTH_TOKEN to protect writes.
+CMD ["dcp", "serve"]
