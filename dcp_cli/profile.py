@@ -82,7 +82,8 @@ def register(app: typer.Typer) -> None:
         import torch
 
         from costmodel.presets import load_model
-        from costmodel.profiling.sweep import SweepConfig, make_header, narrowed, run_sweep
+        from costmodel.profiling.format import narrowed
+        from costmodel.profiling.sweep import SweepConfig, make_header, run_sweep
 
         if device not in ("cpu", "cuda"):
             raise typer.BadParameter(f"device={device!r} is not cpu or cuda")

@@ -188,6 +188,31 @@ class Profile(BaseModel):
         return self
 
 
+def narrowed(model: ModelSpec, *, num_layers: int, hidden: int | None = None, num_heads: int | None = None,
+             ffn_hidden: int | None = None, vocab: int | None = None,
+             cross_attention_tokens: int | None = None) -> ModelSpec:
+    """The shape to profile: ``model`` with fewer layers and optionally a narrower width.
+
+    Raises:
+        ValueError: when the result is not a valid model (e.g. hidden not divisible by heads).
+    """
+    if num_layers > model.num_layers:
+        raise ValueError(f"num_layers={num_layers} exceeds the model's {model.num_layers}")
+    heads = num_heads or model.num_heads
+    kv = model.kv_heads
+    if num_heads is not None:  # keep the GQA ratio
+        kv = max(1, heads * model.kv_heads // model.num_heads)
+    update = {
+        "name": f"{model.name}-profiled", "num_layers": num_layers, "hidden": hidden or model.hidden,
+        "num_heads": heads, "num_kv_heads": kv if model.num_kv_heads is not None else None,
+        "ffn_hidden": ffn_hidden or model.ffn_hidden,
+        "vocab": model.vocab if vocab is None else vocab,
+        "cross_attention_tokens": (model.cross_attention_tokens if cross_attention_tokens is None
+                                   else cross_attention_tokens),
+    }
+    return ModelSpec.model_validate({**model.model_dump(), **update})
+
+
 def dump_line(record: BaseModel) -> str:
     """One JSON line (no trailing newline) for a header or measurement record."""
     return json.dumps(record.model_dump(mode="json"), separators=(",", ":"))

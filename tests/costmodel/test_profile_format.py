@@ -1,0 +1,107 @@
+"""The dcp-profile/1 format: round trips and refusals with reasons."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from costmodel.presets import load_model
+from costmodel.profiling.format import (
+    ComputeRecord,
+    ProfileHeader,
+    dump_line,
+    narrowed,
+    parse_profile_lines,
+    read_profile,
+    write_profile,
+)
+from dcp_cli.main import app
+
+MODEL = load_model("llama-7b")
+PROFILED = narrowed(MODEL, num_layers=2, hidden=128, num_heads=4, ffn_hidden=344, vocab=1000)
+
+
+def _header(**update: object) -> dict[str, object]:
+    h = ProfileHeader(hardware="cpu", device="cpu", dtype="float32", model=MODEL, profiled=PROFILED)
+    return {**h.model_dump(mode="json"), **update}
+
+
+def _compute(**update: object) -> dict[str, object]:
+    rec = {"record": "compute", "num_layers": 2, "recompute_layers": 1, "samples": [[1, 256]],
+           "time_s": 0.01, "time_s_min": 0.009, "time_s_max": 0.012, "num_repeats": 5,
+           "activation_bytes": 1e6}
+    return {**rec, **update}
+
+
+def _lines(*records: dict[str, object]) -> list[str]:
+    return [json.dumps(r) for r in records]
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    header = ProfileHeader.model_validate(_header())
+    rec = ComputeRecord.model_validate(_compute())
+    path = tmp_path / "p.jsonl"
+    write_profile(path, header, [rec, rec])
+    profile = read_profile(path)
+    assert profile.header == header
+    assert profile.compute == [rec, rec]
+    assert json.loads(dump_line(rec)) == json.loads(json.dumps(rec.model_dump(mode="json")))
+    assert profile.compute[0].num_tokens == 256
+    assert header.dtype_bytes == 4
+
+
+@pytest.mark.parametrize(
+    ("lines", "reason"),
+    [
+        ([], "empty profile"),
+        (_lines(_compute()), "first record must be a header"),
+        (["not json"], "not JSON"),
+        (_lines(_header(format="dcp-profile/9")), "format 'dcp-profile/9'"),
+        (_lines(_header(), {k: v for k, v in _compute().items() if k != "time_s"}), "time_s: Field required"),
+        (_lines(_header(), _compute(time_s=-1.0, time_s_min=-2.0)), "time_s: Input should be greater than 0"),
+        (_lines(_header(), _compute(activation_bytes=-5)), "activation_bytes"),
+        (_lines(_header(), _compute(recompute_layers=3)), "recompute_layers=3 exceeds num_layers=2"),
+        (_lines(_header(), _compute(time_s=0.5)), "must lie between"),
+        (_lines(_header(), _compute(num_layers=3, recompute_layers=0)), "exceeds profiled.num_layers=2"),
+        (_lines(_header(), _compute(samples=[[2, 128]])), "frames != 1"),
+        (_lines(_header(), _compute(samples=[[1, 0]])), "must be positive"),
+        (_lines(_header(), _compute(record="flops")), "record"),
+        (_lines(_header(), _compute(extra_field=1)), "extra_field"),
+        (_lines(_header(model=None)), "give both model and profiled"),
+        (_lines(_header(hardware="")), "hardware"),
+    ],
+)
+def test_bad_profile_is_refused_with_reason(lines: list[str], reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        parse_profile_lines(lines, source="bad.jsonl")
+
+
+def test_error_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(_lines(_header(), _compute(), _compute(time_s_min=-1))) + "\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:3: invalid record: compute.time_s_min: Input should be greater than 0"):
+        read_profile(path)
+    with pytest.raises(ValueError, match="does not exist"):
+        read_profile(tmp_path / "missing.jsonl")
+
+
+def test_narrowed_keeps_the_gqa_ratio_and_validates() -> None:
+    model = MODEL.model_copy(update={"num_kv_heads": 8})
+    small = narrowed(model, num_layers=1, hidden=256, num_heads=8)
+    assert small.kv_heads == 2 and small.num_layers == 1 and small.ffn_hidden == model.ffn_hidden
+    with pytest.raises(ValueError, match="exceeds"):
+        narrowed(MODEL, num_layers=MODEL.num_layers + 1)
+    with pytest.raises(ValueError, match="not divisible"):
+        narrowed(MODEL, num_layers=1, hidden=100, num_heads=3)
+
+
+def test_cli_fit_refuses_a_bad_profile_with_the_reason(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(_lines(_header(), _compute(time_s=-1.0))) + "\n")
+    result = CliRunner().invoke(app, ["fit", str(path), "--out", str(tmp_path / "cm.json")])
+    assert result.exit_code != 0
+    assert "bad.jsonl:2" in result.output and "time_s" in result.output
+    assert not (tmp_path / "cm.json").exists()
