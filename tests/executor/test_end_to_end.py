@@ -1,0 +1,42 @@
+"""End to end: ``dcp serve`` in a subprocess, ``examples/train_*.py`` under torchrun (4 ranks)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.executor.helpers import free_port
+from tests.executor.service import Service
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    tmp = tmp_path_factory.mktemp("e2e")
+    svc = Service(port=free_port(), db_path=tmp / "plans.sqlite", log_path=tmp / "serve.log")
+    svc.start()
+    yield svc
+    svc.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("script", ["train_1d.py", "train_2d.py"])
+def test_example_trains_under_torchrun_with_served_plans(service: Service, script: str) -> None:
+    steps = 3
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4",
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+           str(ROOT / "examples" / script), "--url", service.url, "--steps", str(steps),
+           "--num-samples", "32", "--samples-per-step", "8", "--epoch-id", f"e2e-{script[:8]}"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=220)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    losses = [float(x) for x in re.findall(r"^step \d+: loss ([0-9.]+)", done.stdout, re.MULTILINE)]
+    assert len(losses) == steps, done.stdout
+    assert all(0 < loss < 100 for loss in losses)
+    assert f"done: {steps} steps of epoch e2e-{script[:8]} on 4 ranks" in done.stdout
