@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from costmodel.schema import TermFit
 from costmodel.specs import ClusterSpec, Sample
 from planner.plan import Plan
 
@@ -158,8 +159,37 @@ class CostModelInfo(BaseModel):
 
 
 class CostModelCreated(BaseModel):
-    """Answer to an upload."""
+    """Answer to an upload or a fit."""
 
     id: str
     digest: str
     created: bool = Field(description="False when the identical file was already registered.")
+    fit_quality: dict[str, TermFit] = Field(default_factory=dict,
+                                            description="Held-out error per fitted term.")
+
+
+class FitOptions(BaseModel):
+    """Options of ``costmodel.fit.FitConfig``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    holdout_fraction: float | None = Field(default=None, gt=0, lt=1, description="Share held out.")
+    max_mape: float | None = Field(default=None, gt=0, description="Refuse terms worse than this.")
+    force: bool | None = Field(default=None, description="Keep a fit above max_mape (noted).")
+    time_statistic: Literal["median", "min"] | None = Field(default=None, description="Timing to fit.")
+    seed: int | None = Field(default=None, description="Seed of the hold-out split.")
+    model_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:-]+$", max_length=200,
+                                 description="Id of the fitted file (default fitted-<model>-<hw>).")
+
+
+class FitRequest(BaseModel):
+    """Fit a cost model to profiles made by ``dcp profile`` / ``dcp profile-comm``."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "profiles_jsonl": ['{"record": "header", "format": "dcp-profile/1", ...}\n{"record": '
+                           '"compute", ...}\n'],
+        "options": {"max_mape": 0.1, "model_id": "fitted-llama-7b-h200-run3"}}]})
+
+    profiles_jsonl: list[str] = Field(min_length=1, max_length=16,
+                                      description="Profile files (dcp-profile/1 JSON Lines text).")
+    options: FitOptions = Field(default_factory=FitOptions, description="Fit options.")

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Response, status
 
 from api.deps import State, Writer
-from api.errors import conflict, not_found
-from api.schemas import CostModelCreated, CostModelInfo
+from api.errors import conflict, not_found, unprocessable
+from api.fitting import fit_profile_texts
+from api.schemas import CostModelCreated, CostModelInfo, FitRequest
 from api.store import CostModelConflictError
 from costmodel.schema import CostModelFile
 
@@ -48,3 +51,27 @@ async def upload_cost_model(body: CostModelFile, state: State, response: Respons
     if not created:
         response.status_code = status.HTTP_200_OK
     return CostModelCreated(id=body.id, digest=body.digest(), created=created)
+
+
+@router.post("/fit", response_model=CostModelCreated, status_code=status.HTTP_201_CREATED,
+             dependencies=[Writer],
+             responses={200: {"description": "The identical fitted file was already registered."},
+                        409: {"description": "The fitted id is taken by a different model."},
+                        422: {"description": "Invalid profile (line and reason) or a fit refused "
+                                             "for its held-out error (terms named)."}})
+async def fit_cost_model(body: FitRequest, state: State, response: Response) -> CostModelCreated:
+    """Fit a cost model to uploaded profiles (on the process pool) and register it."""
+    options = body.options.model_dump(exclude_none=True)
+    call = functools.partial(fit_profile_texts, list(body.profiles_jsonl), options)
+    try:
+        file = await asyncio.get_running_loop().run_in_executor(state.executor, call)
+    except ValueError as exc:
+        unprocessable(["body", "profiles_jsonl"], str(exc))
+    try:
+        created = state.registry.add(file)
+    except CostModelConflictError as exc:
+        conflict(str(exc))
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return CostModelCreated(id=file.id, digest=file.digest(), created=created,
+                            fit_quality=file.fit_quality)
