@@ -22,6 +22,7 @@ A baseline that cannot hold the batch (a sample does not fit its fixed size) is 
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 
@@ -124,12 +125,12 @@ def packed_draft(table: CostTable, *, group_size: int) -> Draft | None:
     token_budget = max(1, math.floor(table.budget_bytes / per_token))
     tokens = [s.tokens for s in table.samples]
     order = sorted(range(len(tokens)), key=lambda i: (-tokens[i], i))
-    loads = [0] * len(work)
+    heap = [(0, g) for g in range(len(work))]  # (tokens so far, group)
     members: list[list[int]] = [[] for _ in work]
     for i in order:
-        target = min(range(len(work)), key=lambda g: (loads[g], g))
+        load, target = heapq.heappop(heap)
         members[target].append(i)
-        loads[target] += tokens[i]
+        heapq.heappush(heap, (load + tokens[i], target))
     for g, items in zip(work, members, strict=True):
         # Token-budget packing; memory is checked as well (a budget in tokens is exact here).
         mbs: list[list[tuple[int, int]]] = []
@@ -162,8 +163,9 @@ def greedy_draft(table: CostTable) -> Draft | None:
     tokens = [s.tokens for s in table.samples]
     order = sorted(range(len(tokens)), key=lambda i: (-tokens[i], i))
     sizes: list[int] = []
-    loads: list[float] = []
     items: list[list[int]] = []
+    heaps: dict[int, list[tuple[float, int]]] = {d: [] for d in pow2}  # (load, group) per size
+    current_max = 0.0
     free = n
     for i in order:
         want = 1 << max(0, math.ceil(math.log2(max(1.0, tokens[i] / max_tokens_per_rank))))
@@ -171,30 +173,30 @@ def greedy_draft(table: CostTable) -> Draft | None:
         if not fitting:
             fitting = [d for d in pow2 if table.k_min[cls[i], table.size_index(d)] >= 0]
         best: tuple[float, float, int, int] | None = None  # (projected max, load, size, group)
-        current_max = max(loads, default=0.0)
         for d in fitting:
             t = float(table.time_s[cls[i], table.size_index(d)])
             if free >= d:
                 cand = (max(current_max, t), t, d, -1)
                 if best is None or cand < best:
                     best = cand
-            same = [g for g, size in enumerate(sizes) if size == d]
-            if same:
-                g = min(same, key=lambda g: (loads[g], g))
-                cand = (max(current_max, loads[g] + t), loads[g] + t, d, g)
+            if heaps[d]:
+                load, g = heaps[d][0]
+                cand = (max(current_max, load + t), load + t, d, g)
                 if best is None or cand < best:
                     best = cand
         if best is None:
             return None
         _, new_load, d, g = best
         if g < 0:
+            g = len(sizes)
             sizes.append(d)
-            loads.append(new_load)
             items.append([i])
             free -= d
         else:
-            loads[g] = new_load
+            heapq.heappop(heaps[d])
             items[g].append(i)
+        heapq.heappush(heaps[d], (new_load, g))
+        current_max = max(current_max, new_load)
     filler = fill_ranks(free, table.sizes)
     if filler is None:
         return None

@@ -14,6 +14,13 @@ other samples in its micro-batch only add memory); ``o`` is the per-micro-batch 
   bound. It is the bound "per choice of the largest sample's group size", for all samples at
   once.
 
+* ``largest-choice`` (tighter when one huge sample dominates a small batch): for each size
+  ``d*`` the longest sample may run on, the other samples run either in that same group (size
+  ``d*``) or in a group made of the other ``N - d*`` ranks (size at most ``N - d*``); the
+  deadline-area argument restricted to those sizes, with the longest sample's own
+  ``d* t*(d*)`` GPU-seconds taken out, gives a bound for that choice; the minimum over the
+  choices is a bound.
+
 Every bound adds the gradient sync, which every step pays after its slowest group.
 """
 
@@ -33,18 +40,21 @@ class BoundReport:
     longest_s: float
     area_s: float
     deadline_area_s: float
+    largest_choice_s: float
     compute_makespan_s: float
-    """The deadline-area bound without the gradient sync (the ``T`` that solves it)."""
+    """The tightest bound without the gradient sync."""
 
     @property
     def best_s(self) -> float:
         """The tightest bound."""
-        return max(self.longest_s, self.area_s, self.deadline_area_s)
+        return max(self.longest_s, self.area_s, self.deadline_area_s, self.largest_choice_s)
 
     @property
     def best_kind(self) -> str:
         """Name of the tightest bound (ties: the most specific name)."""
         best = self.best_s
+        if self.largest_choice_s >= best and self.largest_choice_s > self.deadline_area_s:
+            return "largest-choice"
         if self.deadline_area_s >= best:
             return "deadline-area"
         if self.longest_s >= best:
@@ -52,51 +62,74 @@ class BoundReport:
         return "area"
 
 
-def _area_at(table: CostTable, counts: np.ndarray, deadline: float) -> float:
+def _area_at(time_s: np.ndarray, area: np.ndarray, counts: np.ndarray, overhead_s: float,
+             deadline: float) -> float:
     """``sum_i a_i(deadline)``: each class at its most efficient size meeting the deadline."""
-    sizes = np.asarray(table.sizes, dtype=np.float64)
-    area = table.time_s * sizes[None, :]
-    ok = table.time_s + table.overhead_s <= deadline * (1 + 1e-12)
+    ok = time_s + overhead_s <= deadline * (1 + 1e-12)
     best = np.where(ok, area, np.inf).min(axis=1)
     return float((best * counts).sum())
 
 
+def _solve_deadline(time_s: np.ndarray, area: np.ndarray, counts: np.ndarray, *, num_ranks: float,
+                    overhead_s: float, reserved_area: float, floor_s: float) -> float:
+    """Smallest ``T >= floor_s`` with ``sum a_i(T) + reserved <= num_ranks*(T - o)``."""
+    o = overhead_s
+    points = np.unique((time_s + o)[np.isfinite(time_s)])
+    points = points[points > floor_s]
+    points = np.concatenate(([floor_s], points))
+
+    def work(deadline: float) -> float:
+        return _area_at(time_s, area, counts, o, deadline) + reserved_area
+
+    def satisfied(deadline: float) -> bool:
+        return work(deadline) <= num_ranks * (deadline - o) * (1 + 1e-12)
+
+    if satisfied(float(points[0])):
+        return float(points[0])
+    lo, hi = 0, len(points) - 1
+    while lo < hi:  # the last breakpoint where the inequality fails
+        mid = (lo + hi + 1) // 2
+        if satisfied(float(points[mid])):
+            hi = mid - 1
+        else:
+            lo = mid
+    candidate = work(float(points[lo])) / num_ranks + o
+    upper = float(points[lo + 1]) if lo + 1 < len(points) else np.inf
+    return min(max(candidate, float(points[lo])), upper)
+
+
 def lower_bounds(table: CostTable) -> BoundReport:
-    """Compute every bound of DESIGN.md for the batch of a cost table."""
+    """Compute every bound of the module docstring for the batch of a cost table."""
     counts = np.array([len(m) for m in table.classes.members], dtype=np.float64)
     n = float(table.cost_model.cluster.num_gpus)
     o = table.overhead_s
     sync = table.grad_sync_s
     sizes = np.asarray(table.sizes, dtype=np.float64)
+    area = table.time_s * sizes[None, :]
     fastest = table.time_s.min(axis=1)
     longest = float(fastest.max()) + o
-    area_work = float((np.min(table.time_s * sizes[None, :], axis=1) * counts).sum())
-    area = area_work / n + o
-    # Deadline-area: the breakpoints are the finite t_i(d) + o at or above ``longest``.
-    points = np.unique((table.time_s + o)[np.isfinite(table.time_s)])
-    points = points[points >= longest * (1 - 1e-12)]
-    if points.size == 0 or points[0] > longest:
-        points = np.concatenate(([longest], points))
-
-    def satisfied(deadline: float) -> bool:
-        return _area_at(table, counts, deadline) <= n * (deadline - o) * (1 + 1e-12)
-
-    # The smallest breakpoint index whose interval [p_k, p_{k+1}) holds the solution.
-    lo, hi = 0, len(points) - 1
-    if satisfied(points[0]):
-        makespan = float(points[0])
-    else:
-        # Find the last breakpoint k where f(p_k)/n + o > p_k (not satisfied at p_k itself).
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if satisfied(float(points[mid])):
-                hi = mid - 1
-            else:
-                lo = mid
-        k = lo
-        work = _area_at(table, counts, float(points[k]))
-        candidate = work / n + o
-        upper = float(points[k + 1]) if k + 1 < len(points) else np.inf
-        makespan = min(max(candidate, float(points[k])), upper)
-    return BoundReport(longest_s=longest + sync, area_s=area + sync,
-                       deadline_area_s=makespan + sync, compute_makespan_s=makespan)
+    area_work = float((np.min(area, axis=1) * counts).sum())
+    area_bound = area_work / n + o
+    deadline = _solve_deadline(table.time_s, area, counts, num_ranks=n, overhead_s=o,
+                               reserved_area=0.0, floor_s=longest)
+    # Largest-choice: the longest sample's class c*, one of its samples on each size d*.
+    star = int(np.argmax(fastest))
+    others = counts.copy()
+    others[star] -= 1
+    choice = np.inf
+    for j, d in enumerate(table.sizes):
+        t_star = float(table.time_s[star, j])
+        if not np.isfinite(t_star):
+            continue
+        usable = (sizes <= n - d) | (sizes == d)
+        t_masked = np.where(usable[None, :], table.time_s, np.inf)
+        a_masked = t_masked * sizes[None, :]
+        if (others > 0).any() and not np.isfinite(t_masked[others > 0].min(axis=1)).all():
+            continue  # some other sample fits none of the usable sizes
+        value = _solve_deadline(t_masked, a_masked, others, num_ranks=n, overhead_s=o,
+                                reserved_area=d * t_star, floor_s=max(longest, t_star + o))
+        choice = min(choice, value)
+    choice = max(choice, deadline) if np.isfinite(choice) else deadline
+    return BoundReport(longest_s=longest + sync, area_s=area_bound + sync,
+                       deadline_area_s=deadline + sync, largest_choice_s=choice + sync,
+                       compute_makespan_s=max(deadline, choice))

@@ -45,10 +45,14 @@ class PlannerConfig:
     """See ``exact_max_samples``."""
     exact_time_limit_s: float = 10.0
     """Wall-clock cap of the exact model (tiny instances only)."""
-    local_search_max_moves: int = 400
+    local_search_max_moves: int = 40
     """Most improving moves of the local search per plan."""
     num_candidate_partitions: int = 24
-    """Most group-size multisets the heuristic evaluates."""
+    """Most group-size multisets the heuristic generates."""
+    num_lpt_runs: int = 4
+    """Most LPT runs (multiset x target makespan) of the heuristic: its main work limit."""
+    num_refined: int = 1
+    """How many of the best LPT results get the local search."""
     compute_baselines: bool = True
     """Compute the baselines (needed for the never-slower-than-a-baseline guarantee)."""
     baseline_group_size: int | None = None
@@ -77,6 +81,9 @@ class PlannerConfig:
         for name in ("exact_max_samples", "exact_max_ranks", "local_search_max_moves"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be non-negative, got {getattr(self, name)}")
+        if self.num_lpt_runs < 1 or self.num_refined < 1:
+            raise ValueError(f"num_lpt_runs and num_refined must be at least 1, got "
+                             f"{self.num_lpt_runs} and {self.num_refined}")
         if self.num_candidate_partitions < 1:
             raise ValueError(
                 f"num_candidate_partitions must be at least 1, got {self.num_candidate_partitions}")

@@ -110,7 +110,9 @@ def plan_batch(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: C
     cm, table, arrays = prep.cost_model, prep.table, prep.arrays
     draft, _ = heuristic_plan(table, makespan_hint_s=prep.bounds.compute_makespan_s,
                               num_candidates=config.num_candidate_partitions,
-                              max_moves=config.local_search_max_moves)
+                              num_lpt_runs=config.num_lpt_runs,
+                              max_moves=config.local_search_max_moves,
+                              num_refined=config.num_refined)
     best_time = draft_step_time_s(draft, arrays, cm)
     status: SolverStatus = "HEURISTIC"
     method = "heuristic"
