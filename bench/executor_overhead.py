@@ -127,7 +127,7 @@ def _rank(rank: int, port: int, url: str, steps: int, compute_s: float, out: str
 
 def _stats(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
-    p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
     return {"median_ms": 1e3 * statistics.median(ordered), "p99_ms": 1e3 * p99,
             "max_ms": 1e3 * ordered[-1]}
 
