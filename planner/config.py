@@ -36,8 +36,12 @@ class PlannerConfig:
     """Explicit allowed group sizes; overrides ``sizes`` (each must divide the head count)."""
     loss_normalization: LossNormalization = "tokens"
     """Global loss normaliser: total tokens or total samples of the step."""
-    use_cpsat: bool = False
-    """Run CP-SAT after the heuristic (off: heuristic and baselines only)."""
+    use_cpsat: bool = True
+    """Run CP-SAT after the heuristic: the exact model on tiny batches, and the aggregated
+    model on larger ones when ``aggregated_cpsat`` is set (off: heuristic and baselines only)."""
+    aggregated_cpsat: bool = False
+    """Run the aggregated CP-SAT model on batches above the exact size (it needs more than the
+    default 50 ms budget to pay off; ``for_budget`` turns it on from 200 ms)."""
     exact_max_samples: int = 8
     """Batches up to this many samples (and ``exact_max_ranks`` ranks) get the exact per-sample
     CP-SAT model, which proves optimality; larger batches get the aggregated model."""
@@ -60,6 +64,26 @@ class PlannerConfig:
     the reference sample, or the batch's largest sample, under full checkpointing)."""
     memory_safety_fraction: float = 1e-9
     """Relative slack kept below the memory cap to absorb floating-point summation order."""
+
+    @classmethod
+    def for_budget(cls, time_limit_s: float, **overrides: object) -> PlannerConfig:
+        """A config whose work limits suit a latency budget (quality grows with the budget).
+
+        The limits are work counts and CP-SAT deterministic time, so the plan stays
+        reproducible; they were sized on one core for 256 samples at 32 GPUs
+        (``bench/plan_quality.py --budgets``).
+        """
+        if time_limit_s < 0.1:
+            work: dict[str, object] = dict(num_lpt_runs=4, num_refined=1,
+                                           local_search_max_moves=40, aggregated_cpsat=False)
+        elif time_limit_s < 0.5:
+            work = dict(num_lpt_runs=16, num_refined=2, local_search_max_moves=200,
+                        aggregated_cpsat=True, cpsat_deterministic_time=0.05)
+        else:
+            work = dict(num_lpt_runs=64, num_refined=4, local_search_max_moves=1000,
+                        aggregated_cpsat=True, cpsat_deterministic_time=0.3)
+        work.update(overrides)
+        return cls(time_limit_s=time_limit_s, **work)  # type: ignore[arg-type]
 
     def __post_init__(self) -> None:
         if not self.time_limit_s > 0:

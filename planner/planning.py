@@ -117,20 +117,21 @@ def plan_batch(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: C
     status: SolverStatus = "HEURISTIC"
     method = "heuristic"
     solver_bound: float | None = None
-    if config.use_cpsat:
+    if config.use_cpsat and (config.aggregated_cpsat or (
+            len(samples) <= config.exact_max_samples and cluster.num_gpus <= config.exact_max_ranks)):
         from planner import cpsat  # the only module that imports ortools
 
         deadline = start + (config.exact_time_limit_s if cpsat.is_exact_size(table, config)
                             else config.time_limit_s)
-        result = cpsat.improve(table, draft, config=config, deadline=deadline,
-                               bound_s=prep.bounds.compute_makespan_s)
+        result = cpsat.improve(table, draft, config=config, deadline=deadline)
         solver_bound = result.bound_s
         if result.draft is not None:
             cand_time = draft_step_time_s(result.draft, arrays, cm)
             if cand_time < best_time * (1 - 1e-9) or (
                     result.status == "OPTIMAL" and cand_time <= best_time * (1 + 1e-9)):
                 draft, best_time = result.draft, cand_time
-                status, method = result.status, result.method
+                status = "OPTIMAL" if result.status == "OPTIMAL" else "FEASIBLE"
+                method = result.method
             elif result.status == "OPTIMAL":
                 status, method = "OPTIMAL", result.method  # the hint was already optimal
     baselines: dict[str, float] = {}
