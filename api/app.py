@@ -62,7 +62,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                           write_batch_steps=settings.write_batch_steps, metrics=metrics)
         state = ServiceState(settings=settings, store=store, registry=registry, executor=executor,
                              jobs=jobs, metrics=metrics,
-                             cache=PlanCache(max_plans=settings.plan_cache_size))
+                             cache=PlanCache(max_steps=settings.plan_cache_size))
         app.state.service = state
 
         async def warm() -> None:

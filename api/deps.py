@@ -35,7 +35,7 @@ class ServiceState:
     metrics: Metrics
     """Prometheus metrics."""
     cache: PlanCache
-    """Parsed plans and rank views of recently fetched steps."""
+    """Rank views of recently fetched steps."""
     ready: bool = field(default=False)
     """True once the pool's workers are started."""
 

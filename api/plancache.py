@@ -1,69 +1,70 @@
-"""A small LRU of parsed plans and rendered rank views, so ranks fetching the same step do not
-each re-parse the stored plan. Bounded: plans are served from the store, not held in memory."""
+"""A bounded LRU of the rank views of recently fetched steps.
+
+All ranks of a step fetch their part at about the same time; the stored plan is parsed once
+and every rank's ``RankPlan`` JSON is rendered from it. Stored plans never change (a step is
+written once), so a cached view stays valid. Bounded: plans are served from the store, not
+held in memory.
+"""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
+from typing import Any
 
-from planner.plan import Plan, RankPlan
+
+def render_rank_views(plan_json: str, *, digest: str) -> list[bytes]:
+    """The JSON of ``planner.plan.RankPlan`` for every rank of a stored (validated) plan.
+
+    Equivalent to ``Plan.model_validate_json(plan_json).rank_view(r)`` with ``plan_digest``
+    the stored digest, without re-validating the plan (tests check the equivalence).
+    """
+    data: dict[str, Any] = json.loads(plan_json)
+    groups = data["groups"]
+    common = {"schema_version": data["schema_version"], "step": data["step"],
+              "num_ranks": data["num_ranks"], "group_sizes": [len(g["ranks"]) for g in groups],
+              "loss_normalizer": data["loss_normalizer"], "plan_digest": digest,
+              "cost_model_id": data["cost_model_id"]}
+    views: list[bytes] = [b""] * data["num_ranks"]
+    for group in groups:
+        group_json = json.dumps(group, separators=(",", ":"))
+        for rank in group["ranks"]:
+            head = json.dumps({**common, "rank": rank}, separators=(",", ":"))
+            views[rank] = f'{head[:-1]},"group":{group_json}}}'.encode()
+    return views
 
 
 class PlanCache:
-    """LRU of ``(epoch, step) -> Plan`` and ``(epoch, step, rank) -> RankPlan JSON bytes``."""
+    """LRU of ``(epoch, step) -> rank views``."""
 
-    def __init__(self, *, max_plans: int) -> None:
-        if max_plans < 0:
-            raise ValueError(f"max_plans must be >= 0, got {max_plans}")
-        self.max_plans = max_plans
-        self._plans: OrderedDict[tuple[str, int], tuple[str, Plan]] = OrderedDict()
-        self._views: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
+    def __init__(self, *, max_steps: int) -> None:
+        if max_steps < 0:
+            raise ValueError(f"max_steps must be >= 0, got {max_steps}")
+        self.max_steps = max_steps
+        self._views: OrderedDict[tuple[str, int], list[bytes]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def plan(self, epoch_id: str, step: int, *, digest: str, plan_json: str) -> Plan:
-        """The parsed plan (parsed once per digest while it stays cached)."""
+    def get(self, epoch_id: str, step: int) -> list[bytes] | None:
+        """The cached views of a step, or None."""
         key = (epoch_id, step)
         with self._lock:
-            hit = self._plans.get(key)
-            if hit is not None and hit[0] == digest:
-                self._plans.move_to_end(key)
-                return hit[1]
-        plan = Plan.model_validate_json(plan_json)
-        if self.max_plans:
-            with self._lock:
-                self._plans[key] = (digest, plan)
-                while len(self._plans) > self.max_plans:
-                    self._plans.popitem(last=False)
-        return plan
-
-    def rank_view(self, epoch_id: str, step: int, rank: int, *, digest: str, plan_json: str) -> bytes:
-        """JSON of ``RankPlan`` for one rank, carrying the stored digest of the whole plan.
-
-        Raises:
-            ValueError: when the rank is outside the plan's world.
-        """
-        key = (epoch_id, step, rank)
-        with self._lock:
-            hit = self._views.get(key)
-            if hit is not None:
+            views = self._views.get(key)
+            if views is not None:
                 self._views.move_to_end(key)
-                return hit
-        plan = self.plan(epoch_id, step, digest=digest, plan_json=plan_json)
-        group = plan.group_of_rank(rank)
-        view = RankPlan(step=plan.step, rank=rank, num_ranks=plan.num_ranks, group=group,
-                        group_sizes=[g.size for g in plan.groups],
-                        loss_normalizer=plan.loss_normalizer, plan_digest=digest,
-                        cost_model_id=plan.cost_model_id)
-        body = view.model_dump_json().encode()
-        if self.max_plans:
+            return views
+
+    def put(self, epoch_id: str, step: int, *, digest: str, plan_json: str) -> list[bytes]:
+        """Render and cache the views of a step."""
+        views = render_rank_views(plan_json, digest=digest)
+        if self.max_steps:
             with self._lock:
-                self._views[key] = body
-                while len(self._views) > self.max_plans * 64:
+                self._views[(epoch_id, step)] = views
+                while len(self._views) > self.max_steps:
                     self._views.popitem(last=False)
-        return body
+        return views
 
     def clear(self) -> None:
         """Forget everything."""
         with self._lock:
-            self._plans.clear()
             self._views.clear()
