@@ -82,6 +82,9 @@ class FitConfig:
     """Seed of the hold-out split."""
     model_id: str | None = None
     """Id of the output file; default ``fitted-<model>-<hardware>``."""
+    comm_fallback_hardware: str | None = None
+    """Hardware preset whose analytic links fill in unmeasured collectives (default: the
+    profile's hardware when it is a preset)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.holdout_fraction < 1:
@@ -379,7 +382,7 @@ def fit_profiles(profiles: Sequence[Profile], config: FitConfig | None = None) -
                  f"fixed_working_bytes is the analytic default")
     links, comm_res = fit_comm(comm, cfg)
     terms.update(comm_res)
-    comm_coef = _comm_coefficients(links, header.hardware, model, notes)
+    comm_coef = _comm_coefficients(links, cfg.comm_fallback_hardware or header.hardware, model, notes)
     comm_coef = comm_coef.model_copy(update={
         "alltoall_bytes_per_token_layer": a2a_bytes * dtype_r, "alltoall_ops_per_layer": a2a_ops,
         "grad_bytes_per_param": float(header.dtype_bytes)})
@@ -427,7 +430,7 @@ def _comm_coefficients(links: dict[str, list[LinkFit]], hardware: str, model: Mo
             else:
                 raise ValueError(
                     f"no {op} measurements and no hardware preset {hardware!r} to fall back on: "
-                    "give a profile made by `dcp profile-comm`"
+                    "give a profile made by `dcp profile-comm` (or a fallback hardware preset)"
                 )
         out[op] = fits
     return CommCoefficients(alltoall_bytes_per_token_layer=0.0, alltoall_ops_per_layer=0,

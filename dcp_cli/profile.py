@@ -103,6 +103,9 @@ def register(app: typer.Typer) -> None:
                 policies=policies,  # type: ignore[arg-type]
                 num_head_sizes=head_sizes, warmup=warmup, repeats=repeats, seed=seed,
             )
+            if max(config.layer_counts) > shape.num_layers:
+                raise ValueError(f"layer_counts={config.layer_counts} exceed profiled.num_layers="
+                                 f"{shape.num_layers} (raise --layers)")
             torch_device = torch.device(device)
             dtype_name = dtype or ("float32" if device == "cpu" else "bfloat16")
             header = make_header(model=full, profiled=shape, hardware=hardware or device,
@@ -200,6 +203,8 @@ def register(app: typer.Typer) -> None:
         time_statistic: str = typer.Option("median", help="median or min of the timed repeats."),
         seed: int = typer.Option(0, help="Seed of the hold-out split."),
         model_id: str = typer.Option("", "--id", help="Id of the cost model (default fitted-M-HW)."),
+        comm_from: str = typer.Option(
+            "", help="Hardware preset whose analytic links fill in unmeasured collectives."),
         as_json: bool = typer.Option(False, "--json", help="Print the fit quality as JSON."),
     ) -> None:
         """Fit a cost-model file to profiles; refuse it when a term's held-out MAPE is too high."""
@@ -208,7 +213,8 @@ def register(app: typer.Typer) -> None:
         try:
             config = FitConfig(holdout_fraction=holdout, max_mape=max_mape, force=force,
                                time_statistic=time_statistic,  # type: ignore[arg-type]
-                               seed=seed, model_id=model_id or None)
+                               seed=seed, model_id=model_id or None,
+                               comm_fallback_hardware=comm_from or None)
             parsed = [read_profile(p) for p in profiles]
             result = fit_profiles(parsed, config)
         except FitRefusedError as exc:

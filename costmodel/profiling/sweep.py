@@ -97,15 +97,22 @@ def log_sizes(lo: int, hi: int, num: int) -> list[int]:
 
 
 def sample_shapes(spec: ModelSpec, config: SweepConfig) -> list[SampleShape]:
-    """Single-sample shapes: 1D ``(1, s)``; 2D ``(frames, hw)`` over a frames x tokens grid."""
+    """Single-sample shapes: 1D ``(1, s)`` per size; 2D two ``(frames, hw)`` per size.
+
+    The 2D frame counts rotate through ``config.frames`` at two offsets, so that frames and
+    tokens per frame vary independently (spatial and temporal pairs must not be collinear).
+    """
     sizes = log_sizes(config.tokens_min, config.tokens_max, config.num_sizes)
     if spec.kind == "1d":
         return [(1, s) for s in sizes]
-    shapes = []
+    shapes: list[SampleShape] = []
+    num = len(config.frames)
     for i, total in enumerate(sizes):
-        frames = config.frames[i % len(config.frames)]
-        hw = max(1, round(total / frames))
-        shapes.append((frames, hw))
+        for offset in sorted({0, num // 2}):
+            frames = min(config.frames[(i + offset) % num], total)
+            shape = (frames, max(1, round(total / frames)))
+            if shape not in shapes:
+                shapes.append(shape)
     return shapes
 
 

@@ -82,7 +82,8 @@ def test_bad_profile_is_refused_with_reason(lines: list[str], reason: str) -> No
 def test_error_names_the_line(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text("\n".join(_lines(_header(), _compute(), _compute(time_s_min=-1))) + "\n")
-    with pytest.raises(ValueError, match=r"bad.jsonl:3: invalid record: compute.time_s_min: Input should be greater than 0"):
+    reason = r"bad.jsonl:3: invalid record: compute.time_s_min: Input should be greater than 0"
+    with pytest.raises(ValueError, match=reason):
         read_profile(path)
     with pytest.raises(ValueError, match="does not exist"):
         read_profile(tmp_path / "missing.jsonl")
