@@ -1,0 +1,71 @@
+"""The solver is optimal on tiny instances: CP-SAT's plan equals the exhaustive optimum."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from costmodel.evaluate import CostModel
+from planner.config import PlannerConfig
+from planner.planning import plan_batch
+from planner.validate import validate_plan
+from tests.planner.bruteforce import optimum_step_time_s
+from tests.planner.tiny import samples_of, tiny_cluster, tiny_cost_model
+
+EXACT = PlannerConfig(exact_max_samples=8, exact_max_ranks=4, exact_time_limit_s=60.0,
+                      memory_safety_fraction=0.0)
+
+
+def _instances() -> list[tuple[str, list[int], int, int]]:
+    rng = random.Random(1234)
+    out = [
+        ("one-long-many-short", [2400, 120, 90, 150, 60], 4, 2),
+        ("memory-bound", [1200, 1250, 1300, 700], 4, 2),
+        ("all-short", [80, 64, 100, 72, 90, 110], 4, 2),
+        ("two-ranks", [900, 300, 1500, 200, 50], 2, 1),
+        ("one-node", [2000, 1000, 400, 300, 150, 60], 4, 4),
+        ("eight-samples", [1800, 900, 700, 400, 260, 130, 90, 40], 4, 2),
+    ]
+    for idx in range(4):
+        n = rng.randint(3, 6)
+        tokens = [int(math.exp(rng.uniform(math.log(40), math.log(3000)))) for _ in range(n)]
+        out.append((f"random{idx}", tokens, 4, 2))
+    return out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("name", "tokens", "num_gpus", "per_node"), _instances(),
+                         ids=[i[0] for i in _instances()])
+def test_exact_model_matches_brute_force(name: str, tokens: list[int], num_gpus: int,
+                                         per_node: int) -> None:
+    cluster = tiny_cluster(num_gpus=num_gpus, gpus_per_node=per_node)
+    cmf = tiny_cost_model()
+    cm = CostModel(file=cmf, cluster=cluster)
+    samples = samples_of(tokens)
+    sizes = [d for d in cm.allowed_group_sizes() if d & (d - 1) == 0]
+    best = optimum_step_time_s(samples, cm, sizes)
+    plan = plan_batch(samples, cluster=cluster, cost_model=cmf, config=EXACT)
+    assert validate_plan(plan, samples, cost_model=cm) == []
+    assert plan.solver.status == "OPTIMAL", plan.solver
+    assert plan.predicted_step_time_s == pytest.approx(best, rel=1e-6)
+    # Every reported bound is a true bound, and a proven plan closes the gap.
+    assert plan.lower_bound.value_s <= best * (1 + 1e-9)
+    assert plan.gap == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.timeout(120)
+def test_heuristic_bounds_never_exceed_the_optimum() -> None:
+    rng = random.Random(99)
+    cluster = tiny_cluster(num_gpus=4, gpus_per_node=2)
+    cmf = tiny_cost_model()
+    cm = CostModel(file=cmf, cluster=cluster)
+    for trial in range(6):
+        tokens = [rng.randint(30, 2500) for _ in range(rng.randint(2, 6))]
+        samples = samples_of(tokens, prefix=f"t{trial}-")
+        best = optimum_step_time_s(samples, cm, [1, 2, 4])
+        plan = plan_batch(samples, cluster=cluster, cost_model=cmf,
+                          config=PlannerConfig(use_cpsat=False, memory_safety_fraction=0.0))
+        assert plan.lower_bound.value_s <= best * (1 + 1e-9), (tokens, plan.lower_bound)
+        assert plan.predicted_step_time_s >= best * (1 - 1e-9)
