@@ -45,9 +45,9 @@ class PlannerConfig:
     exact_max_samples: int = 8
     """Batches up to this many samples (and ``exact_max_ranks`` ranks) get the exact per-sample
     CP-SAT model, which proves optimality; larger batches get the aggregated model."""
-    exact_max_ranks: int = 8
+    exact_max_ranks: int = 4
     """See ``exact_max_samples``."""
-    exact_time_limit_s: float = 10.0
+    exact_time_limit_s: float = 5.0
     """Wall-clock cap of the exact model (tiny instances only)."""
     local_search_max_moves: int = 40
     """Most improving moves of the local search per plan."""

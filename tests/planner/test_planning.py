@@ -1,0 +1,205 @@
+"""plan_batch on the shipped presets: validity, baselines, determinism, fallback, bad input."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from costmodel.evaluate import CostModel
+from costmodel.presets import default_cost_model_file, load_cluster
+from costmodel.specs import Sample
+from planner.config import PlannerConfig
+from planner.planning import plan_batch
+from planner.validate import simulate, validate_plan
+from planner.workload import WorkloadSpec, sample_batch
+from tests.planner.tiny import samples_of, tiny_cluster, tiny_cost_model
+
+WORKLOADS = ["video-short", "video-balanced", "video-long", "text-longtail", "text-longcontext"]
+
+
+def _setup(workload: str, cluster_name: str):  # type: ignore[no-untyped-def]
+    spec = WorkloadSpec.preset(workload)
+    cluster = load_cluster(cluster_name)
+    cmf = default_cost_model_file(spec.model, cluster.hardware.name)
+    return spec, cluster, cmf, CostModel(file=cmf, cluster=cluster)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workload", WORKLOADS)
+@pytest.mark.parametrize("cluster_name", ["h200x8", "h200x32"])
+def test_preset_plans_are_valid_and_beat_every_baseline(workload: str, cluster_name: str) -> None:
+    spec, cluster, cmf, cm = _setup(workload, cluster_name)
+    samples = sample_batch(spec, num_samples=96, seed=5, step=2)
+    plan = plan_batch(samples, cluster=cluster, cost_model=cmf, step=2,
+                      reference_sample=spec.max_sample)
+    assert validate_plan(plan, samples, cost_model=cm) == []
+    assert plan.step == 2
+    assert {"bucket", "packed", "greedy"} <= set(plan.baselines_s)
+    for name, baseline_s in plan.baselines_s.items():
+        assert plan.predicted_step_time_s <= baseline_s * (1 + 1e-12), name
+    assert 0 < plan.lower_bound.value_s <= plan.predicted_step_time_s
+    assert plan.gap >= 0
+    report = simulate(plan, cm)
+    assert report.step_time_s == pytest.approx(plan.predicted_step_time_s, rel=1e-9)
+    assert 0.0 <= report.idle_fraction < 1.0
+    assert len(report.peak_mem_bytes_per_rank) == cluster.num_gpus
+    assert max(report.peak_mem_bytes_per_rank) <= cluster.memory_cap_bytes
+
+
+_shapes = st.one_of(
+    st.integers(min_value=64, max_value=200_000).map(lambda t: {"tokens": t}),
+    st.tuples(st.integers(1, 120), st.integers(4, 45), st.integers(4, 80)).map(
+        lambda fhw: {"frames": fhw[0], "height": fhw[1], "width": fhw[2]}),
+)
+
+
+@pytest.mark.timeout(300)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shapes=st.lists(_shapes, min_size=1, max_size=40),
+       cluster_name=st.sampled_from(["h200x8", "h200x32", "h100x16"]),
+       sizes=st.sampled_from(["pow2", "any"]),
+       normalization=st.sampled_from(["tokens", "samples"]))
+def test_every_plan_passes_the_validator(shapes: list[dict[str, int]], cluster_name: str,
+                                         sizes: str, normalization: str) -> None:
+    is_2d = [("frames" in s) for s in shapes]
+    model = "stdit3-xl" if sum(is_2d) * 2 >= len(shapes) else "llama-7b"
+    samples = [Sample(id=f"h{i}", **shape) for i, shape in enumerate(shapes)]
+    cluster = load_cluster(cluster_name)
+    cmf = default_cost_model_file(model, cluster.hardware.name)
+    cm = CostModel(file=cmf, cluster=cluster)
+    config = PlannerConfig(sizes=sizes, loss_normalization=normalization)  # type: ignore[arg-type]
+    try:
+        plan = plan_batch(samples, cluster=cluster, cost_model=cmf, config=config)
+    except ValueError as exc:  # only a sample too large for the largest group may be refused
+        assert "fits nowhere" in str(exc)
+        return
+    assert validate_plan(plan, samples, cost_model=cm) == []
+    assert sorted(plan.sample_ids) == sorted(s.id for s in samples)
+    for baseline_s in plan.baselines_s.values():
+        assert plan.predicted_step_time_s <= baseline_s * (1 + 1e-12)
+
+
+@pytest.mark.timeout(60)
+@settings(max_examples=25, deadline=None)
+@given(tokens=st.lists(st.integers(20, 2600), min_size=1, max_size=6),
+       num_gpus=st.sampled_from([2, 4]))
+def test_tiny_plans_with_the_exact_model_are_valid(tokens: list[int], num_gpus: int) -> None:
+    cluster = tiny_cluster(num_gpus=num_gpus, gpus_per_node=2)
+    cmf = tiny_cost_model()
+    samples = samples_of(tokens)
+    plan = plan_batch(samples, cluster=cluster, cost_model=cmf,
+                      config=PlannerConfig(exact_max_ranks=4))
+    assert validate_plan(plan, samples, cost_model=CostModel(file=cmf, cluster=cluster)) == []
+    assert plan.solver.status in ("OPTIMAL", "FEASIBLE", "HEURISTIC", "BASELINE")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("workload", "config"), [
+    ("video-short", PlannerConfig()),
+    ("text-longtail", PlannerConfig.for_budget(0.2)),
+])
+def test_same_input_and_seed_give_the_same_plan(workload: str, config: PlannerConfig) -> None:
+    spec, cluster, cmf, _ = _setup(workload, "h200x32")
+    samples = sample_batch(spec, num_samples=128, seed=3, step=7)
+    first = plan_batch(samples, cluster=cluster, cost_model=cmf, config=config, step=7)
+    second = plan_batch(samples, cluster=cluster, cost_model=cmf, config=config, step=7)
+    assert first.content_json() == second.content_json()
+    assert first.content_digest() == second.content_digest()
+
+
+@pytest.mark.timeout(60)
+def test_exact_model_is_deterministic() -> None:
+    cluster = tiny_cluster(num_gpus=4, gpus_per_node=2)
+    cmf = tiny_cost_model()
+    samples = samples_of([1500, 700, 300, 90, 60])
+    config = PlannerConfig(exact_max_ranks=4, seed=11)
+    plans = [plan_batch(samples, cluster=cluster, cost_model=cmf, config=config) for _ in range(2)]
+    assert plans[0].content_json() == plans[1].content_json()
+    assert plans[0].solver.seed == 11
+
+
+@pytest.mark.timeout(60)
+def test_tiny_time_limit_falls_back_to_a_valid_plan() -> None:
+    cluster = tiny_cluster(num_gpus=4, gpus_per_node=2)
+    cmf = tiny_cost_model()
+    samples = samples_of([2400, 1300, 800, 500, 120, 90, 60, 40])
+    config = PlannerConfig(exact_max_ranks=4, exact_time_limit_s=1e-4, time_limit_s=1e-4)
+    plan = plan_batch(samples, cluster=cluster, cost_model=cmf, config=config)
+    assert validate_plan(plan, samples, cost_model=CostModel(file=cmf, cluster=cluster)) == []
+    assert plan.solver.status in ("HEURISTIC", "BASELINE", "FEASIBLE", "OPTIMAL")
+
+
+@pytest.mark.timeout(120)
+def test_aggregated_model_under_a_tiny_limit_keeps_a_valid_plan() -> None:
+    spec, cluster, cmf, cm = _setup("video-balanced", "h200x32")
+    samples = sample_batch(spec, num_samples=200, seed=1, step=0)
+    config = PlannerConfig(aggregated_cpsat=True, time_limit_s=1e-4, cpsat_deterministic_time=1e-4)
+    plan = plan_batch(samples, cluster=cluster, cost_model=cmf, config=config)
+    assert validate_plan(plan, samples, cost_model=cm) == []
+    assert plan.solver.status in ("HEURISTIC", "BASELINE", "FEASIBLE")
+
+
+@pytest.mark.timeout(60)
+def test_empty_batch_is_an_error() -> None:
+    _, cluster, cmf, _ = _setup("text-longtail", "h200x8")
+    with pytest.raises(ValueError, match="empty"):
+        plan_batch([], cluster=cluster, cost_model=cmf)
+
+
+@pytest.mark.timeout(60)
+def test_a_sample_that_fits_nowhere_is_named() -> None:
+    _, cluster, cmf, _ = _setup("text-longtail", "h200x8")
+    samples = [Sample(id="ok", tokens=4096), Sample(id="monster", tokens=50_000_000)]
+    with pytest.raises(ValueError, match=r"'monster' \(50000000 tokens\) fits nowhere.*limit of"):
+        plan_batch(samples, cluster=cluster, cost_model=cmf)
+
+
+@pytest.mark.timeout(60)
+def test_a_world_the_sizes_cannot_partition_is_an_error() -> None:
+    cluster = tiny_cluster(num_gpus=6, gpus_per_node=6)
+    cmf = tiny_cost_model()
+    with pytest.raises(ValueError, match=r"world of 6 ranks cannot be partitioned.*\[4\]"):
+        plan_batch(samples_of([100, 200]), cluster=cluster, cost_model=cmf,
+                   config=PlannerConfig(group_sizes=(4,)))
+
+
+@pytest.mark.timeout(60)
+def test_a_size_the_heads_do_not_allow_is_an_error() -> None:
+    cluster = tiny_cluster(num_gpus=6, gpus_per_node=6)
+    with pytest.raises(ValueError, match="group size 3 is not allowed"):
+        plan_batch(samples_of([100]), cluster=cluster, cost_model=tiny_cost_model(num_heads=4),
+                   config=PlannerConfig(group_sizes=(1, 3)))
+
+
+@pytest.mark.timeout(60)
+def test_repeated_sample_ids_are_an_error() -> None:
+    _, cluster, cmf, _ = _setup("text-longtail", "h200x8")
+    with pytest.raises(ValueError, match="'a' appears more than once"):
+        plan_batch([Sample(id="a", tokens=10), Sample(id="a", tokens=20)], cluster=cluster,
+                   cost_model=cmf)
+
+
+@pytest.mark.timeout(60)
+def test_non_power_of_two_sizes_are_used_when_allowed() -> None:
+    cluster = tiny_cluster(num_gpus=6, gpus_per_node=6)
+    cmf = tiny_cost_model(num_heads=6)
+    samples = samples_of([2600, 2500, 120, 80])
+    plan = plan_batch(samples, cluster=cluster, cost_model=cmf,
+                      config=PlannerConfig(sizes="any", use_cpsat=False))
+    cm = CostModel(file=cmf, cluster=cluster)
+    assert validate_plan(plan, samples, cost_model=cm) == []
+    pow2 = plan_batch(samples, cluster=cluster, cost_model=cmf,
+                      config=PlannerConfig(sizes="pow2", use_cpsat=False))
+    assert all(g.size & (g.size - 1) == 0 for g in pow2.groups)
+    assert plan.predicted_step_time_s <= pow2.predicted_step_time_s * (1 + 1e-9)
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("time_limit_s", 0.0), ("num_workers", 0), ("sizes", "odd"), ("max_group_size", 0),
+    ("group_sizes", ()), ("loss_normalization", "bytes"), ("num_lpt_runs", 0),
+    ("memory_safety_fraction", 0.7),
+])
+def test_config_rejects_bad_values(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        PlannerConfig(**{field: value})  # type: ignore[arg-type]
