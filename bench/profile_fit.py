@@ -1,0 +1,141 @@
+"""Benchmark: profile and fit small models on this CPU; held-out MAPE per term and wall time.
+
+Run from the repository root::
+
+    .venv/bin/python bench/profile_fit.py            # full run (a few minutes on 2 cores)
+    .venv/bin/python bench/profile_fit.py --quick    # smoke run (< 1 minute), not for the targets
+
+It profiles a narrow LLaMA-shaped (1D) and STDiT-shaped (2D) stack with ``run_sweep`` (one torch
+thread), measures ``all_to_all_single`` / ``all_reduce`` with ``dcp profile-comm`` under
+``torchrun`` (gloo), fits each with ``costmodel.fit`` using the median of the repeats (and, for
+comparison, the fastest repeat), prints a table and writes ``bench/results/profile_fit.json``.
+
+Targets (issue 4): held-out MAPE compute time <= 3%, activation memory <= 2%, all-to-all <= 10%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from costmodel.fit import FitConfig, fit_profiles
+from costmodel.presets import load_model
+from costmodel.profiling.format import (
+    ComputeRecord,
+    HeadRecord,
+    Profile,
+    narrowed,
+    read_profile,
+    write_profile,
+)
+from costmodel.profiling.sweep import SweepConfig, make_header, run_sweep
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGETS = {"compute_time": 0.03, "activation_bytes": 0.02, "alltoall": 0.10}
+SHAPES = {
+    "llama-7b": {"hidden": 128, "num_heads": 2, "ffn_hidden": 344, "vocab": 2048},
+    "stdit3-xl": {"hidden": 128, "num_heads": 2, "ffn_hidden": 512, "cross_attention_tokens": 8},
+}
+
+
+def sweep_config(kind: str, *, quick: bool, repeats: int) -> SweepConfig:
+    """The sweep of one model kind (2D uses fewer sizes: it has two shapes per size)."""
+    if quick:
+        return SweepConfig(tokens_min=128, tokens_max=512, num_sizes=4, packings=(2,), num_packed=2,
+                           frames=(1, 2, 4, 8), policies="ends", num_head_sizes=4, warmup=1, repeats=3)
+    return SweepConfig(tokens_min=256, tokens_max=2048, num_sizes=6 if kind == "1d" else 4,
+                       packings=(2, 4), num_packed=2, frames=(1, 2, 4, 8, 16), policies="ends",
+                       num_head_sizes=5, warmup=2, repeats=repeats)
+
+
+def profile_compute(name: str, config: SweepConfig, workdir: Path) -> tuple[Profile, float]:
+    """Profile one model on the CPU; returns the profile and the wall seconds."""
+    model = load_model(name)
+    shape = narrowed(model, num_layers=2, **SHAPES[name])  # type: ignore[arg-type]
+    start = time.perf_counter()
+    records = run_sweep(shape, config, device=torch.device("cpu"), dtype="float32")
+    wall_s = time.perf_counter() - start
+    header = make_header(model=model, profiled=shape, hardware="cpu", device=torch.device("cpu"),
+                         dtype="float32", notes="bench/profile_fit.py")
+    write_profile(workdir / f"{name}.jsonl", header, records)
+    return Profile(header=header, compute=[r for r in records if isinstance(r, ComputeRecord)],
+                   head=[r for r in records if isinstance(r, HeadRecord)]), wall_s
+
+
+def profile_comm(num_procs: int, workdir: Path, *, quick: bool, repeats: int) -> tuple[Profile, float]:
+    """``dcp profile-comm`` under torchrun with gloo; returns the profile and the wall seconds."""
+    out = workdir / f"comm{num_procs}.jsonl"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={num_procs}",
+           "-m", "dcp_cli.main", "profile-comm", "--out", str(out), "--hardware", "cpu",
+           "--bytes-min", str(256 * 1024), "--bytes-max", str((2 if quick else 32) * 1024 * 1024),
+           "--num-sizes", "4" if quick else "8", "--repeats", "3" if quick else str(repeats)]
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=900,
+                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return read_profile(out), time.perf_counter() - start
+
+
+def fit_quality(profiles: list[Profile], statistic: str) -> tuple[dict[str, float], float]:
+    """Held-out MAPE per term (forced: we report, not gate) and the fit's wall seconds."""
+    start = time.perf_counter()
+    result = fit_profiles(profiles, FitConfig(force=True, time_statistic=statistic))  # type: ignore[arg-type]
+    wall_s = time.perf_counter() - start
+    return {n: t.mape for n, t in result.terms.items()}, wall_s
+
+
+def main() -> None:
+    """Run the benchmark and write its JSON."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="Tiny sweep (smoke test, not the targets).")
+    parser.add_argument("--repeats", type=int, default=15, help="Timed repeats per configuration.")
+    parser.add_argument("--comm-procs", type=int, default=2, help="gloo ranks for the comm profile.")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "profile_fit.json")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    workdir = args.out.parent / "profiles"
+    workdir.mkdir(parents=True, exist_ok=True)
+    comm, comm_wall_s = profile_comm(args.comm_procs, workdir, quick=args.quick, repeats=args.repeats)
+    rows: list[dict[str, Any]] = []
+    for name in ("llama-7b", "stdit3-xl"):
+        kind = load_model(name).kind
+        compute, profile_wall_s = profile_compute(name, sweep_config(kind, quick=args.quick,
+                                                                     repeats=args.repeats), workdir)
+        for statistic in ("median", "min"):
+            mape, fit_wall_s = fit_quality([compute, comm], statistic)
+            rows.append({"model": name, "profiled": SHAPES[name], "timing": statistic,
+                         "num_compute_records": len(compute.compute), "mape": mape,
+                         "profile_wall_s": profile_wall_s, "comm_profile_wall_s": comm_wall_s,
+                         "fit_wall_s": fit_wall_s})
+    print(f"{'model':<10} {'timing':<7} " + " ".join(f"{t:>17}" for t in
+          ("compute_time", "activation_bytes", "head_time", "alltoall", "allreduce"))
+          + f" {'profile s':>10} {'fit s':>6}")
+    for r in rows:
+        cells = " ".join(f"{r['mape'].get(t, float('nan')):>16.2%}" + (
+            "*" if t in TARGETS and r["mape"].get(t, 0) > TARGETS[t] else " ")
+            for t in ("compute_time", "activation_bytes", "head_time", "alltoall", "allreduce"))
+        print(f"{r['model']:<10} {r['timing']:<7} {cells} {r['profile_wall_s']:>10.1f} {r['fit_wall_s']:>6.2f}")
+    print(f"comm profile ({args.comm_procs} gloo ranks): {comm_wall_s:.1f} s; * = above target "
+          f"{ {k: f'{v:.0%}' for k, v in TARGETS.items()} }")
+    payload = {
+        "benchmark": "profile_fit", "quick": args.quick, "repeats": args.repeats,
+        "comm_procs": args.comm_procs, "targets": TARGETS, "rows": rows,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
+                    "load_average": os.getloadavg()},
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(payload, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
