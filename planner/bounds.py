@@ -14,12 +14,13 @@ other samples in its micro-batch only add memory); ``o`` is the per-micro-batch 
   bound. It is the bound "per choice of the largest sample's group size", for all samples at
   once.
 
-* ``largest-choice`` (tighter when one huge sample dominates a small batch): for each size
-  ``d*`` the longest sample may run on, the other samples run either in that same group (size
-  ``d*``) or in a group made of the other ``N - d*`` ranks (size at most ``N - d*``); the
-  deadline-area argument restricted to those sizes, with the longest sample's own
-  ``d* t*(d*)`` GPU-seconds taken out, gives a bound for that choice; the minimum over the
-  choices is a bound.
+* ``largest-choice`` (tighter when one huge sample dominates): for each size ``d*`` the
+  longest sample may run on, every other sample runs either after it in the same group (in
+  series: their times ``t_i(d*)`` fill at most ``T - o - t*(d*)``) or on the other ``N - d*``
+  ranks (groups of size at most ``N - d*``, GPU-seconds at least ``a_i(T)`` over those sizes,
+  at most ``(N - d*)(T - o)`` in all). The best split is a knapsack; its fractional (LP)
+  relaxation over-estimates what the big group can take off the others, so the smallest ``T``
+  that passes the relaxed test is a bound for that ``d*``; the minimum over ``d*`` is a bound.
 
 Every bound adds the gradient sync, which every step pays after its slowest group.
 """
@@ -98,6 +99,60 @@ def _solve_deadline(time_s: np.ndarray, area: np.ndarray, counts: np.ndarray, *,
     return min(max(candidate, float(points[lo])), upper)
 
 
+def _largest_choice(time_s: np.ndarray, sizes: np.ndarray, others: np.ndarray, *,
+                    num_ranks: float, overhead_s: float, col: int, t_star: float,
+                    floor_s: float, upper_s: float, iterations: int = 40) -> float:
+    """The largest-choice bound for the longest sample on size column ``col`` (bisection)."""
+    d = float(sizes[col])
+    o = overhead_s
+    rest_ranks = num_ranks - d
+    t_big = time_s[:, col]  # time of each class after the big sample, in its group
+    rest_ok = sizes <= rest_ranks
+    active = others > 0
+
+    def feasible(deadline: float) -> bool:
+        cap = deadline - o - t_star  # time left in the big group
+        if cap < 0:
+            return False
+        meets = (time_s + o <= deadline) & rest_ok[None, :]
+        a_rest = np.where(meets, time_s * sizes[None, :], np.inf).min(axis=1)
+        # Classes that cannot run on the other ranks must all go after the big sample.
+        forced = active & ~np.isfinite(a_rest)
+        if (forced & ~np.isfinite(t_big)).any():
+            return False
+        cap -= float((t_big[forced] * others[forced]).sum())
+        if cap < 0:
+            return False
+        free = active & ~forced
+        need = float((a_rest[free] * others[free]).sum())
+        # Fractional knapsack: relieve the most GPU-seconds per second of the big group.
+        movable = free & np.isfinite(t_big)
+        ratio = np.where(movable, a_rest / np.maximum(t_big, 1e-300), -np.inf)
+        relief = 0.0
+        for c in np.argsort(-ratio, kind="stable"):
+            if not movable[c] or cap <= 0:
+                break
+            take = min(float(others[c]), cap / float(t_big[c])) if t_big[c] > 0 else others[c]
+            relief += take * float(a_rest[c])
+            cap -= take * float(t_big[c])
+        return need - relief <= max(rest_ranks, 0.0) * (deadline - o) * (1 + 1e-12)
+
+    lo, hi = floor_s, upper_s
+    if feasible(lo):
+        return lo
+    if not feasible(hi):
+        return hi  # cannot happen for a plannable batch; a safe (loose) value
+    for _ in range(iterations):
+        mid = 0.5 * (lo + hi)
+        if feasible(mid):
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-7 * hi:
+            break
+    return lo
+
+
 def lower_bounds(table: CostTable) -> BoundReport:
     """Compute every bound of the module docstring for the batch of a cost table."""
     counts = np.array([len(m) for m in table.classes.members], dtype=np.float64)
@@ -117,18 +172,13 @@ def lower_bounds(table: CostTable) -> BoundReport:
     others = counts.copy()
     others[star] -= 1
     choice = np.inf
-    for j, d in enumerate(table.sizes):
+    for j in range(len(table.sizes)):
         t_star = float(table.time_s[star, j])
-        if not np.isfinite(t_star):
-            continue
-        usable = (sizes <= n - d) | (sizes == d)
-        t_masked = np.where(usable[None, :], table.time_s, np.inf)
-        a_masked = t_masked * sizes[None, :]
-        if (others > 0).any() and not np.isfinite(t_masked[others > 0].min(axis=1)).all():
-            continue  # some other sample fits none of the usable sizes
-        value = _solve_deadline(t_masked, a_masked, others, num_ranks=n, overhead_s=o,
-                                reserved_area=d * t_star, floor_s=max(longest, t_star + o))
-        choice = min(choice, value)
+        if np.isfinite(t_star):
+            choice = min(choice, _largest_choice(table.time_s, sizes, others, num_ranks=n,
+                                                 overhead_s=o, col=j, t_star=t_star,
+                                                 floor_s=max(longest, t_star + o),
+                                                 upper_s=max(deadline, t_star + o) * 4 + 1.0))
     choice = max(choice, deadline) if np.isfinite(choice) else deadline
     return BoundReport(longest_s=longest + sync, area_s=area_bound + sync,
                        deadline_area_s=deadline + sync, largest_choice_s=choice + sync,

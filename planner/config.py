@@ -56,7 +56,9 @@ class PlannerConfig:
     num_lpt_runs: int = 4
     """Most LPT runs (multiset x target makespan) of the heuristic: its main work limit."""
     num_refined: int = 1
-    """How many of the best LPT results get the local search."""
+    """How many of the best multisets get the target bisection and the local search."""
+    num_target_probes: int = 4
+    """Bisection steps on the LPT target makespan per refined multiset."""
     compute_baselines: bool = True
     """Compute the baselines (needed for the never-slower-than-a-baseline guarantee)."""
     baseline_group_size: int | None = None
@@ -78,9 +80,11 @@ class PlannerConfig:
                                            local_search_max_moves=40, aggregated_cpsat=False)
         elif time_limit_s < 0.5:
             work = dict(num_lpt_runs=16, num_refined=2, local_search_max_moves=200,
+                        num_target_probes=6,
                         aggregated_cpsat=True, cpsat_deterministic_time=0.05)
         else:
             work = dict(num_lpt_runs=64, num_refined=4, local_search_max_moves=1000,
+                        num_target_probes=8,
                         aggregated_cpsat=True, cpsat_deterministic_time=0.3)
         work.update(overrides)
         return cls(time_limit_s=time_limit_s, **work)  # type: ignore[arg-type]
@@ -102,7 +106,8 @@ class PlannerConfig:
         if self.loss_normalization not in ("tokens", "samples"):
             raise ValueError(
                 f"loss_normalization must be 'tokens' or 'samples', got {self.loss_normalization!r}")
-        for name in ("exact_max_samples", "exact_max_ranks", "local_search_max_moves"):
+        for name in ("exact_max_samples", "exact_max_ranks", "local_search_max_moves",
+                     "num_target_probes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be non-negative, got {getattr(self, name)}")
         if self.num_lpt_runs < 1 or self.num_refined < 1:

@@ -18,6 +18,7 @@ across runs and resumes.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -152,6 +153,33 @@ class StepResult:
     """Bucket baseline time / predicted time, when the planner reported the baseline."""
     solve_time_s: float
     """Wall time of the planner call (not stored in the plan)."""
+    group_views: tuple[tuple[int, int, str], ...] = ()
+    """Per group ``(first_rank, last_rank, view)``: the ``RankPlan`` JSON of its ranks without
+    the ``rank`` field (see :func:`group_view_templates`); empty = derive when storing."""
+
+
+def group_view_templates(plan_json: str, *, digest: str) -> list[tuple[int, int, str]]:
+    """The rank views of a validated plan, one template per group.
+
+    The view of rank ``r`` in a group is ``'{"rank":r,' + template[1:]``: exactly the fields of
+    ``planner.plan.RankPlan`` as ``Plan.rank_view(r)`` fills them, with ``plan_digest`` the
+    given digest (tests check the equivalence). Rendering once per step at write time lets the
+    service answer a rank's fetch with one small indexed read and no parsing.
+    """
+    data: dict[str, Any] = json.loads(plan_json)
+    groups = data["groups"]
+    common = {"schema_version": data["schema_version"], "step": data["step"],
+              "num_ranks": data["num_ranks"], "group_sizes": [len(g["ranks"]) for g in groups],
+              "loss_normalizer": data["loss_normalizer"], "plan_digest": digest,
+              "cost_model_id": data["cost_model_id"]}
+    head = json.dumps(common, separators=(",", ":"))
+    return [(g["ranks"][0], g["ranks"][-1],
+             f'{head[:-1]},"group":{json.dumps(g, separators=(",", ":"))}}}') for g in groups]
+
+
+def rank_view_json(template: str, rank: int) -> str:
+    """The ``RankPlan`` JSON of ``rank`` from its group's template."""
+    return f'{{"rank":{rank},{template[1:]}'
 
 
 def canonical_step_plan(plan: Plan) -> Plan:
@@ -228,9 +256,11 @@ def plan_samples(samples: list[Sample], *, cluster: ClusterSpec, cost_model: Cos
     text = plan.canonical_json()
     bucket = plan.baselines_s.get("bucket")
     speedup = bucket / plan.predicted_step_time_s if bucket and plan.predicted_step_time_s > 0 else None
-    return StepResult(step=step, plan_json=text, digest=hashlib.sha256(text.encode()).hexdigest(),
-                      gap=plan.gap, predicted_step_time_s=plan.predicted_step_time_s,
-                      speedup_vs_bucket=speedup, solve_time_s=solve_time_s)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    return StepResult(step=step, plan_json=text, digest=digest, gap=plan.gap,
+                      predicted_step_time_s=plan.predicted_step_time_s, speedup_vs_bucket=speedup,
+                      solve_time_s=solve_time_s,
+                      group_views=tuple(group_view_templates(text, digest=digest)))
 
 
 def plan_step(task: StepTask) -> StepResult:

@@ -166,14 +166,15 @@ def _layout(table: CostTable, multiset: list[int]) -> _Layout | None:
                    area_rank=rank[:, cols].astype(np.float64))
 
 
-def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: float | None = None
-        ) -> list[_Group] | None:
+def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: float | None = None,
+        strict: bool = False) -> list[_Group] | None:
     """Assign samples to the groups of a multiset.
 
     Without a target: earliest finish first (LPT). With a target makespan: among the groups
     where the sample finishes by the target, the one that runs it in the fewest GPU-seconds
     (then the fullest: best fit); earliest finish when no group meets the target. Each group
     fills its last micro-batch until the next sample does not fit, then opens another.
+    ``strict`` gives up (None) as soon as a sample cannot meet the target.
     """
     layout = _layout(table, multiset)
     if layout is None:
@@ -187,33 +188,125 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
     scale = 4.0 * (target_s or 1.0) + 1.0  # key = area rank * scale - finish orders both
     keys = layout.area_rank * scale
     inf = np.inf
-    for i in order:
-        c = cls[i]
+    # Runs of identical samples (same class, consecutive in the order) are placed in bulk: the
+    # chosen group keeps taking copies while the per-sample rule would still choose it.
+    pos = 0
+    while pos < len(order):
+        c = cls[order[pos]]
+        end = pos + 1
+        while end < len(order) and cls[order[end]] == c:
+            end += 1
         m_row = layout.mem_bytes[c]
-        need = free < m_row
-        finish = load + layout.time_s[c] + o * need
-        gi = -1
-        if target_s is not None:
-            key = np.where(finish <= target_s, keys[c] - finish, inf)
-            gi = int(key.argmin())
-            if key[gi] == inf:
-                gi = -1
-        if gi < 0:
-            gi = int(finish.argmin())
-            if finish[gi] == inf:
-                return None
-        g = groups[gi]
-        if need[gi]:
-            g.mbs.append([i])
-            g.free_bytes.append(budget - m_row[gi])
-        else:
-            g.mbs[-1].append(i)
-            g.free_bytes[-1] -= m_row[gi]
-        free[gi] = g.free_bytes[-1]
-        load[gi] = finish[gi]
+        t_row = layout.time_s[c]
+        while pos < end:
+            need = free < m_row
+            finish = load + t_row + o * need
+            gi = -1
+            limit = inf
+            if target_s is not None:
+                key = np.where(finish <= target_s, keys[c] - finish, inf)
+                gi = int(key.argmin())
+                if key[gi] == inf:
+                    if strict:
+                        return None
+                    gi = -1
+                else:
+                    limit = target_s
+            if gi < 0:
+                gi = int(finish.argmin())
+                if finish[gi] == inf:
+                    return None
+                if end - pos > 1 and num_groups > 1:
+                    finish[gi] = inf
+                    limit = float(finish.min())
+            g = groups[gi]
+            t, m = float(t_row[gi]), float(m_row[gi])
+            ld, fr = float(load[gi]), float(free[gi])
+            first = True
+            while pos < end:
+                opens = fr < m
+                nxt = ld + t + (o if opens else 0.0)
+                if not first and nxt > limit:
+                    break
+                first = False
+                i = order[pos]
+                if opens:
+                    fr = budget - m
+                    g.mbs.append([i])
+                    g.free_bytes.append(fr)
+                else:
+                    fr -= m
+                    g.mbs[-1].append(i)
+                    g.free_bytes[-1] = fr
+                ld = nxt
+                pos += 1
+            load[gi], free[gi] = ld, fr
     for gi, g in enumerate(groups):
         g.load_s = float(load[gi])
     return groups
+
+
+def packed_multiset(table: CostTable, order: list[int], *, target_s: float) -> list[int] | None:
+    """The groups a target makespan calls for: bin packing with groups opened on demand.
+
+    Each sample (decreasing work) goes to the fullest open group of its most efficient size
+    that meets the target, or opens one. The result accounts for whole samples (two samples
+    that each need half the target on a group of 4 need two such groups), which the
+    fractional demands of ``candidate_multisets`` do not. Returns the multiset, filled up to
+    the world size with the smallest groups, or None if it needs more ranks than the world has
+    or a sample cannot meet the target.
+    """
+    cluster = table.cost_model.cluster
+    n = cluster.num_gpus
+    sizes = np.asarray(table.sizes, dtype=np.float64)
+    o, budget = table.overhead_s, table.budget_bytes
+    meets = table.time_s + o <= target_s
+    if not meets.any(axis=1).all():
+        return None
+    area = np.where(meets, table.time_s * sizes[None, :], np.inf)
+    best_col = area.argmin(axis=1)
+    cls = table.classes.class_of
+    # Open groups per size column: lists of [load, free bytes of the open micro-batch].
+    open_groups: dict[int, list[list[float]]] = {}
+    used = 0
+    pos = 0
+    while pos < len(order):
+        c = cls[order[pos]]
+        end = pos + 1
+        while end < len(order) and cls[order[end]] == c:
+            end += 1
+        j = int(best_col[c])
+        t, m = float(table.time_s[c, j]), float(table.mem_bytes[c, j])
+        pool = open_groups.setdefault(j, [])
+        while pos < end:
+            # Fullest group that still meets the target with one more copy.
+            best_k, best_finish = -1, -1.0
+            for k, (ld, fr) in enumerate(pool):
+                finish = ld + t + (o if fr < m else 0.0)
+                if finish <= target_s and finish > best_finish:
+                    best_k, best_finish = k, finish
+            if best_k < 0:
+                used += table.sizes[j]
+                if used > n:
+                    return None
+                pool.append([0.0, -1.0])
+                best_k = len(pool) - 1
+            state = pool[best_k]
+            first = True
+            while pos < end:
+                opens = state[1] < m
+                nxt = state[0] + t + (o if opens else 0.0)
+                if not first and nxt > target_s:
+                    break
+                first = False
+                state[1] = budget - m if opens else state[1] - m
+                state[0] = nxt
+                pos += 1
+    filler = fill_ranks(n - used, table.sizes)
+    if filler is None:
+        return None
+    multiset = [table.sizes[j] for j, pool in open_groups.items() for _ in pool] + filler
+    return sorted(multiset, reverse=True)
 
 
 def _group_time(table: CostTable, g: _Group) -> float:
@@ -324,31 +417,44 @@ def local_search(table: CostTable, groups: list[_Group], *, max_moves: int) -> N
 
 
 def _swap(table: CostTable, groups: list[_Group], top: int, load: np.ndarray, counts: np.ndarray,
-          time_s: np.ndarray, refresh: Callable[[int], None]) -> bool:
-    """Swap a sample of the slowest group with a cheaper one elsewhere; True if it helped."""
+          time_s: np.ndarray, refresh: Callable[[int], None], *, max_tries: int = 4) -> bool:
+    """Swap a sample of the slowest group with a cheaper one elsewhere; True if it helped.
+
+    Every (class on the slowest group, other group, class there) triple is scored at once; the
+    few best are tried with exact micro-batch packing, the first that lowers both groups below
+    the current makespan is kept.
+    """
     cls = table.classes.class_of
     g = groups[top]
     current = load[top]
     present = counts > 0
     present[top] = False
-    tried: set[int] = set()
-    candidates = []
+    firsts: dict[int, int] = {}
     for mb in g.mbs:
         for i in mb:
-            if cls[i] not in tried:
-                tried.add(cls[i])
-                candidates.append(i)
-    for i in candidates:
-        ci = cls[i]
-        # new_top[k] for every class k; new_h[h, k] for every group and class.
-        new_top = current - time_s[ci, top] + time_s[:, top]
-        with np.errstate(invalid="ignore"):
-            new_h = load[:, None] - time_s.T + time_s[ci][:, None]
-        cand = np.where(present, np.maximum(new_h, new_top[None, :]), np.inf)
-        flat = int(np.argmin(cand))
-        h, ck = divmod(flat, cand.shape[1])
-        if not cand[h, ck] < current * (1 - 1e-12):
+            firsts.setdefault(cls[i], i)
+    top_classes = np.array(sorted(firsts), dtype=np.int64)
+    # new_top[a, k]: slowest group after swapping class top_classes[a] out and k in.
+    new_top = current - time_s[top_classes, top][:, None] + time_s[:, top][None, :]
+    with np.errstate(invalid="ignore"):
+        # new_h[a, h, k]: group h after swapping k out and class top_classes[a] in.
+        new_h = load[None, :, None] - time_s.T[None, :, :] + time_s[top_classes][:, :, None]
+        cand = np.maximum(new_h, new_top[:, None, :])
+    cand = np.where(present[None, :, :], cand, np.inf)
+    cand[np.isnan(cand)] = np.inf
+    flat = cand.ravel()
+    good = np.flatnonzero(flat < current * (1 - 1e-12))
+    if good.size == 0:
+        return False
+    tries = good[np.argsort(flat[good], kind="stable")][:max_tries]
+    num_groups, num_classes = cand.shape[1], cand.shape[2]
+    for index in tries:
+        a, rest = divmod(int(index), num_groups * num_classes)
+        h, ck = divmod(rest, num_classes)
+        ci = int(top_classes[a])
+        if ci == ck:
             continue
+        i = firsts[ci]
         other = groups[h]
         k = next(x for m in other.mbs for x in m if cls[x] == ck)
         saved = ([list(m) for m in g.mbs], list(g.free_bytes),
@@ -380,8 +486,8 @@ def to_draft(table: CostTable, groups: list[_Group]) -> Draft:
 
 
 def heuristic_plan(table: CostTable, *, makespan_hint_s: float, num_candidates: int,
-                   num_lpt_runs: int, max_moves: int, num_refined: int = 2
-                   ) -> tuple[Draft, list[list[int]]]:
+                   num_lpt_runs: int, max_moves: int, num_refined: int = 2,
+                   num_target_probes: int = 4) -> tuple[Draft, list[list[int]]]:
     """The heuristic's best draft and the multisets it tried.
 
     Args:
@@ -391,7 +497,9 @@ def heuristic_plan(table: CostTable, *, makespan_hint_s: float, num_candidates: 
         num_lpt_runs: Most (multiset, target) LPT runs, in order of promise: every multiset
             with no target and with the bound as target, then the looser targets.
         max_moves: Local-search moves per refined candidate.
-        num_refined: How many of the best LPT candidates get the local search.
+        num_refined: How many of the best multisets get the target bisection, and how many of
+            the best results the local search.
+        num_target_probes: Bisection steps on the target makespan per refined multiset.
 
     Raises:
         ValueError: when no multiset of allowed sizes can hold the batch.
@@ -421,6 +529,40 @@ def heuristic_plan(table: CostTable, *, makespan_hint_s: float, num_candidates: 
         raise ValueError(f"no candidate partition of the world can hold every sample "
                          f"(sizes {table.sizes})")
     scored.sort(key=lambda item: (item[0], item[1]))
+    probed: list[tuple[float, int, list[_Group]]] = []
+    # Bisection on the target of the on-demand packing, whose multisets then get the LPT.
+    lo, hi = makespan_hint_s, scored[0][0]
+    seen = {tuple(ms) for ms in multisets}
+    for _ in range(num_target_probes + 2):
+        mid = 0.5 * (lo + hi)
+        ms_new = packed_multiset(table, order, target_s=mid)
+        if ms_new is None:
+            lo = mid
+            continue
+        hi = mid
+        if tuple(ms_new) in seen:
+            continue
+        seen.add(tuple(ms_new))
+        for target in (mid, None):
+            trial = lpt(table, ms_new, order, target_s=target)
+            if trial is not None:
+                probed.append((max(g.load_s for g in trial), -1 - len(probed), trial))
+    scored = sorted(scored + probed, key=lambda item: (item[0], item[1]))
+    probed = []
+    # Bisection on the target makespan for the best multisets: the smallest target every sample
+    # can meet (strict LPT), between the bound and the best makespan found.
+    for rank, (makespan, _, groups) in enumerate(scored[:max(1, num_refined)]):
+        ms = sorted((g.size for g in groups), reverse=True)
+        lo, hi = makespan_hint_s, makespan
+        for probe in range(num_target_probes):
+            mid = 0.5 * (lo + hi)
+            trial = lpt(table, ms, order, target_s=mid, strict=True)
+            if trial is None:
+                lo = mid
+                continue
+            hi = max(g.load_s for g in trial)
+            probed.append((hi, len(runs) + rank * num_target_probes + probe, trial))
+    scored = sorted(scored + probed, key=lambda item: (item[0], item[1]))
     best_groups: list[_Group] | None = None
     best_time = np.inf
     for _, _, groups in scored[:max(1, num_refined)]:
