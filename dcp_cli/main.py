@@ -13,6 +13,7 @@ import typer
 
 from dcp_cli import cost, serve
 from dcp_cli import epoch as epoch_cmd
+from dcp_cli import plan as plan_cmd
 from dcp_cli import profile as profile_cmds
 
 app = typer.Typer(
@@ -31,7 +32,7 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
     )
 
 
-for _module in (cost, serve, epoch_cmd, profile_cmds):
+for _module in (cost, serve, epoch_cmd, profile_cmds, plan_cmd):
     _module.register(app)
 
 if __name__ == "__main__":
