@@ -23,7 +23,6 @@ from api.deps import ServiceState
 from api.jobs import JobManager
 from api.limits import BodySizeLimitMiddleware
 from api.metrics import LatencyMiddleware, Metrics
-from api.plancache import PlanCache
 from api.registry import CostModelRegistry
 from api.routers import cost_models, epochs, health, plans
 from api.settings import Settings
@@ -61,8 +60,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                           num_workers=settings.num_workers,
                           write_batch_steps=settings.write_batch_steps, metrics=metrics)
         state = ServiceState(settings=settings, store=store, registry=registry, executor=executor,
-                             jobs=jobs, metrics=metrics,
-                             cache=PlanCache(max_steps=settings.plan_cache_size))
+                             jobs=jobs, metrics=metrics)
         app.state.service = state
 
         async def warm() -> None:

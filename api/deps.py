@@ -12,7 +12,6 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.jobs import JobManager
 from api.metrics import Metrics
-from api.plancache import PlanCache
 from api.registry import CostModelRegistry
 from api.settings import Settings
 from api.store import PlanStore
@@ -34,8 +33,6 @@ class ServiceState:
     """Epoch jobs."""
     metrics: Metrics
     """Prometheus metrics."""
-    cache: PlanCache
-    """Rank views of recently fetched steps."""
     ready: bool = field(default=False)
     """True once the pool's workers are started."""
 

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import threading
 import time
@@ -94,7 +95,7 @@ def run_epoch_job(store: PlanStore, epoch_id: str, *, get_cost_model: Callable[[
                   should_stop: Callable[[], bool] = lambda: False,
                   stop_state: Callable[[], str] = lambda: "cancelled",
                   on_written: Callable[[int], None] = lambda n: None,
-                  metrics: Metrics | None = None) -> EpochRecord:
+                  metrics: Metrics | None = None, max_steps: int | None = None) -> EpochRecord:
     """Plan every step of a stored job that has no plan yet; record the final state.
 
     Args:
@@ -108,6 +109,7 @@ def run_epoch_job(store: PlanStore, epoch_id: str, *, get_cost_model: Callable[[
         stop_state: The state a stopped job gets (``cancelled``, or ``queued`` at shutdown).
         on_written: Called with the number of new steps after each write.
         metrics: Service metrics, if any.
+        max_steps: Plan at most this many of the pending steps (the job stays queued).
 
     Returns:
         The job as stored at the end (done, failed, cancelled or queued).
@@ -121,7 +123,10 @@ def run_epoch_job(store: PlanStore, epoch_id: str, *, get_cost_model: Callable[[
         if cost_model.digest() != record.spec["cost_model_digest"]:
             raise ValueError(f"cost model {cost_model.id!r} changed since the job was created")
         cluster = ClusterSpec.model_validate(record.spec["cluster"])
-        run_epoch(_tasks(store, record, cluster, cost_model), executor=executor,
+        tasks = _tasks(store, record, cluster, cost_model)
+        if max_steps is not None:
+            tasks = itertools.islice(tasks, max_steps)
+        run_epoch(tasks, executor=executor,
                   sink=_MeteredSink(store, epoch_id, metrics), max_in_flight=2 * num_workers,
                   write_batch_steps=write_batch_steps, should_stop=should_stop,
                   on_written=on_written)
@@ -131,7 +136,9 @@ def run_epoch_job(store: PlanStore, epoch_id: str, *, get_cost_model: Callable[[
         logger.warning("epoch %s failed: %s", epoch_id, exc)
         store.set_state(epoch_id, "failed", error=f"{type(exc).__name__}: {exc}")
     else:
-        store.set_state(epoch_id, "done")
+        done = store.get_epoch(epoch_id)
+        complete = done is not None and done.steps_done >= done.steps_total
+        store.set_state(epoch_id, "done" if complete else "queued")
     final = store.get_epoch(epoch_id)
     assert final is not None
     return final

@@ -47,8 +47,6 @@ class Settings(BaseSettings):
         description="Default wall-clock safety cap of one plan (sync and epoch). The planner's "
                     "search budget is deterministic (PlannerConfig.cpsat_deterministic_time), so "
                     "a cap that is not hit keeps plans reproducible.")
-    plan_cache_size: int = Field(default=256, ge=0,
-                                 description="Steps whose rank views are kept in memory (LRU).")
     write_batch_steps: int = Field(default=16, gt=0,
                                    description="Epoch steps written per store transaction (at most).")
     resume_jobs: bool = Field(default=True,

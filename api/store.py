@@ -24,11 +24,11 @@ from typing import Any
 
 from costmodel.schema import CostModelFile
 from costmodel.specs import Sample
-from planner.epoch import StepResult
+from planner.epoch import StepResult, group_view_templates, rank_view_json
 
 logger = logging.getLogger(__name__)
 
-STORE_SCHEMA_VERSION = 1
+STORE_SCHEMA_VERSION = 2
 
 _MIGRATIONS: list[str] = [
     # 0 -> 1: initial schema.
@@ -67,6 +67,18 @@ _MIGRATIONS: list[str] = [
         predicted_step_time_s REAL NOT NULL,
         speedup_vs_bucket REAL,
         PRIMARY KEY (epoch_id, step)
+    );
+    """,
+    # 1 -> 2: rank views rendered at write time, one template per group (small rows, so a
+    # rank's fetch reads neither the whole plan nor parses it). Older rows are rendered on read.
+    """
+    CREATE TABLE plan_groups (
+        epoch_id TEXT NOT NULL,
+        step INTEGER NOT NULL,
+        first_rank INTEGER NOT NULL,
+        last_rank INTEGER NOT NULL,
+        view TEXT NOT NULL,
+        PRIMARY KEY (epoch_id, step, first_rank)
     );
     """,
 ]
@@ -309,7 +321,13 @@ class PlanStore:
                     "predicted_step_time_s, speedup_vs_bucket) VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (epoch_id, r.step, r.digest, r.plan_json, r.gap, r.predicted_step_time_s,
                      r.speedup_vs_bucket))
-                new += cur.rowcount
+                if cur.rowcount:
+                    new += 1
+                    views = r.group_views or tuple(group_view_templates(r.plan_json, digest=r.digest))
+                    conn.executemany(
+                        "INSERT INTO plan_groups(epoch_id, step, first_rank, last_rank, view) "
+                        "VALUES (?, ?, ?, ?, ?)",
+                        [(epoch_id, r.step, first, last, view) for first, last, view in views])
             conn.execute("UPDATE epochs SET steps_done = steps_done + ? WHERE id=?", (new, epoch_id))
             conn.execute("COMMIT")
         except BaseException:
@@ -322,6 +340,26 @@ class PlanStore:
         row = self._conn().execute("SELECT digest, plan FROM plans WHERE epoch_id=? AND step=?",
                                    (epoch_id, step)).fetchone()
         return None if row is None else (row["digest"], row["plan"])
+
+    def get_rank_view(self, epoch_id: str, step: int, rank: int) -> str | None:
+        """The ``RankPlan`` JSON of ``rank`` at a stored step, or None when the step is not stored.
+
+        Raises:
+            ValueError: when the step is stored but the rank is outside its world.
+        """
+        conn = self._conn()
+        row = conn.execute(
+            "SELECT last_rank, view FROM plan_groups WHERE epoch_id=? AND step=? AND first_rank<=? "
+            "ORDER BY first_rank DESC LIMIT 1", (epoch_id, step, rank)).fetchone()
+        if row is not None and rank <= row["last_rank"]:
+            return rank_view_json(row["view"], rank)
+        found = self.get_plan(epoch_id, step)
+        if found is None:
+            return None
+        for first, last, view in group_view_templates(found[1], digest=found[0]):
+            if first <= rank <= last:
+                return rank_view_json(view, rank)
+        raise ValueError(f"rank {rank} is not in the world of step {step} of epoch {epoch_id!r}")
 
     def get_plans(self, epoch_id: str, *, start: int, stop: int) -> list[tuple[int, str, str]]:
         """``(step, digest, plan JSON)`` of the stored steps in ``[start, stop)``, ascending."""

@@ -99,8 +99,7 @@ def register(app: typer.Typer) -> None:
             try:
                 final = run_epoch_job(
                     store, eid, get_cost_model=registry.get, executor=executor, num_workers=workers,
-                    should_stop=lambda: max_steps is not None and new_steps >= max_steps,
-                    stop_state=lambda: "queued", on_written=on_written)
+                    stop_state=lambda: "queued", on_written=on_written, max_steps=max_steps)
             finally:
                 executor.shutdown(wait=False, cancel_futures=True)
         summary = store.summary(eid)

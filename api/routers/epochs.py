@@ -167,13 +167,10 @@ async def get_rank_step(epoch_id: EpochId, step: StepIndex,
                         rank: Annotated[int, Path(ge=0, description="Global rank.")],
                         state: State) -> Response:
     """Rank ``rank``'s part of one step (its group and micro-batches) with the plan digest."""
-    views = state.cache.get(epoch_id, step)
-    if views is None:
-        found = state.store.get_plan(epoch_id, step)
-        if found is None:
-            return _missing_step(_record(state, epoch_id), step)
-        digest, plan_json = found
-        views = state.cache.put(epoch_id, step, digest=digest, plan_json=plan_json)
-    if rank >= len(views):
-        not_found(f"rank {rank} is not in this plan's world of {len(views)}")
-    return Response(content=views[rank], media_type="application/json")
+    try:
+        view = state.store.get_rank_view(epoch_id, step, rank)
+    except ValueError as exc:
+        not_found(str(exc))
+    if view is None:
+        return _missing_step(_record(state, epoch_id), step)
+    return Response(content=view, media_type="application/json")

@@ -16,6 +16,7 @@ from api.store import (
 from costmodel.presets import default_cost_model_file
 from costmodel.specs import Sample
 from planner.epoch import StepResult
+from planner.plan import RankPlan
 
 
 def _result(step: int, digest: str = "d" * 64) -> StepResult:
@@ -95,3 +96,30 @@ def test_cost_models(tmp_path: Path) -> None:
         store.put_cost_model(changed)
     assert store.get_cost_model("mine") == file
     assert [f.id for f in store.list_cost_models()] == ["mine"]
+
+
+def test_migration_from_v1_keeps_plans_and_serves_rank_views(tmp_path: Path) -> None:
+    from api.store import _MIGRATIONS
+    from costmodel.presets import load_cluster
+    from planner.planning import plan_batch
+
+    path = tmp_path / "v1.sqlite"
+    with sqlite3.connect(path) as conn:  # a store written by schema version 1
+        conn.executescript(_MIGRATIONS[0])
+        conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+        conn.execute("INSERT INTO epochs(id, state, spec, steps_total, steps_done, created_at) "
+                     "VALUES ('old', 'done', '{}', 1, 1, 0)")
+        samples = [Sample(id=f"m{i}", tokens=1000 * (i + 1)) for i in range(6)]
+        plan = plan_batch(samples, cluster=load_cluster("h200x8"),
+                          cost_model=default_cost_model_file("llama-7b", "h200-sxm"), step=0)
+        conn.execute("INSERT INTO plans VALUES ('old', 0, ?, ?, 0.1, 1.0, NULL)",
+                     (plan.digest(), plan.canonical_json()))
+    store = PlanStore.open(path)
+    assert store.schema_version() == STORE_SCHEMA_VERSION
+    for rank in range(8):
+        view = store.get_rank_view("old", 0, rank)
+        assert view is not None
+        assert RankPlan.model_validate_json(view) == plan.rank_view(rank)
+    with pytest.raises(ValueError, match="rank 8"):
+        store.get_rank_view("old", 0, 8)
+    assert store.get_rank_view("old", 1, 0) is None
