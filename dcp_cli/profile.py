@@ -76,6 +76,9 @@ def register(app: typer.Typer) -> None:
         warmup: int = typer.Option(2, help="Untimed runs per point."),
         repeats: int = typer.Option(7, help="Timed runs per point (median recorded)."),
         threads: int = typer.Option(0, help="CPU threads for torch (0 = leave as is)."),
+        cpu_clock: str = typer.Option(
+            "wall", help="CPU timer: wall (perf_counter) or thread (CPU time of the one torch "
+                         "thread; robust on a shared machine, needs --threads 1)."),
         seed: int = typer.Option(0, help="Seed of weights, inputs and packings."),
     ) -> None:
         """Profile real transformer blocks: time and activation bytes per micro-batch and policy."""
@@ -102,7 +105,10 @@ def register(app: typer.Typer) -> None:
                 frames=_ints(frames, "frames"), layer_counts=_ints(layer_counts, "layer_counts"),
                 policies=policies,  # type: ignore[arg-type]
                 num_head_sizes=head_sizes, warmup=warmup, repeats=repeats, seed=seed,
+                cpu_clock=cpu_clock,  # type: ignore[arg-type]
             )
+            if cpu_clock == "thread" and torch.get_num_threads() != 1:
+                raise ValueError("--cpu-clock thread needs --threads 1")
             if max(config.layer_counts) > shape.num_layers:
                 raise ValueError(f"layer_counts={config.layer_counts} exceed profiled.num_layers="
                                  f"{shape.num_layers} (raise --layers)")
@@ -110,7 +116,8 @@ def register(app: typer.Typer) -> None:
             dtype_name = dtype or ("float32" if device == "cpu" else "bfloat16")
             header = make_header(model=full, profiled=shape, hardware=hardware or device,
                                  device=torch_device, dtype=dtype_name,
-                                 notes=f"dcp profile --model {model} --device {device}")
+                                 notes=f"dcp profile --model {model} --device {device}",
+                                 cpu_clock=config.cpu_clock)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,8 @@ Run on every rank of an initialised ``torch.distributed`` world (``dcp profile-c
 world is tiled from rank 0 with groups ``[0, d), [d, 2d), ...`` (ranks left over sit idle), and
 every group is created once, up front, in the same order on every rank. All groups of one size
 run at the same time, as they do in training. Each rank times each operation after a group
-barrier; a record's time is the slowest rank's median (and the slowest rank's min and max).
+barrier, interleaving the (op, message size) points round by round; a record's time is the
+slowest rank's median (and the slowest rank's min and max).
 
 A group's placement comes from the nodes it spans: ranks are put on nodes by host name (or by
 ``gpus_per_node`` when given, e.g. to emulate several nodes on one machine).
@@ -108,29 +109,37 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time_op(op: str, group: _Group, numel: int, *, device: torch.device, config: CommSweepConfig
-             ) -> tuple[float, float, float]:
-    send = torch.ones(numel, dtype=torch.float32, device=device)
-    recv = torch.empty_like(send)
+def _time_points(points: list[tuple[str, int]], group: _Group, *, device: torch.device,
+                 config: CommSweepConfig) -> list[tuple[float, float, float]]:
+    """(median, min, max) seconds of each ``(op, numel)`` point on this rank's group.
 
-    def run() -> None:
-        if op == "alltoall":
+    Points are interleaved: every round runs each point once (after a group barrier), so that a
+    busy period of the machine is spread over all points.
+    """
+    buffers = [(torch.ones(numel, dtype=torch.float32, device=device),
+                torch.empty(numel, dtype=torch.float32, device=device)) for _, numel in points]
+
+    def run(i: int) -> None:
+        send, recv = buffers[i]
+        if points[i][0] == "alltoall":
             dist.all_to_all_single(recv, send, group=group.handle)
         else:
             dist.all_reduce(send, group=group.handle)
 
-    for _ in range(config.warmup):
-        run()
+    for i in range(len(points)):
+        for _ in range(config.warmup):
+            run(i)
     _sync(device)
-    times = []
+    times: list[list[float]] = [[] for _ in points]
     for _ in range(config.repeats):
-        dist.barrier(group=group.handle)
-        _sync(device)
-        t0 = time.perf_counter()
-        run()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), min(times), max(times)
+        for i in range(len(points)):
+            dist.barrier(group=group.handle)
+            _sync(device)
+            t0 = time.perf_counter()
+            run(i)
+            _sync(device)
+            times[i].append(time.perf_counter() - t0)
+    return [(statistics.median(t), min(t), max(t)) for t in times]
 
 
 def run_comm_sweep(config: CommSweepConfig, *, device: torch.device,
@@ -144,30 +153,33 @@ def run_comm_sweep(config: CommSweepConfig, *, device: torch.device,
     if world < 2:
         raise ValueError("profile-comm needs at least 2 ranks (run it under torchrun)")
     groups = create_groups(config)
-    sizes = sorted({d for d in (g.size for g in groups)})
+    sizes = sorted({g.size for g in groups})
     byte_counts = log_sizes(config.bytes_min, config.bytes_max, config.num_sizes)
-    points = [(op, d, b) for op in config.ops for d in sizes for b in byte_counts]
     backend = str(dist.get_backend())
     records: list[CommRecord] = []
-    for i, (op, d, nbytes) in enumerate(points):
+    for step, d in enumerate(sizes):
         of_size = [g for g in groups if g.size == d]
-        numel = max(d, nbytes // ELEMENT_BYTES // d * d)  # all-to-all splits evenly
-        stats = torch.zeros(len(of_size), 3, dtype=torch.float64, device=device)
+        # all-to-all splits evenly: a multiple of d elements
+        points = [(op, max(d, nbytes // ELEMENT_BYTES // d * d)) for op in config.ops for nbytes in byte_counts]
+        stats = torch.zeros(len(points), len(of_size), 3, dtype=torch.float64, device=device)
         dist.barrier()
         for j, group in enumerate(of_size):
             if rank in group.ranks:
-                stats[j] = torch.tensor(_time_op(op, group, numel, device=device, config=config),
-                                        dtype=torch.float64)
+                measured = _time_points(points, group, device=device, config=config)
+                stats[:, j] = torch.tensor(measured, dtype=torch.float64, device=device)
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)  # the slowest rank of each group
         if progress is not None and rank == 0:
-            progress(i + 1, len(points), f"{op} d={d} {numel * ELEMENT_BYTES} B")
-        if rank == 0:
+            progress(step + 1, len(sizes), f"group size {d}: {len(points)} points")
+        if rank != 0:
+            continue
+        host = stats.cpu()
+        for i, (op, numel) in enumerate(points):
             for j, group in enumerate(of_size):
-                median, lo, hi = (float(v) for v in stats[j].tolist())
+                median, lo, hi = (float(v) for v in host[i, j].tolist())
                 records.append(CommRecord(
                     op=op, group_size=d, num_nodes=group.num_nodes,  # type: ignore[arg-type]
                     bytes_per_rank=float(numel * ELEMENT_BYTES), time_s=median, time_s_min=lo,
                     time_s_max=hi, num_repeats=config.repeats, backend=backend,
                 ))
-    logger.info("rank %d: communication sweep of %d points done", rank, len(points))
+    logger.info("rank %d: communication sweep of %d group sizes done", rank, len(sizes))
     return records

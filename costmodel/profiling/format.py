@@ -77,6 +77,9 @@ class ProfileHeader(_Record):
         default=None, description="Shape that actually ran (layers, width, vocabulary may be smaller)."
     )
     num_threads: int = Field(default=0, ge=0, description="CPU threads used by torch (0 = unknown).")
+    timer: Literal["", "cuda_events", "perf_counter", "thread_time"] = Field(
+        default="", description="How times were taken ('' = not stated)."
+    )
     world_size: int = Field(default=1, gt=0, description="Ranks in a communication profile.")
     versions: dict[str, str] = Field(default_factory=dict, description="python, torch, dcp versions.")
     notes: str = Field(default="", description="Free text: command line, machine.")

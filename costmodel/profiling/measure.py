@@ -1,7 +1,10 @@
 """Measure one micro-batch: forward+backward time and exact activation bytes.
 
 Time: ``warmup`` untimed runs, then ``repeats`` timed runs; CUDA events on a GPU,
-``time.perf_counter`` on the CPU. The median is the measurement, min and max its spread.
+``time.perf_counter`` on the CPU (``clock="wall"``) or, on a shared CPU, the calling thread's CPU
+time (``clock="thread"``, ``time.thread_time``: with one torch thread, forward and backward both
+run on the calling thread, and time the scheduler gives to other processes is not counted). The
+median is the measurement, min and max its spread.
 
 Activation bytes (device independent): while the forward runs, a ``saved_tensors_hooks`` pair
 records the storage of every tensor autograd saves for backward; checkpointed layers save nothing
@@ -18,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -44,11 +48,16 @@ class Timing:
             raise ValueError(f"num_repeats must be positive, got {self.num_repeats}")
 
 
-def time_runs(fn: Callable[[], object], *, device: torch.device, warmup: int, repeats: int) -> Timing:
+CpuClock = Literal["wall", "thread"]
+
+
+def time_runs(fn: Callable[[], object], *, device: torch.device, warmup: int, repeats: int,
+              clock: CpuClock = "wall") -> Timing:
     """Run ``fn`` ``warmup`` times untimed, then time ``repeats`` runs.
 
     Raises:
-        ValueError: when ``repeats`` < 1 or ``warmup`` < 0.
+        ValueError: when ``repeats`` < 1 or ``warmup`` < 0, or for the thread clock with more
+            than one torch thread (the other threads' work would not be counted).
     """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
@@ -65,17 +74,21 @@ def time_runs(fn: Callable[[], object], *, device: torch.device, warmup: int, re
             end.synchronize()
             times.append(start.elapsed_time(end) / 1e3)
     else:
+        if clock == "thread" and torch.get_num_threads() != 1:
+            raise ValueError(f"clock='thread' needs torch.set_num_threads(1), got {torch.get_num_threads()}")
+        now = time.thread_time if clock == "thread" else time.perf_counter
         for _ in range(repeats):
-            t0 = time.perf_counter()
+            t0 = now()
             fn()
-            times.append(time.perf_counter() - t0)
+            times.append(now() - t0)
     return Timing(time_s=statistics.median(times), time_s_min=min(times), time_s_max=max(times),
                   num_repeats=repeats)
 
 
 
 def time_interleaved(steps: Sequence[Callable[[], object]], *, device: torch.device, warmup: int,
-                     repeats: int, progress: Callable[[int, int], None] | None = None) -> list[Timing]:
+                     repeats: int, progress: Callable[[int, int], None] | None = None,
+                     clock: CpuClock = "wall") -> list[Timing]:
     """Time many steps in rounds: every round runs each step once, in order.
 
     Interleaving spreads slow periods of a shared machine over all steps instead of letting them
@@ -93,7 +106,7 @@ def time_interleaved(steps: Sequence[Callable[[], object]], *, device: torch.dev
     total, done = len(steps) * repeats, 0
     for _ in range(repeats):
         for i, step in enumerate(steps):
-            times[i].append(time_runs(step, device=device, warmup=0, repeats=1).time_s)
+            times[i].append(time_runs(step, device=device, warmup=0, repeats=1, clock=clock).time_s)
             done += 1
             if progress is not None:
                 progress(done, total)

@@ -24,6 +24,7 @@ import torch
 from costmodel.profiling.blocks import SampleShape, build_head, build_layers
 from costmodel.profiling.format import ComputeRecord, HeadRecord, ProfileHeader
 from costmodel.profiling.measure import (
+    CpuClock,
     MemoryMeasurement,
     head_activation_bytes,
     make_head_step,
@@ -69,6 +70,8 @@ class SweepConfig:
     """Timed runs (the median is recorded)."""
     seed: int = 0
     """Seed of the packings and the weights."""
+    cpu_clock: CpuClock = "wall"
+    """CPU timer: ``wall`` (perf_counter) or ``thread`` (the thread's CPU time; one torch thread)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.tokens_min <= self.tokens_max:
@@ -81,6 +84,8 @@ class SweepConfig:
             raise ValueError(f"layer_counts must be positive, got {self.layer_counts}")
         if any(f < 1 for f in self.frames):
             raise ValueError(f"frames must be positive, got {self.frames}")
+        if self.cpu_clock not in ("wall", "thread"):
+            raise ValueError(f"cpu_clock must be wall or thread, got {self.cpu_clock!r}")
         if self.repeats < 1 or self.warmup < 0 or self.num_head_sizes < 0 or self.num_packed < 0:
             raise ValueError(
                 f"need repeats >= 1, warmup >= 0, num_head_sizes >= 0, num_packed >= 0; got "
@@ -143,7 +148,7 @@ def plan_runs(spec: ModelSpec, config: SweepConfig) -> list[tuple[list[SampleSha
 
 
 def make_header(*, model: ModelSpec, profiled: ModelSpec, hardware: str, device: torch.device,
-                dtype: str, notes: str = "") -> ProfileHeader:
+                dtype: str, notes: str = "", cpu_clock: CpuClock = "wall") -> ProfileHeader:
     """The header of a compute profile made on this machine."""
     import costmodel
 
@@ -152,6 +157,8 @@ def make_header(*, model: ModelSpec, profiled: ModelSpec, hardware: str, device:
         hardware=hardware, device="cuda" if device.type == "cuda" else "cpu", device_name=name or "",
         dtype=dtype,  # type: ignore[arg-type]
         model=model, profiled=profiled, num_threads=torch.get_num_threads(),
+        timer="cuda_events" if device.type == "cuda" else
+        ("thread_time" if cpu_clock == "thread" else "perf_counter"),
         versions={"python": platform.python_version(), "torch": torch.__version__,
                   "dcp": getattr(costmodel, "__version__", "0")},
         notes=notes,
@@ -222,7 +229,7 @@ def run_sweep(profiled: ModelSpec, config: SweepConfig, *, device: torch.device,
                                   f"/{config.repeats}")
 
     timings = time_interleaved(steps, device=device, warmup=config.warmup, repeats=config.repeats,
-                               progress=tick)
+                               progress=tick, clock=config.cpu_clock)
     records: list[ComputeRecord | HeadRecord] = []
     for (batch, n, k), mem, t in zip(runs, memory, timings, strict=False):
         records.append(ComputeRecord(

@@ -27,7 +27,8 @@ from costmodel.schema import CostModelFile  # noqa: E402
 from dcp_cli.main import app  # noqa: E402
 
 TINY = SweepConfig(tokens_min=64, tokens_max=512, num_sizes=4, packings=(2, 3), num_packed=2,
-                   frames=(1, 2, 4, 8), layer_counts=(1, 2), num_head_sizes=4, warmup=1, repeats=3)
+                   frames=(1, 2, 4, 8), layer_counts=(1, 2), num_head_sizes=4, warmup=1, repeats=3,
+                   cpu_clock="thread")
 SHAPES = {
     "llama-7b": {"hidden": 64, "num_heads": 4, "ffn_hidden": 172, "vocab": 512},
     "stdit3-xl": {"hidden": 64, "num_heads": 4, "ffn_hidden": 256, "cross_attention_tokens": 4},
@@ -49,7 +50,7 @@ def _profile(model_name: str, device: str = "cpu", dtype: str = "float32") -> Pr
     shape = narrowed(model, num_layers=2, **SHAPES[model_name])  # type: ignore[arg-type]
     records = run_sweep(shape, TINY, device=torch.device(device), dtype=dtype)
     header = make_header(model=model, profiled=shape, hardware="cpu", device=torch.device(device),
-                         dtype=dtype)
+                         dtype=dtype, cpu_clock=TINY.cpu_clock)
     return Profile(header=header, compute=[r for r in records if isinstance(r, ComputeRecord)],
                    head=[r for r in records if isinstance(r, HeadRecord)])
 
@@ -58,6 +59,7 @@ def _profile(model_name: str, device: str = "cpu", dtype: str = "float32") -> Pr
 @pytest.mark.parametrize("model_name", ["llama-7b", "stdit3-xl"])
 def test_cpu_profile_measures_and_fits(model_name: str) -> None:
     profile = _profile(model_name)
+    assert profile.header.timer == "thread_time"
     shape = profile.header.profiled
     assert shape is not None
     assert len(profile.compute) == len(plan_runs(shape, TINY))
@@ -89,6 +91,22 @@ def test_cpu_profile_measures_and_fits(model_name: str) -> None:
     assert t_full > t_none
     assert float(cm.activation_bytes(4096, group_size=1, recompute_layers=layers)) < float(
         cm.activation_bytes(4096, group_size=1, recompute_layers=0))
+
+
+def test_thread_clock_needs_one_torch_thread() -> None:
+    from costmodel.profiling.measure import time_runs
+
+    timing = time_runs(lambda: torch.ones(1000).sum(), device=torch.device("cpu"), warmup=1, repeats=3,
+                       clock="thread")
+    assert 0 < timing.time_s_min <= timing.time_s <= timing.time_s_max and timing.num_repeats == 3
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(ValueError, match="needs torch.set_num_threads"):
+            time_runs(lambda: None, device=torch.device("cpu"), warmup=0, repeats=1, clock="thread")
+    finally:
+        torch.set_num_threads(1)
+    with pytest.raises(ValueError, match="cpu_clock"):
+        SweepConfig(cpu_clock="sundial")  # type: ignore[arg-type]
 
 
 def test_checkpointing_does_not_change_gradients() -> None:
