@@ -126,15 +126,19 @@ def _largest_choice(time_s: np.ndarray, sizes: np.ndarray, others: np.ndarray, *
         free = active & ~forced
         need = float((a_rest[free] * others[free]).sum())
         # Fractional knapsack: relieve the most GPU-seconds per second of the big group.
-        movable = free & np.isfinite(t_big)
-        ratio = np.where(movable, a_rest / np.maximum(t_big, 1e-300), -np.inf)
+        movable = np.flatnonzero(free & np.isfinite(t_big) & (t_big > 0))
         relief = 0.0
-        for c in np.argsort(-ratio, kind="stable"):
-            if not movable[c] or cap <= 0:
-                break
-            take = min(float(others[c]), cap / float(t_big[c])) if t_big[c] > 0 else others[c]
-            relief += take * float(a_rest[c])
-            cap -= take * float(t_big[c])
+        if movable.size and cap > 0:
+            ratio = a_rest[movable] / t_big[movable]
+            pick = movable[np.argsort(-ratio, kind="stable")]
+            weight = t_big[pick] * others[pick]  # big-group seconds of each whole class
+            value = a_rest[pick] * others[pick]
+            filled = np.cumsum(weight)
+            whole = int(np.searchsorted(filled, cap, side="right"))
+            relief = float(value[:whole].sum())
+            if whole < pick.size:
+                used = float(filled[whole - 1]) if whole else 0.0
+                relief += float(value[whole]) * (cap - used) / float(weight[whole])
         return need - relief <= max(rest_ranks, 0.0) * (deadline - o) * (1 + 1e-12)
 
     lo, hi = floor_s, upper_s
@@ -148,7 +152,7 @@ def _largest_choice(time_s: np.ndarray, sizes: np.ndarray, others: np.ndarray, *
             hi = mid
         else:
             lo = mid
-        if hi - lo <= 1e-7 * hi:
+        if hi - lo <= 1e-5 * hi:
             break
     return lo
 

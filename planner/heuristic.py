@@ -417,7 +417,8 @@ def local_search(table: CostTable, groups: list[_Group], *, max_moves: int) -> N
 
 
 def _swap(table: CostTable, groups: list[_Group], top: int, load: np.ndarray, counts: np.ndarray,
-          time_s: np.ndarray, refresh: Callable[[int], None], *, max_tries: int = 4) -> bool:
+          time_s: np.ndarray, refresh: Callable[[int], None], *, max_tries: int = 4,
+          max_classes: int = 4) -> bool:
     """Swap a sample of the slowest group with a cheaper one elsewhere; True if it helped.
 
     Every (class on the slowest group, other group, class there) triple is scored at once; the
@@ -433,7 +434,9 @@ def _swap(table: CostTable, groups: list[_Group], top: int, load: np.ndarray, co
     for mb in g.mbs:
         for i in mb:
             firsts.setdefault(cls[i], i)
-    top_classes = np.array(sorted(firsts), dtype=np.int64)
+    # The classes that take longest on the slowest group are the ones worth swapping out.
+    top_classes = np.array(sorted(firsts, key=lambda c: (-time_s[c, top], c))[:max_classes],
+                           dtype=np.int64)
     # new_top[a, k]: slowest group after swapping class top_classes[a] out and k in.
     new_top = current - time_s[top_classes, top][:, None] + time_s[:, top][None, :]
     with np.errstate(invalid="ignore"):
@@ -504,7 +507,9 @@ def heuristic_plan(table: CostTable, *, makespan_hint_s: float, num_candidates: 
     Raises:
         ValueError: when no multiset of allowed sizes can hold the batch.
     """
-    multisets = candidate_multisets(table, makespan_s=makespan_hint_s, limit=num_candidates)
+    # Only as many multisets as the LPT runs can use (two runs each, then uniform ones).
+    multisets = candidate_multisets(table, makespan_s=makespan_hint_s,
+                                    limit=min(num_candidates, max(2, num_lpt_runs // 2 + 1)))
     if not multisets:
         raise ValueError(
             f"no partition of {table.cost_model.cluster.num_gpus} ranks into groups of sizes "

@@ -1,0 +1,222 @@
+"""Plan quality and planner latency over the workload presets (issue 3's benchmark).
+
+For every workload x cluster x global batch size, plans ``--steps`` seeded batches and reports:
+speedup over bucket parallel (auto SP size and SP=4), packed and greedy dynamic; the gap to the
+lower bound (mean, p95) and which bound is the tightest; planner latency (p50, p95) on one CPU
+core; then the quality reached at 50 ms / 200 ms / 1 s budgets (256 samples, 32 GPUs) and the
+planner's peak RSS for 1024 samples at 64 GPUs (measured in a fresh process). Latency is
+reported as wall time and as the process's CPU time: on a shared machine the CPU time is the
+better estimate of the single-core latency.
+
+Run from the repository root::
+
+    .venv/bin/python bench/plan_quality.py --quick          # a few minutes
+    .venv/bin/python bench/plan_quality.py                  # the full grid (20 steps per cell)
+
+It prints tables and writes ``bench/results/plan_quality[_quick].json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from costmodel.presets import default_cost_model_file, load_cluster, workload_names  # noqa: E402
+from planner.config import PlannerConfig  # noqa: E402
+from planner.planning import plan_batch  # noqa: E402
+from planner.workload import WorkloadSpec, sample_batch  # noqa: E402
+
+BASELINES = ("bucket", "bucket_sp4", "packed", "greedy")
+
+
+def _pin(cpu: int | None) -> str:
+    if cpu is None or not hasattr(os, "sched_setaffinity"):
+        return "unpinned"
+    os.sched_setaffinity(0, {cpu})
+    return f"cpu {cpu}"
+
+
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def run_cell(workload: str, cluster_name: str, num_samples: int, steps: int,
+             config: PlannerConfig, seed: int = 0) -> dict[str, Any]:
+    """Plan ``steps`` batches of one cell; summary and per-step rows."""
+    spec = WorkloadSpec.preset(workload)
+    cluster = load_cluster(cluster_name)
+    cmf = default_cost_model_file(spec.model, cluster.hardware.name)
+    rows = []
+    for step in range(steps):
+        samples = sample_batch(spec, num_samples=num_samples, seed=seed, step=step)
+        start, cpu_start = time.perf_counter(), time.process_time()
+        plan = plan_batch(samples, cluster=cluster, cost_model=cmf, config=config, step=step,
+                          reference_sample=spec.max_sample)
+        latency, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+        rows.append({
+            "step": step, "step_time_s": plan.predicted_step_time_s,
+            "bound_s": plan.lower_bound.value_s, "bound_kind": plan.lower_bound.kind,
+            "gap": plan.gap, "status": plan.solver.status, "method": plan.solver.method,
+            "latency_s": latency, "cpu_s": cpu, "baselines_s": plan.baselines_s,
+            "group_sizes": sorted((g.size for g in plan.groups), reverse=True),
+        })
+    summary: dict[str, Any] = {
+        "workload": workload, "cluster": cluster_name, "num_samples": num_samples,
+        "steps": steps,
+        "gap_mean": float(np.mean([r["gap"] for r in rows])),
+        "gap_p95": _pct([r["gap"] for r in rows], 95),
+        "gap_max": float(max(r["gap"] for r in rows)),
+        "bound_kinds": dict(Counter(r["bound_kind"] for r in rows)),
+        "statuses": dict(Counter(r["status"] for r in rows)),
+        "latency_p50_s": _pct([r["latency_s"] for r in rows], 50),
+        "latency_p95_s": _pct([r["latency_s"] for r in rows], 95),
+        "cpu_p50_s": _pct([r["cpu_s"] for r in rows], 50),
+        "cpu_p95_s": _pct([r["cpu_s"] for r in rows], 95),
+    }
+    for name in BASELINES:
+        ratios = [r["baselines_s"][name] / r["step_time_s"] for r in rows if name in r["baselines_s"]]
+        summary[f"speedup_{name}_mean"] = float(np.mean(ratios)) if ratios else None
+        summary[f"speedup_{name}_min"] = float(min(ratios)) if ratios else None
+        # Throughput speedup over the whole run: total baseline time / total plan time.
+        total = sum(r["step_time_s"] for r in rows if name in r["baselines_s"])
+        summary[f"speedup_{name}_total"] = (
+            sum(r["baselines_s"][name] for r in rows if name in r["baselines_s"]) / total
+            if ratios else None)
+    return {"summary": summary, "rows": rows}
+
+
+def rss_probe(num_samples: int, cluster_name: str, workload: str) -> dict[str, Any]:
+    """Peak RSS of a fresh process that imports the planner and plans one batch."""
+    code = (
+        "import resource, sys, time\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from costmodel.presets import default_cost_model_file, load_cluster\n"
+        "from planner.planning import plan_batch\n"
+        "from planner.config import PlannerConfig\n"
+        "from planner.workload import WorkloadSpec, sample_batch\n"
+        f"spec = WorkloadSpec.preset({workload!r}); cluster = load_cluster({cluster_name!r})\n"
+        "cmf = default_cost_model_file(spec.model, cluster.hardware.name)\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        f"samples = sample_batch(spec, num_samples={num_samples}, seed=0, step=0)\n"
+        "t = time.perf_counter()\n"
+        "plan = plan_batch(samples, cluster=cluster, cost_model=cmf,"
+        " config=PlannerConfig.for_budget(1.0), reference_sample=spec.max_sample)\n"
+        "t = time.perf_counter() - t\n"
+        "after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "print(before, after, t, plan.solver.status)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    before_kb, after_kb, seconds, status = out.stdout.split()
+    return {"workload": workload, "cluster": cluster_name, "num_samples": num_samples,
+            "config": "for_budget(1.0)", "peak_rss_bytes": int(after_kb) * 1024,
+            "rss_after_imports_bytes": int(before_kb) * 1024, "latency_s": float(seconds),
+            "status": status}
+
+
+def _print_grid(cells: list[dict[str, Any]]) -> None:
+    head = (f"{'workload':17s}{'cluster':9s}{'batch':>6s} {'xbucket':>8s}{'xsp4':>7s}"
+            f"{'xpacked':>8s}{'xgreedy':>8s}{'min>=1':>7s} {'gap mean':>9s}{'gap p95':>8s}"
+            f"  {'bound':14s}{'p50 ms':>8s}{'p95 ms':>8s}{'cpu p50':>8s}{'cpu p95':>8s}")
+    print(head)
+    print("-" * len(head))
+    for cell in cells:
+        s = cell["summary"]
+        mins = [s[f"speedup_{n}_min"] for n in ("packed", "greedy") if s[f"speedup_{n}_min"]]
+        ok = "yes" if all(m >= 1 - 1e-9 for m in mins) else "NO"
+        kind = max(s["bound_kinds"].items(), key=lambda kv: kv[1])[0]
+
+        def fmt(v: float | None) -> str:
+            return f"{v:.2f}" if v is not None else "-"
+        print(f"{s['workload']:17s}{s['cluster']:9s}{s['num_samples']:6d} "
+              f"{fmt(s['speedup_bucket_mean']):>8s}{fmt(s['speedup_bucket_sp4_mean']):>7s}"
+              f"{fmt(s['speedup_packed_mean']):>8s}{fmt(s['speedup_greedy_mean']):>8s}{ok:>7s} "
+              f"{s['gap_mean'] * 100:8.2f}%{s['gap_p95'] * 100:7.2f}%  {kind:14s}"
+              f"{s['latency_p50_s'] * 1e3:8.1f}{s['latency_p95_s'] * 1e3:8.1f}"
+              f"{s['cpu_p50_s'] * 1e3:8.1f}{s['cpu_p95_s'] * 1e3:8.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="3 steps, batches 64 and 256.")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--workloads", nargs="*", default=None)
+    parser.add_argument("--clusters", nargs="*", default=["h200x8", "h200x32", "h200x64"])
+    parser.add_argument("--batches", nargs="*", type=int, default=[64, 256, 1024])
+    parser.add_argument("--budgets", nargs="*", type=float, default=[0.05, 0.2, 1.0])
+    parser.add_argument("--cpu", type=int, default=0, help="Pin to this core (-1: no pinning).")
+    parser.add_argument("--skip-grid", action="store_true")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    pinned = _pin(None if args.cpu < 0 else args.cpu)
+    workloads = args.workloads or workload_names()
+    steps = 3 if args.quick else args.steps
+    batches = [64, 256] if args.quick else args.batches
+    out = args.out or ROOT / "bench" / "results" / (
+        "plan_quality_quick.json" if args.quick else "plan_quality.json")
+    result: dict[str, Any] = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                    "cpu_count": os.cpu_count(), "pinned": pinned,
+                    "loadavg_at_start": os.getloadavg()},
+        "default_config": "PlannerConfig() (50 ms budget)",
+    }
+    cells = []
+    if not args.skip_grid:
+        for workload in workloads:
+            for cluster_name in args.clusters:
+                for num_samples in batches:
+                    cells.append(run_cell(workload, cluster_name, num_samples, steps,
+                                          PlannerConfig()))
+                    s = cells[-1]["summary"]
+                    print(f"  {workload} {cluster_name} {num_samples}: gap {s['gap_mean']:.3%} "
+                          f"x{s['speedup_bucket_mean']:.2f} p50 {s['latency_p50_s'] * 1e3:.1f} ms",
+                          flush=True)
+        print()
+        _print_grid(cells)
+    result["grid"] = [c["summary"] for c in cells]
+    result["grid_rows"] = {f"{c['summary']['workload']}/{c['summary']['cluster']}/"
+                           f"{c['summary']['num_samples']}": c["rows"] for c in cells}
+    budgets = []
+    for budget in args.budgets:
+        for workload in workloads:
+            cell = run_cell(workload, "h200x32", 256, steps, PlannerConfig.for_budget(budget))
+            cell["summary"]["budget_s"] = budget
+            budgets.append(cell["summary"])
+    if budgets:
+        print("\nquality by budget (256 samples, h200x32)")
+        print(f"{'budget':>7s} {'workload':17s}{'gap mean':>9s}{'gap p95':>8s}{'xbucket':>8s}"
+              f"{'p50 ms':>8s}{'p95 ms':>8s}{'cpu p50':>8s}{'cpu p95':>8s}")
+        for s in budgets:
+            print(f"{s['budget_s']:7.2f} {s['workload']:17s}{s['gap_mean'] * 100:8.2f}%"
+                  f"{s['gap_p95'] * 100:7.2f}%{s['speedup_bucket_mean']:8.2f}"
+                  f"{s['latency_p50_s'] * 1e3:8.1f}{s['latency_p95_s'] * 1e3:8.1f}"
+                  f"{s['cpu_p50_s'] * 1e3:8.1f}{s['cpu_p95_s'] * 1e3:8.1f}")
+    result["budgets"] = budgets
+    rss = rss_probe(1024, "h200x64", "text-longtail")
+    print(f"\npeak RSS, 1024 samples at 64 GPUs (text-longtail, fresh process): "
+          f"{rss['peak_rss_bytes'] / 2**20:.0f} MiB (after imports "
+          f"{rss['rss_after_imports_bytes'] / 2**20:.0f} MiB), {rss['latency_s']:.2f} s")
+    result["rss"] = rss
+    result["self_peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
