@@ -246,7 +246,8 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
     return groups
 
 
-def packed_multiset(table: CostTable, order: list[int], *, target_s: float) -> list[int] | None:
+def packed_multiset(table: CostTable, order: list[int], *, target_s: float,
+                    fill_tolerance: float = 1.3) -> list[int] | None:
     """The groups a target makespan calls for: bin packing with groups opened on demand.
 
     Each sample (decreasing work) goes to the fullest open group of its most efficient size
@@ -275,22 +276,31 @@ def packed_multiset(table: CostTable, order: list[int], *, target_s: float) -> l
         end = pos + 1
         while end < len(order) and cls[order[end]] == c:
             end += 1
-        j = int(best_col[c])
-        t, m = float(table.time_s[c, j]), float(table.mem_bytes[c, j])
-        pool = open_groups.setdefault(j, [])
+        jb = int(best_col[c])
+        # Sizes to try: the most efficient first, then open groups of sizes within the
+        # tolerance (leftover time of a big group is worth filling with mid-size samples).
+        tolerated = [jb] + [j for j in np.argsort(area[c], kind="stable").tolist()
+                            if j != jb and area[c, j] <= area[c, jb] * fill_tolerance]
         while pos < end:
             # Fullest group that still meets the target with one more copy.
-            best_k, best_finish = -1, -1.0
-            for k, (ld, fr) in enumerate(pool):
-                finish = ld + t + (o if fr < m else 0.0)
-                if finish <= target_s and finish > best_finish:
-                    best_k, best_finish = k, finish
+            best_k, best_finish, j = -1, -1.0, jb
+            for jj in tolerated:
+                t = float(table.time_s[c, jj])
+                m = float(table.mem_bytes[c, jj])
+                for k, (ld, fr) in enumerate(open_groups.get(jj, [])):
+                    finish = ld + t + (o if fr < m else 0.0)
+                    if finish <= target_s and finish > best_finish:
+                        best_k, best_finish, j = k, finish, jj
+                if best_k >= 0:
+                    break
+            pool = open_groups.setdefault(j, [])
             if best_k < 0:
                 used += table.sizes[j]
                 if used > n:
                     return None
                 pool.append([0.0, -1.0])
                 best_k = len(pool) - 1
+            t, m = float(table.time_s[c, j]), float(table.mem_bytes[c, j])
             state = pool[best_k]
             first = True
             while pos < end:
