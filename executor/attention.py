@@ -49,10 +49,11 @@ def _one_sample(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: Sample
                 kind: AttentionKind) -> torch.Tensor:
     tokens, heads, head_dim = q.shape
     if kind == "causal_1d":
-        # (T, h, Dh) -> (h, T, Dh)
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                             is_causal=True)
-        return out.transpose(0, 1)
+        # (T, h, Dh) -> (1, h, T, Dh): the 4-D layout the fused (flash) kernels take; 3-D inputs
+        # fall back to the math kernel, which materialises the T x T scores.
+        out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                             v.transpose(0, 1)[None], is_causal=True)
+        return out[0].transpose(0, 1)
     frames, spatial = shape.frames, shape.spatial
     if kind == "spatial_2d":
         # (f, hw, h, Dh) -> (f, h, hw, Dh): batch over frames, attend over positions.
