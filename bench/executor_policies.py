@@ -9,8 +9,9 @@ For each model kind (1D LLaMA-style, 2D STDiT-style):
    ``dcp fit``;
 2. run the executor's own model (``executor.models``) on held-out micro-batches (shapes not in
    the sweep) under every policy ``k = 0..L`` (group of one rank): forward+backward time (fastest
-   of the repeats, as the fit uses the fastest) and activation bytes (``executor.memory.ActivationMeter``: kept at the end of
-   forward, and the peak over forward+backward; on a GPU also the allocator's peak);
+   of the repeats, as the fit uses the fastest) and activation bytes
+   (``executor.memory.ActivationMeter``: kept at the end of forward, and the peak over
+   forward+backward; on a GPU also the allocator's peak);
 3. compare with ``CostModel.microbatch_time_s`` and ``CostModel.activation_bytes``.
 
 The meter's peak misses the one layer a checkpointed sample rematerialises in backward
