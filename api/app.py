@@ -20,6 +20,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from api.deps import ServiceState
+from api.fastpath import RankViewFastPath
 from api.jobs import JobManager
 from api.limits import BodySizeLimitMiddleware
 from api.metrics import LatencyMiddleware, Metrics
@@ -96,6 +97,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = Metrics()
     for router in (plans.router, epochs.router, cost_models.router, health.router):
         app.include_router(router)
+
+    def current_store() -> PlanStore | None:
+        service: ServiceState | None = getattr(app.state, "service", None)
+        return None if service is None else service.store
+
+    app.add_middleware(RankViewFastPath, get_store=current_store)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
                            allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"])

@@ -37,7 +37,7 @@ class ServiceState:
     """True once the pool's workers are started."""
 
 
-def get_state(request: Request) -> ServiceState:
+async def get_state(request: Request) -> ServiceState:
     """The service state stored on the app by the lifespan."""
     state: ServiceState = request.app.state.service
     return state
@@ -48,7 +48,7 @@ State = Annotated[ServiceState, Depends(get_state)]
 _bearer = HTTPBearer(auto_error=False, description="Required for writes when DCP_AUTH_TOKEN is set.")
 
 
-def require_writer(state: State,
+async def require_writer(state: State,
                    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
                    ) -> None:
     """Check the bearer token of a write (no-op when no token is configured).

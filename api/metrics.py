@@ -60,7 +60,6 @@ class LatencyMiddleware:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            route = scope.get("route")
-            path = getattr(route, "path", None) or "unmatched"
+            path = scope.get("dcp.route") or getattr(scope.get("route"), "path", None) or "unmatched"
             self.metrics.request_latency_s.labels(scope["method"], path, str(status)).observe(
                 time.perf_counter() - start)

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from api.app import create_app
 from api.settings import Settings
 from api.store import PlanStore
 from costmodel.presets import default_cost_model_file
@@ -165,6 +166,8 @@ def test_epoch_lifecycle(client: TestClient, settings: Settings) -> None:
     metrics = client.get("/metrics").text
     assert 'dcp_epoch_progress{epoch_id="e1"} 1.0' in metrics
     assert "dcp_plans_stored 2.0" in metrics
+    assert 'route="/v1/epochs/{epoch_id}/steps/{step}/ranks/{rank}",status="200"' in metrics
+    assert 'route="/v1/epochs/{epoch_id}/steps/{step}/ranks/{rank}",status="404"' in metrics
 
 
 def test_epoch_tokens_rule_and_manifest_path(client: TestClient, settings: Settings) -> None:
@@ -220,3 +223,12 @@ def test_cancel(client: TestClient) -> None:
     time.sleep(0.3)
     later = client.get("/v1/epochs/c1").json()
     assert later["state"] == "cancelled" and later["steps_done"] == status["steps_done"]
+
+
+def test_cors_off_by_default_and_on_when_configured(client: TestClient, settings: Settings) -> None:
+    origin = {"Origin": "http://dashboard.example"}
+    assert "access-control-allow-origin" not in client.get("/healthz", headers=origin).headers
+    with TestClient(create_app(settings.model_copy(update={"cors_origins": ["http://dashboard.example"]}))
+                    ) as cors_client:
+        response = cors_client.get("/healthz", headers=origin)
+        assert response.headers["access-control-allow-origin"] == "http://dashboard.example"

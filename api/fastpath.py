@@ -1,0 +1,48 @@
+"""The hot path: ``GET /v1/epochs/{epoch_id}/steps/{step}/ranks/{rank}`` answered before routing.
+
+Every rank fetches its part of every step, so this one route carries almost all the traffic.
+This pure ASGI middleware answers a stored rank view with one indexed read and no framework
+work; anything else (a step not planned yet, an unknown epoch, a bad path, other methods)
+falls through to the FastAPI route, which gives the same answer for stored views and the
+documented errors otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from api.store import PlanStore
+
+RANK_VIEW_ROUTE = "/v1/epochs/{epoch_id}/steps/{step}/ranks/{rank}"
+_PATH = re.compile(r"^/v1/epochs/([A-Za-z0-9._-]{1,128})/steps/([0-9]{1,9})/ranks/([0-9]{1,9})$")
+
+
+class RankViewFastPath:
+    """Serves stored rank views directly; falls through for everything else."""
+
+    def __init__(self, app: ASGIApp, *, get_store: Callable[[], PlanStore | None]) -> None:
+        self.app = app
+        self.get_store = get_store
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "GET":
+            match = _PATH.match(scope["path"])
+            store = self.get_store() if match else None
+            if match and store is not None:
+                epoch_id, step, rank = match.group(1), int(match.group(2)), int(match.group(3))
+                try:
+                    view = store.get_rank_view(epoch_id, step, rank)
+                except ValueError:
+                    view = None
+                if view is not None:
+                    body = view.encode()
+                    scope["dcp.route"] = RANK_VIEW_ROUTE
+                    await send({"type": "http.response.start", "status": 200,
+                                "headers": [(b"content-type", b"application/json"),
+                                            (b"content-length", str(len(body)).encode())]})
+                    await send({"type": "http.response.body", "body": body})
+                    return
+        await self.app(scope, receive, send)
