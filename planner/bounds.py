@@ -21,6 +21,10 @@ other samples in its micro-batch only add memory); ``o`` is the per-micro-batch 
   at most ``(N - d*)(T - o)`` in all). The best split is a knapsack; its fractional (LP)
   relaxation over-estimates what the big group can take off the others, so the smallest ``T``
   that passes the relaxed test is a bound for that ``d*``; the minimum over ``d*`` is a bound.
+  The same argument runs over the sizes of the two longest samples (in one group, one after
+  the other, or in two groups; others in a big group take at least their time on the fastest
+  big-group size, against the big groups' total leftover time) and the minimum over all those
+  choices is reported.
 
 Every bound adds the gradient sync, which every step pays after its slowest group.
 """
@@ -99,24 +103,33 @@ def _solve_deadline(time_s: np.ndarray, area: np.ndarray, counts: np.ndarray, *,
     return min(max(candidate, float(points[lo])), upper)
 
 
-def _largest_choice(time_s: np.ndarray, sizes: np.ndarray, others: np.ndarray, *,
-                    num_ranks: float, overhead_s: float, col: int, t_star: float,
-                    floor_s: float, upper_s: float, iterations: int = 40) -> float:
-    """The largest-choice bound for the longest sample on size column ``col`` (bisection)."""
-    d = float(sizes[col])
+def _big_groups_bound(time_s: np.ndarray, sizes: np.ndarray, others: np.ndarray, *,
+                      num_ranks: float, overhead_s: float, groups: list[tuple[int, float]],
+                      floor_s: float, upper_s: float, iterations: int = 40) -> float:
+    """The largest-choice bound for fixed groups of the largest samples (bisection on ``T``).
+
+    Args:
+        groups: ``(size column, seconds of the large samples in it)`` per group that holds
+            one or two of the largest samples.
+    """
     o = overhead_s
-    rest_ranks = num_ranks - d
-    t_big = time_s[:, col]  # time of each class after the big sample, in its group
+    rest_ranks = num_ranks - sum(float(sizes[j]) for j, _ in groups)
+    if rest_ranks < 0:
+        return np.inf
+    busy = sum(t for _, t in groups)
+    # Others placed in a big group take at least their time on the fastest of those sizes.
+    t_big = time_s[:, [j for j, _ in groups]].min(axis=1)
     rest_ok = sizes <= rest_ranks
     active = others > 0
+    slack_floor = max(t for _, t in groups) + o
 
     def feasible(deadline: float) -> bool:
-        cap = deadline - o - t_star  # time left in the big group
-        if cap < 0:
+        if deadline < slack_floor:
             return False
+        cap = len(groups) * (deadline - o) - busy  # time left in the big groups, in all
         meets = (time_s + o <= deadline) & rest_ok[None, :]
         a_rest = np.where(meets, time_s * sizes[None, :], np.inf).min(axis=1)
-        # Classes that cannot run on the other ranks must all go after the big sample.
+        # Classes that cannot run on the other ranks must all go into the big groups.
         forced = active & ~np.isfinite(a_rest)
         if (forced & ~np.isfinite(t_big)).any():
             return False
@@ -125,7 +138,7 @@ def _largest_choice(time_s: np.ndarray, sizes: np.ndarray, others: np.ndarray, *
             return False
         free = active & ~forced
         need = float((a_rest[free] * others[free]).sum())
-        # Fractional knapsack: relieve the most GPU-seconds per second of the big group.
+        # Fractional knapsack: relieve the most GPU-seconds per second of big-group time.
         movable = np.flatnonzero(free & np.isfinite(t_big) & (t_big > 0))
         relief = 0.0
         if movable.size and cap > 0:
@@ -139,9 +152,9 @@ def _largest_choice(time_s: np.ndarray, sizes: np.ndarray, others: np.ndarray, *
             if whole < pick.size:
                 used = float(filled[whole - 1]) if whole else 0.0
                 relief += float(value[whole]) * (cap - used) / float(weight[whole])
-        return need - relief <= max(rest_ranks, 0.0) * (deadline - o) * (1 + 1e-12)
+        return need - relief <= rest_ranks * (deadline - o) * (1 + 1e-12)
 
-    lo, hi = floor_s, upper_s
+    lo, hi = max(floor_s, slack_floor), upper_s
     if feasible(lo):
         return lo
     if not feasible(hi):
@@ -152,9 +165,60 @@ def _largest_choice(time_s: np.ndarray, sizes: np.ndarray, others: np.ndarray, *
             hi = mid
         else:
             lo = mid
-        if hi - lo <= 1e-5 * hi:
+        if hi - lo <= 2e-4 * hi:
             break
     return lo
+
+
+def _min_over(configs: list[tuple[float, list[tuple[int, float]], np.ndarray]],
+              table: CostTable, *, floor_s: float, upper_s: float) -> float:
+    """Min of the big-groups bound over configurations (cheapest-looking first, pruned)."""
+    sizes = np.asarray(table.sizes, dtype=np.float64)
+    n = float(table.cost_model.cluster.num_gpus)
+    o = table.overhead_s
+    best = np.inf
+    for floor, groups, left in sorted(configs, key=lambda item: item[0]):
+        if floor + o >= best:
+            break  # every remaining configuration starts above the best bound so far
+        value = _big_groups_bound(table.time_s, sizes, left, num_ranks=n, overhead_s=o,
+                                  groups=groups, floor_s=floor_s, upper_s=upper_s)
+        best = min(best, value)
+    return best
+
+
+def _largest_choice(table: CostTable, counts: np.ndarray, *, floor_s: float, upper_s: float,
+                    pair_threshold_s: float) -> tuple[float, float]:
+    """The largest-choice bounds: over the sizes of the longest sample, and over the sizes of
+    the two longest (sharing a group or not; only when the second takes at least
+    ``pair_threshold_s`` on its fastest size, else inf). Each is a min over a complete set of
+    configurations, so each is a bound on its own."""
+    time_s = table.time_s
+    fastest = time_s.min(axis=1)
+    order = np.argsort(-fastest, kind="stable")
+    first = int(order[0])
+    others = counts.copy()
+    others[first] -= 1
+    cols = [j for j in range(len(table.sizes)) if np.isfinite(time_s[first, j])]
+    singles = [(float(time_s[first, j]), [(j, float(time_s[first, j]))], others) for j in cols]
+    single = _min_over(singles, table, floor_s=floor_s, upper_s=upper_s)
+    if counts.sum() < 2:
+        return single, np.inf
+    second = first if others[first] > 0 else int(order[1])
+    if fastest[second] < pair_threshold_s:
+        return single, np.inf
+    rest = others.copy()
+    rest[second] -= 1
+    pairs: list[tuple[float, list[tuple[int, float]], np.ndarray]] = []
+    for j1 in cols:
+        t1 = float(time_s[first, j1])
+        for j2 in range(len(table.sizes)):
+            t2 = float(time_s[second, j2])
+            if not np.isfinite(t2):
+                continue
+            if j2 == j1:  # both in one group, one after the other
+                pairs.append((t1 + t2, [(j1, t1 + t2)], rest))
+            pairs.append((max(t1, t2), [(j1, t1), (j2, t2)], rest))
+    return single, _min_over(pairs, table, floor_s=floor_s, upper_s=upper_s)
 
 
 def lower_bounds(table: CostTable) -> BoundReport:
@@ -171,19 +235,12 @@ def lower_bounds(table: CostTable) -> BoundReport:
     area_bound = area_work / n + o
     deadline = _solve_deadline(table.time_s, area, counts, num_ranks=n, overhead_s=o,
                                reserved_area=0.0, floor_s=longest)
-    # Largest-choice: the longest sample's class c*, one of its samples on each size d*.
-    star = int(np.argmax(fastest))
-    others = counts.copy()
-    others[star] -= 1
-    choice = np.inf
-    for j in range(len(table.sizes)):
-        t_star = float(table.time_s[star, j])
-        if np.isfinite(t_star):
-            choice = min(choice, _largest_choice(table.time_s, sizes, others, num_ranks=n,
-                                                 overhead_s=o, col=j, t_star=t_star,
-                                                 floor_s=max(longest, t_star + o),
-                                                 upper_s=max(deadline, t_star + o) * 4 + 1.0))
-    choice = max(choice, deadline) if np.isfinite(choice) else deadline
+    # Largest-choice: the longest sample (and the two longest) on each size.
+    upper = max(deadline, longest) * 4 + 1.0
+    single, pair = _largest_choice(table, counts, floor_s=longest, upper_s=upper,
+                                   pair_threshold_s=0.25 * deadline)
+    best_choice = max(single, pair if np.isfinite(pair) else single)
+    choice = max(best_choice, deadline) if np.isfinite(best_choice) else deadline
     return BoundReport(longest_s=longest + sync, area_s=area_bound + sync,
                        deadline_area_s=deadline + sync, largest_choice_s=choice + sync,
                        compute_makespan_s=max(deadline, choice))
