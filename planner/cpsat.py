@@ -33,7 +33,7 @@ from costmodel.evaluate import nodes_spanned
 from planner.assemble import Draft, DraftGroup
 from planner.config import PlannerConfig
 from planner.costs import CostTable
-from planner.heuristic import _Group, repack
+from planner.local_search import GroupState, repack
 from planner.placement import place_groups
 
 logger = logging.getLogger(__name__)
@@ -314,7 +314,7 @@ def _decode_aggregated(table: CostTable, groups: list[DraftGroup], am: _AggModel
     members = [list(m) for m in table.classes.members]
     draft: Draft = []
     for g, group in enumerate(groups):
-        state = _Group(size=group.size, col=table.size_index(group.size),
+        state = GroupState(size=group.size, col=table.size_index(group.size),
                        first_rank=group.first_rank)
         items: list[int] = []
         for c in range(table.classes.num_classes):

@@ -1,0 +1,204 @@
+"""Groups being filled by the heuristic, and the local search that improves them.
+
+A ``GroupState`` holds a group's micro-batches of sample indices (each sample at its cheapest
+fitting policy for the group's size, from the cost table) and the free bytes of each. The local
+search moves or swaps samples off the slowest group while that lowers the makespan; ``repack``
+packs a group first-fit-decreasing when that needs fewer micro-batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner.costs import CostTable
+
+
+@dataclass(slots=True)
+class GroupState:
+    """A group being filled: its micro-batches and their free memory."""
+
+    size: int
+    col: int
+    first_rank: int
+    load_s: float = 0.0
+    mbs: list[list[int]] = field(default_factory=list)
+    free_bytes: list[float] = field(default_factory=list)
+
+    def room(self, mem: float) -> int:
+        """Index of the first micro-batch with room for ``mem`` bytes, or -1."""
+        for m, free in enumerate(self.free_bytes):
+            if free >= mem:
+                return m
+        return -1
+
+
+def group_time(table: CostTable, g: GroupState) -> float:
+    cls = table.classes.class_of
+    return (sum(table.time_s[cls[i], g.col] for mb in g.mbs for i in mb)
+            + table.overhead_s * len(g.mbs))
+
+
+def repack(table: CostTable, g: GroupState) -> None:
+    """Repack a group's samples first-fit-decreasing by memory when that opens fewer batches."""
+    cls = table.classes.class_of
+    items = sorted((i for mb in g.mbs for i in mb),
+                   key=lambda i: (-table.mem_bytes[cls[i], g.col], i))
+    mbs: list[list[int]] = []
+    free: list[float] = []
+    for i in items:
+        mem = table.mem_bytes[cls[i], g.col]
+        for m, f in enumerate(free):
+            if f >= mem:
+                mbs[m].append(i)
+                free[m] -= mem
+                break
+        else:
+            mbs.append([i])
+            free.append(table.budget_bytes - mem)
+    if len(mbs) < len(g.mbs):
+        g.mbs, g.free_bytes = mbs, free
+    g.load_s = group_time(table, g)
+
+
+def _insert(table: CostTable, g: GroupState, i: int) -> None:
+    mem = table.mem_bytes[table.classes.class_of[i], g.col]
+    m = g.room(mem)
+    if m < 0:
+        g.mbs.append([i])
+        g.free_bytes.append(table.budget_bytes - mem)
+    else:
+        g.mbs[m].append(i)
+        g.free_bytes[m] -= mem
+
+
+def _remove(table: CostTable, g: GroupState, i: int) -> None:
+    for m, mb in enumerate(g.mbs):
+        if i in mb:
+            mb.remove(i)
+            g.free_bytes[m] += table.mem_bytes[table.classes.class_of[i], g.col]
+            if not mb:
+                del g.mbs[m]
+                del g.free_bytes[m]
+            return
+    raise AssertionError(f"sample {i} is not in the group")
+
+
+def local_search(table: CostTable, groups: list[GroupState], *, max_moves: int) -> None:
+    """Move or swap samples off the slowest group while the makespan falls."""
+    if len(groups) < 2:
+        return
+    cls = table.classes.class_of
+    o = table.overhead_s
+    cols = np.array([g.col for g in groups], dtype=np.int64)
+    time_s = table.time_s[:, cols]
+    mem_b = table.mem_bytes[:, cols]
+    load = np.array([g.load_s for g in groups])
+    max_free = np.array([max(g.free_bytes, default=-1.0) for g in groups])
+    counts = np.zeros((len(groups), table.classes.num_classes), dtype=np.int64)
+    for gi, g in enumerate(groups):
+        for mb in g.mbs:
+            for i in mb:
+                counts[gi, cls[i]] += 1
+
+    def refresh(gi: int) -> None:
+        g = groups[gi]
+        g.load_s = group_time(table, g)
+        load[gi] = g.load_s
+        max_free[gi] = max(g.free_bytes, default=-1.0)
+
+    for _ in range(max_moves):
+        top = int(np.argmax(load))
+        g = groups[top]
+        current = load[top]
+        best: tuple[float, int, int] | None = None  # (new makespan, sample, destination)
+        seen: set[tuple[int, bool]] = set()
+        for mb in g.mbs:
+            alone = len(mb) == 1
+            for i in mb:
+                c = cls[i]
+                if (c, alone) in seen:
+                    continue
+                seen.add((c, alone))
+                new_src = current - time_s[c, top] - (o if alone else 0.0)
+                new_dst = load + time_s[c] + o * (max_free < mem_b[c])
+                new_dst[top] = np.inf
+                cand = np.maximum(new_dst, new_src)
+                h = int(np.argmin(cand))
+                if cand[h] < current * (1 - 1e-12) and (best is None or cand[h] < best[0]):
+                    best = (float(cand[h]), i, h)
+        if best is not None:
+            _, i, h = best
+            _remove(table, g, i)
+            _insert(table, groups[h], i)
+            counts[top, cls[i]] -= 1
+            counts[h, cls[i]] += 1
+            refresh(top)
+            refresh(h)
+            continue
+        if not _swap(table, groups, top, load, counts, time_s, refresh):
+            break
+
+
+def _swap(table: CostTable, groups: list[GroupState], top: int, load: np.ndarray, counts: np.ndarray,
+          time_s: np.ndarray, refresh: Callable[[int], None], *, max_tries: int = 4,
+          max_classes: int = 4) -> bool:
+    """Swap a sample of the slowest group with a cheaper one elsewhere; True if it helped.
+
+    Every (class on the slowest group, other group, class there) triple is scored at once; the
+    few best are tried with exact micro-batch packing, the first that lowers both groups below
+    the current makespan is kept.
+    """
+    cls = table.classes.class_of
+    g = groups[top]
+    current = load[top]
+    present = counts > 0
+    present[top] = False
+    firsts: dict[int, int] = {}
+    for mb in g.mbs:
+        for i in mb:
+            firsts.setdefault(cls[i], i)
+    # The classes that take longest on the slowest group are the ones worth swapping out.
+    top_classes = np.array(sorted(firsts, key=lambda c: (-time_s[c, top], c))[:max_classes],
+                           dtype=np.int64)
+    # new_top[a, k]: slowest group after swapping class top_classes[a] out and k in.
+    new_top = current - time_s[top_classes, top][:, None] + time_s[:, top][None, :]
+    with np.errstate(invalid="ignore"):
+        # new_h[a, h, k]: group h after swapping k out and class top_classes[a] in.
+        new_h = load[None, :, None] - time_s.T[None, :, :] + time_s[top_classes][:, :, None]
+        cand = np.maximum(new_h, new_top[:, None, :])
+    cand = np.where(present[None, :, :], cand, np.inf)
+    cand[np.isnan(cand)] = np.inf
+    flat = cand.ravel()
+    good = np.flatnonzero(flat < current * (1 - 1e-12))
+    if good.size == 0:
+        return False
+    tries = good[np.argsort(flat[good], kind="stable")][:max_tries]
+    num_groups, num_classes = cand.shape[1], cand.shape[2]
+    for index in tries:
+        a, rest = divmod(int(index), num_groups * num_classes)
+        h, ck = divmod(rest, num_classes)
+        ci = int(top_classes[a])
+        if ci == ck:
+            continue
+        i = firsts[ci]
+        other = groups[h]
+        k = next(x for m in other.mbs for x in m if cls[x] == ck)
+        saved = ([list(m) for m in g.mbs], list(g.free_bytes),
+                 [list(m) for m in other.mbs], list(other.free_bytes))
+        _remove(table, g, i)
+        _remove(table, other, k)
+        _insert(table, g, k)
+        _insert(table, other, i)
+        if max(group_time(table, g), group_time(table, other)) < current * (1 - 1e-12):
+            counts[top, ci] -= 1
+            counts[top, ck] += 1
+            counts[h, ck] -= 1
+            counts[h, ci] += 1
+            refresh(top)
+            refresh(h)
+            return True
+        g.mbs, g.free_bytes, other.mbs, other.free_bytes = saved
+    return False

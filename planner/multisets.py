@@ -1,0 +1,174 @@
+"""Candidate multisets of group sizes for the heuristic.
+
+* ``candidate_multisets``: for a few target makespans ``T`` around the lower bound, each sample
+  class picks its most efficient size that meets ``T`` (as in the deadline-area bound); the work
+  per size becomes a number of groups, rounded two ways and repaired to sum to ``N``; uniform
+  multisets (all groups of one size) follow.
+* ``packed_multiset``: the groups one target makespan calls for, by bin packing whole samples
+  with groups opened on demand.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.costs import CostTable
+from planner.placement import fill_ranks, place_groups
+
+_EPS = 1e-12
+
+
+def candidate_multisets(table: CostTable, *, makespan_s: float, limit: int) -> list[list[int]]:
+    """Group-size multisets (descending) that partition the world and can hold every sample."""
+    n = table.cost_model.cluster.num_gpus
+    sizes = table.sizes
+    counts = np.array([len(m) for m in table.classes.members], dtype=np.float64)
+    o = table.overhead_s
+    area = table.time_s * np.asarray(sizes, dtype=np.float64)[None, :]
+    required = max((table.smallest_fitting_size(members[0]) or 0)
+                   for members in table.classes.members)
+    out: list[list[int]] = []
+    seen: set[tuple[int, ...]] = set()
+
+    def add(multiset: list[int] | None) -> None:
+        if multiset is None or sum(multiset) != n:
+            return
+        key = tuple(sorted(multiset, reverse=True))
+        if key in seen or key[0] < required:
+            return
+        if place_groups(key, num_gpus=n, gpus_per_node=table.cost_model.cluster.gpus_per_node
+                        ) is None:
+            return
+        seen.add(key)
+        out.append(list(key))
+
+    for factor in (1.0, 1.02, 1.05, 1.1, 1.2, 1.35, 1.6, 2.0, 3.0):
+        deadline = makespan_s * factor
+        ok = table.time_s + o <= deadline * (1 + _EPS)
+        choice = np.where(ok, area, np.inf).argmin(axis=1)
+        demand = np.zeros(len(sizes))
+        for c, j in enumerate(choice):
+            if np.isfinite(area[c, j]):
+                demand[j] += counts[c] * table.time_s[c, j]
+        groups = demand / max(deadline - o, _EPS)
+        ranks = groups * np.asarray(sizes, dtype=np.float64)
+        if ranks.sum() <= 0:
+            continue
+        for scaled in (groups, groups * n / ranks.sum()):
+            add(_round_groups(scaled, sizes, n, ceil_largest=True))
+            add(_round_groups(scaled, sizes, n, ceil_largest=False))
+        if len(out) >= limit:
+            return out[:limit]
+    for d in sorted(sizes, reverse=True):
+        rest = fill_ranks(n % d, sizes)
+        if rest is not None:
+            add([d] * (n // d) + rest)
+        if len(out) >= limit:
+            break
+    return out
+
+
+def _round_groups(groups: np.ndarray, sizes: list[int], n: int, *, ceil_largest: bool
+                  ) -> list[int] | None:
+    """Integer groups per size from fractional ones, summing to ``n`` ranks.
+
+    ``ceil_largest`` rounds up from the largest size down while ranks remain (the largest
+    samples need their group even when their share of work is a fraction of one); otherwise
+    sizes are rounded down and the largest remainders get the spare ranks.
+    """
+    whole = np.floor(groups + 1e-9).astype(int)
+    if ceil_largest:
+        used = 0
+        for j in sorted(range(len(sizes)), key=lambda j: -sizes[j]):
+            want = int(np.ceil(groups[j] - 1e-9))
+            take = min(want, (n - used) // sizes[j])
+            whole[j] = take
+            used += take * sizes[j]
+    used = int((whole * np.asarray(sizes)).sum())
+    while used > n:  # can only happen through rounding noise
+        j = int(np.argmax(whole > 0))
+        whole[j] -= 1
+        used -= sizes[j]
+    rest = groups - whole
+    for j in sorted(range(len(sizes)), key=lambda j: (-rest[j], -sizes[j])):
+        if rest[j] > 1e-9 and used + sizes[j] <= n:
+            whole[j] += 1
+            used += sizes[j]
+    multiset = [d for j, d in enumerate(sizes) for _ in range(int(whole[j]))]
+    filler = fill_ranks(n - used, sizes)
+    if filler is None:
+        return None
+    return sorted(multiset + filler, reverse=True)
+
+
+def packed_multiset(table: CostTable, order: list[int], *, target_s: float,
+                    fill_tolerance: float = 1.3) -> list[int] | None:
+    """The groups a target makespan calls for: bin packing with groups opened on demand.
+
+    Each sample (decreasing work) goes to the fullest open group of its most efficient size
+    that meets the target, or opens one. The result accounts for whole samples (two samples
+    that each need half the target on a group of 4 need two such groups), which the
+    fractional demands of ``candidate_multisets`` do not. Returns the multiset, filled up to
+    the world size with the smallest groups, or None if it needs more ranks than the world has
+    or a sample cannot meet the target.
+    """
+    cluster = table.cost_model.cluster
+    n = cluster.num_gpus
+    sizes = np.asarray(table.sizes, dtype=np.float64)
+    o, budget = table.overhead_s, table.budget_bytes
+    meets = table.time_s + o <= target_s
+    if not meets.any(axis=1).all():
+        return None
+    area = np.where(meets, table.time_s * sizes[None, :], np.inf)
+    best_col = area.argmin(axis=1)
+    cls = table.classes.class_of
+    # Open groups per size column: lists of [load, free bytes of the open micro-batch].
+    open_groups: dict[int, list[list[float]]] = {}
+    used = 0
+    pos = 0
+    while pos < len(order):
+        c = cls[order[pos]]
+        end = pos + 1
+        while end < len(order) and cls[order[end]] == c:
+            end += 1
+        jb = int(best_col[c])
+        # Sizes to try: the most efficient first, then open groups of sizes within the
+        # tolerance (leftover time of a big group is worth filling with mid-size samples).
+        tolerated = [jb] + [j for j in np.argsort(area[c], kind="stable").tolist()
+                            if j != jb and area[c, j] <= area[c, jb] * fill_tolerance]
+        while pos < end:
+            # Fullest group that still meets the target with one more copy.
+            best_k, best_finish, j = -1, -1.0, jb
+            for jj in tolerated:
+                t = float(table.time_s[c, jj])
+                m = float(table.mem_bytes[c, jj])
+                for k, (ld, fr) in enumerate(open_groups.get(jj, [])):
+                    finish = ld + t + (o if fr < m else 0.0)
+                    if finish <= target_s and finish > best_finish:
+                        best_k, best_finish, j = k, finish, jj
+                if best_k >= 0:
+                    break
+            pool = open_groups.setdefault(j, [])
+            if best_k < 0:
+                used += table.sizes[j]
+                if used > n:
+                    return None
+                pool.append([0.0, -1.0])
+                best_k = len(pool) - 1
+            t, m = float(table.time_s[c, j]), float(table.mem_bytes[c, j])
+            state = pool[best_k]
+            first = True
+            while pos < end:
+                opens = state[1] < m
+                nxt = state[0] + t + (o if opens else 0.0)
+                if not first and nxt > target_s:
+                    break
+                first = False
+                state[1] = budget - m if opens else state[1] - m
+                state[0] = nxt
+                pos += 1
+    filler = fill_ranks(n - used, table.sizes)
+    if filler is None:
+        return None
+    multiset = [table.sizes[j] for j, pool in open_groups.items() for _ in pool] + filler
+    return sorted(multiset, reverse=True)
