@@ -107,3 +107,16 @@ def test_dataset_is_deterministic_and_2d_shapes_match() -> None:
     assert a["inputs"].shape == (12, 3)  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="kind must be"):
         SyntheticDataset([clip], kind="3d")
+
+
+def test_executor_imports_neither_solver_nor_web_framework() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, executor.client, executor.runtime, executor.models, executor.data, "
+            "executor.memory\n"
+            "bad = [m for m in ('ortools', 'fastapi', 'uvicorn', 'planner.planning', 'planner.epoch', "
+            "'scipy', 'api') if m in sys.modules]\n"
+            "assert not bad, bad\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
