@@ -41,6 +41,10 @@ logger = logging.getLogger(__name__)
 TIME_UNITS_PER_S = 1_000_000_000
 """Integer time unit of the models: nanoseconds."""
 
+MAX_AGGREGATED_VARS = 4000
+"""Largest aggregated model (class x group count variables) worth building: beyond it, building
+the model in Python alone takes longer than the budgets it is meant for."""
+
 
 @dataclass(frozen=True, slots=True)
 class CpsatResult:
@@ -336,6 +340,10 @@ def solve_aggregated(table: CostTable, hint: Draft, *, config: PlannerConfig, de
                      ) -> CpsatResult:
     """Re-balance the heuristic's groups with the aggregated model."""
     groups = sorted(hint, key=lambda g: g.first_rank)
+    if table.classes.num_classes * len(groups) > MAX_AGGREGATED_VARS:
+        logger.debug("aggregated model skipped: %d classes x %d groups",
+                     table.classes.num_classes, len(groups))
+        return CpsatResult(draft=None, status="UNKNOWN", method="cpsat-aggregated", bound_s=None)
     am = build_aggregated_model(table, groups)
     cls = table.classes.class_of
     for g, group in enumerate(groups):

@@ -203,3 +203,26 @@ def test_non_power_of_two_sizes_are_used_when_allowed() -> None:
 def test_config_rejects_bad_values(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         PlannerConfig(**{field: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(120)
+def test_aggregated_model_never_makes_the_plan_worse() -> None:
+    spec, cluster, cmf, cm = _setup("video-short", "h200x32")
+    samples = sample_batch(spec, num_samples=160, seed=9, step=3)
+    base = plan_batch(samples, cluster=cluster, cost_model=cmf,
+                      config=PlannerConfig(use_cpsat=False))
+    with_cpsat = plan_batch(samples, cluster=cluster, cost_model=cmf,
+                            config=PlannerConfig(aggregated_cpsat=True, time_limit_s=2.0,
+                                                 cpsat_deterministic_time=0.05))
+    assert validate_plan(with_cpsat, samples, cost_model=cm) == []
+    assert with_cpsat.predicted_step_time_s <= base.predicted_step_time_s * (1 + 1e-12)
+    if with_cpsat.solver.method == "cpsat-aggregated":
+        assert with_cpsat.solver.status == "FEASIBLE"
+
+
+def test_for_budget_scales_the_work_limits() -> None:
+    small, medium, large = (PlannerConfig.for_budget(b) for b in (0.05, 0.2, 1.0))
+    assert small.num_lpt_runs < medium.num_lpt_runs < large.num_lpt_runs
+    assert not small.aggregated_cpsat and not medium.aggregated_cpsat and large.aggregated_cpsat
+    assert large.time_limit_s == 1.0
+    assert PlannerConfig.for_budget(0.2, seed=4).seed == 4
