@@ -48,12 +48,18 @@ class ModelConfig:
             raise ValueError(f"hidden={self.hidden} is not divisible by num_heads={self.num_heads}")
 
 
-def _rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of ``(tokens, heads, head_dim)`` at integer positions (RoFormer)."""
-    half = x.shape[-1] // 2
-    freqs = 1.0 / (10000.0 ** (torch.arange(half, dtype=x.dtype, device=x.device) / half))
-    angles = positions.to(device=x.device, dtype=x.dtype)[:, None] * freqs[None, :]
-    cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
+def _rope_tables(positions: torch.Tensor, head_dim: int, like: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos`` and ``sin`` tables ``(tokens, 1, head_dim // 2)`` of the rotary embedding."""
+    half = head_dim // 2
+    freqs = 1.0 / (10000.0 ** (torch.arange(half, dtype=like.dtype, device=like.device) / half))
+    angles = positions.to(device=like.device, dtype=like.dtype)[:, None] * freqs[None, :]
+    return angles.cos()[:, None, :], angles.sin()[:, None, :]
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of ``(tokens, heads, head_dim)`` (RoFormer, rotate-half form)."""
+    half = cos.shape[-1]
     x1, x2 = x[..., :half], x[..., half:2 * half]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos, x[..., 2 * half:]], dim=-1)
 
@@ -78,8 +84,8 @@ class SPAttention(nn.Module):
         full = seq_to_head(qkv, ctx.layout, ctx.group)
         q, k, v = full.split(self.head_dim, dim=-1)
         if self.rotary:
-            positions = ctx.packed_positions()
-            q, k = _rope(q, positions), _rope(k, positions)
+            cos, sin = _rope_tables(ctx.packed_positions(), self.head_dim, q)
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         o = packed_attention(q, k, v, samples=ctx.layout.samples, kind=self.kind)
         local = head_to_seq(o, ctx.layout, ctx.group)
         return self.out(local.reshape(tokens, self.num_heads * self.head_dim))
