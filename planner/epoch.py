@@ -230,7 +230,7 @@ def check_membership(plan: Plan, samples: Sequence[Sample], *, step: int | None)
 
 def plan_samples(samples: list[Sample], *, cluster: ClusterSpec, cost_model: CostModelFile,
                  options: Mapping[str, Any], step: int | None = None,
-                 seed: int | None = None) -> StepResult:
+                 seed: int | None = None, with_group_views: bool = True) -> StepResult:
     """Plan one batch and check it (runs in a worker process).
 
     Args:
@@ -240,6 +240,7 @@ def plan_samples(samples: list[Sample], *, cluster: ClusterSpec, cost_model: Cos
         options: PlannerConfig fields.
         step: Step index recorded in the plan.
         seed: Planner seed overriding ``options``.
+        with_group_views: Render the rank-view templates (for storing).
 
     Raises:
         ValueError: from the planner (e.g. a sample that fits nowhere, named) or when the plan
@@ -260,7 +261,8 @@ def plan_samples(samples: list[Sample], *, cluster: ClusterSpec, cost_model: Cos
     return StepResult(step=step, plan_json=text, digest=digest, gap=plan.gap,
                       predicted_step_time_s=plan.predicted_step_time_s, speedup_vs_bucket=speedup,
                       solve_time_s=solve_time_s,
-                      group_views=tuple(group_view_templates(text, digest=digest)))
+                      group_views=tuple(group_view_templates(text, digest=digest))
+                      if with_group_views else ())
 
 
 def plan_step(task: StepTask) -> StepResult:

@@ -6,16 +6,23 @@ import asyncio
 import functools
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Response, status
+from fastapi import APIRouter, Body, Path, Response, status
 
 from api.deps import State, Writer
 from api.errors import conflict, not_found, unprocessable
 from api.fitting import fit_profile_texts
 from api.schemas import CostModelCreated, CostModelInfo, FitRequest
 from api.store import CostModelConflictError
+from costmodel.presets import default_cost_model_file
 from costmodel.schema import CostModelFile
 
 router = APIRouter(prefix="/v1/cost-models", tags=["cost-models"])
+
+_UPLOAD_EXAMPLES = {"fitted": {
+    "summary": "A fitted llama-7b model (here: the analytic default's coefficients, new id)",
+    "value": default_cost_model_file("llama-7b", "h200-sxm").model_copy(
+        update={"id": "fitted-llama-7b-h200-run1", "provenance": "fitted"}).model_dump(mode="json"),
+}}
 
 CostModelId = Annotated[str, Path(max_length=200, description="Cost-model id.")]
 
@@ -42,7 +49,8 @@ async def get_cost_model(cost_model_id: CostModelId, state: State) -> CostModelF
              dependencies=[Writer],
              responses={200: {"description": "The identical file was already registered."},
                         409: {"description": "The id is taken by a different (or embedded) model."}})
-async def upload_cost_model(body: CostModelFile, state: State, response: Response) -> CostModelCreated:
+async def upload_cost_model(body: Annotated[CostModelFile, Body(openapi_examples=_UPLOAD_EXAMPLES)],
+                            state: State, response: Response) -> CostModelCreated:
     """Register a cost-model file (e.g. one fitted by ``dcp profile``); ids are immutable."""
     try:
         created = state.registry.add(body)

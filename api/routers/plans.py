@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 from concurrent.futures.process import BrokenProcessPool
 
-from fastapi import APIRouter, HTTPException, status
+from fastapi import APIRouter, HTTPException, Response, status
 
 from api.deps import State, Writer
 from api.errors import not_found, unprocessable
 from api.registry import check_compatible, resolve_cluster
 from api.schemas import PlanRequest, PlanResponse
 from planner.epoch import build_config, plan_samples
-from planner.plan import Plan
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ router = APIRouter(prefix="/v1/plans", tags=["plans"])
              responses={404: {"description": "Unknown cost model."},
                         422: {"description": "Invalid batch, cluster or options; a sample that "
                                              "fits nowhere (named)."}})
-async def create_plan(body: PlanRequest, state: State) -> PlanResponse:
+async def create_plan(body: PlanRequest, state: State) -> Response:
     """Plan one global batch: groups, micro-batches and checkpoint policies, with bound and gap.
 
     The solver runs in the service's process pool; the event loop keeps serving meanwhile.
@@ -51,7 +51,7 @@ async def create_plan(body: PlanRequest, state: State) -> PlanResponse:
     except ValueError as exc:
         unprocessable(["body", "options"], str(exc))
     call = functools.partial(plan_samples, list(body.samples), cluster=cluster,
-                             cost_model=cost_model, options=options)
+                             cost_model=cost_model, options=options, with_group_views=False)
     try:
         result = await asyncio.get_running_loop().run_in_executor(state.executor, call)
     except ValueError as exc:
@@ -61,5 +61,7 @@ async def create_plan(body: PlanRequest, state: State) -> PlanResponse:
         raise HTTPException(status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
                             detail="solver pool unavailable; retry") from None
     state.metrics.solver_latency_s.labels("sync").observe(result.solve_time_s)
-    return PlanResponse(plan=Plan.model_validate_json(result.plan_json), digest=result.digest,
-                        gap=result.gap, solve_time_s=result.solve_time_s)
+    # The worker validated the plan and made its canonical JSON: send those bytes as they are.
+    content = (f'{{"plan":{result.plan_json},"digest":"{result.digest}",'
+               f'"gap":{json.dumps(result.gap)},"solve_time_s":{json.dumps(result.solve_time_s)}}}')
+    return Response(content=content, media_type="application/json")

@@ -232,3 +232,12 @@ def test_cors_off_by_default_and_on_when_configured(client: TestClient, settings
                     ) as cors_client:
         response = cors_client.get("/healthz", headers=origin)
         assert response.headers["access-control-allow-origin"] == "http://dashboard.example"
+
+
+def test_epoch_with_a_sample_that_fits_nowhere_fails_naming_it(client: TestClient) -> None:
+    manifest = manifest_lines(11) + '{"id": "giant", "tokens": 50000000}\n'
+    body = _epoch_body(epoch_id="bad", manifest_jsonl=manifest, batch={"samples_per_step": 4})
+    assert client.post("/v1/epochs", json=body, headers=AUTH).status_code == 202
+    status = _wait_done(client, "bad")
+    assert status["state"] == "failed" and "giant" in status["error"]
+    assert status["steps_done"] < status["steps_total"]  # the giant's step is never stored
