@@ -71,42 +71,56 @@ class GroupCosts:
 
 
 def group_costs(group: DraftGroup, arrays: BatchArrays, cost_model: CostModel) -> GroupCosts:
-    """Exact costs of a draft group under the cost model."""
-    flat = [item for mb in group.micro_batches for item in mb]
-    if not flat:
-        return GroupCosts(np.zeros(0), np.zeros(0), [], [])
-    idx = np.array([i for i, _ in flat], dtype=np.int64)
-    ks = np.array([k for _, k in flat], dtype=np.int64)
-    nodes = nodes_spanned(first_rank=group.first_rank, group_size=group.size,
-                          gpus_per_node=cost_model.cluster.gpus_per_node)
-    times = cost_model.sample_time_s(arrays.tokens[idx], group_size=group.size, recompute_layers=ks,
-                                     frames=arrays.frames[idx], spatial=arrays.spatial[idx],
-                                     num_nodes=nodes)
-    acts = cost_model.activation_bytes(arrays.tokens[idx], group_size=group.size,
-                                       recompute_layers=ks)
+    """Exact costs of one draft group under the cost model."""
+    return draft_costs([group], arrays, cost_model)[0]
+
+
+def draft_costs(draft: Draft, arrays: BatchArrays, cost_model: CostModel) -> list[GroupCosts]:
+    """Exact costs of every group of a draft (one cost-model call per size and node span)."""
+    gpn = cost_model.cluster.gpus_per_node
     overhead = cost_model.file.compute.microbatch_overhead_s
     fixed = cost_model.fixed_bytes()
-    mb_time, mb_peak = [], []
-    start = 0
-    for mb in group.micro_batches:
-        stop = start + len(mb)
-        mb_time.append(float(overhead + times[start:stop].sum()))
-        mb_peak.append(float(fixed + acts[start:stop].sum()))
-        start = stop
-    return GroupCosts(np.asarray(times), np.asarray(acts), mb_time, mb_peak)
+    buckets: dict[tuple[int, int], list[int]] = {}
+    for gi, g in enumerate(draft):
+        if g.micro_batches:
+            nodes = nodes_spanned(first_rank=g.first_rank, group_size=g.size, gpus_per_node=gpn)
+            buckets.setdefault((g.size, nodes), []).append(gi)
+    out = [GroupCosts(np.zeros(0), np.zeros(0), [], []) for _ in draft]
+    for (size, nodes), members in buckets.items():
+        idx_list: list[int] = []
+        k_list: list[int] = []
+        bounds: list[int] = []  # start offset of every micro-batch, all groups in order
+        for gi in members:
+            for mb in draft[gi].micro_batches:
+                bounds.append(len(idx_list))
+                idx_list.extend(i for i, _ in mb)
+                k_list.extend(k for _, k in mb)
+        idx = np.asarray(idx_list, dtype=np.int64)
+        ks = np.asarray(k_list, dtype=np.int64)
+        times = np.asarray(cost_model.sample_time_s(
+            arrays.tokens[idx], group_size=size, recompute_layers=ks, frames=arrays.frames[idx],
+            spatial=arrays.spatial[idx], num_nodes=nodes), dtype=np.float64)
+        acts = np.asarray(cost_model.activation_bytes(arrays.tokens[idx], group_size=size,
+                                                      recompute_layers=ks), dtype=np.float64)
+        starts = np.asarray(bounds, dtype=np.int64)
+        mb_times = (overhead + np.add.reduceat(times, starts)).tolist()
+        mb_peaks = (fixed + np.add.reduceat(acts, starts)).tolist()
+        pos = first_mb = 0
+        for gi in members:
+            count = len(draft[gi].micro_batches)
+            size_g = sum(len(m) for m in draft[gi].micro_batches)
+            out[gi] = GroupCosts(times[pos:pos + size_g], acts[pos:pos + size_g],
+                                 mb_times[first_mb:first_mb + count],
+                                 mb_peaks[first_mb:first_mb + count])
+            pos += size_g
+            first_mb += count
+    return out
 
 
 def draft_step_time_s(draft: Draft, arrays: BatchArrays, cost_model: CostModel) -> float:
     """Predicted step time of a draft: slowest group plus gradient sync."""
-    slowest = max((group_costs(g, arrays, cost_model).time_s for g in draft), default=0.0)
+    slowest = max((c.time_s for c in draft_costs(draft, arrays, cost_model)), default=0.0)
     return slowest + cost_model.grad_sync_time_s()
-
-
-def draft_fits_memory(draft: Draft, arrays: BatchArrays, cost_model: CostModel) -> bool:
-    """True when every micro-batch stays under the memory cap."""
-    cap = cost_model.cluster.memory_cap_bytes
-    return all(peak <= cap for g in draft
-               for peak in group_costs(g, arrays, cost_model).microbatch_peak_bytes)
 
 
 def loss_normalizer(samples: Sequence[Sample], kind: str) -> LossNormalizer:
@@ -137,8 +151,8 @@ def assemble_plan(draft: Draft, samples: Sequence[Sample], *, cost_model: CostMo
     arrays = BatchArrays.of(samples) if arrays is None else arrays
     groups: list[GroupPlan] = []
     slowest = 0.0
-    for g in sorted(draft, key=lambda g: g.first_rank):
-        costs = group_costs(g, arrays, cost_model)
+    ordered = sorted(draft, key=lambda g: g.first_rank)
+    for g, costs in zip(ordered, draft_costs(ordered, arrays, cost_model), strict=True):
         mbs: list[MicroBatch] = []
         pos = 0
         for mb, mb_time, mb_peak in zip(g.micro_batches, costs.microbatch_time_s,

@@ -201,8 +201,8 @@ def _largest_choice(table: CostTable, counts: np.ndarray, *, floor_s: float, upp
     cols = [j for j in range(len(table.sizes)) if np.isfinite(time_s[first, j])]
     singles = [(float(time_s[first, j]), [(j, float(time_s[first, j]))], others) for j in cols]
     single = _min_over(singles, table, floor_s=floor_s, upper_s=upper_s)
-    if counts.sum() < 2:
-        return single, np.inf
+    if counts.sum() < 2 or single <= floor_s * (1 + 1e-3):
+        return single, np.inf  # (the second case: the longest sample does not bind; skip)
     second = first if others[first] > 0 else int(order[1])
     if fastest[second] < pair_threshold_s:
         return single, np.inf
@@ -237,7 +237,7 @@ def lower_bounds(table: CostTable) -> BoundReport:
                                reserved_area=0.0, floor_s=longest)
     # Largest-choice: the longest sample (and the two longest) on each size.
     upper = max(deadline, longest) * 4 + 1.0
-    single, pair = _largest_choice(table, counts, floor_s=longest, upper_s=upper,
+    single, pair = _largest_choice(table, counts, floor_s=max(longest, deadline), upper_s=upper,
                                    pair_threshold_s=0.25 * deadline)
     best_choice = max(single, pair if np.isfinite(pair) else single)
     choice = max(best_choice, deadline) if np.isfinite(best_choice) else deadline

@@ -17,6 +17,7 @@ across runs and resumes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -113,16 +114,17 @@ def make_steps(samples: Sequence[Sample], *, rule: BatchRule, seed: int) -> list
 
 @dataclass(kw_only=True, frozen=True, slots=True)
 class StepTask:
-    """One step to plan (sent to a worker process)."""
+    """One step to plan, sent to a worker process as JSON text (cheap to pickle; the worker
+    parses it, caching the cluster and cost model it sees again and again)."""
 
     step: int
     """Step index in the epoch."""
-    samples: list[Sample]
-    """The step's global batch."""
-    cluster: ClusterSpec
-    """The world."""
-    cost_model: CostModelFile
-    """The cost model."""
+    samples_json: str
+    """The step's global batch: a JSON list of samples."""
+    cluster_json: str
+    """The world (``ClusterSpec`` JSON)."""
+    cost_model_json: str
+    """The cost model (``CostModelFile`` JSON)."""
     options: Mapping[str, Any] = field(default_factory=dict)
     """PlannerConfig fields (``seed`` is replaced by the step seed)."""
     seed: int = 0
@@ -131,8 +133,27 @@ class StepTask:
     def __post_init__(self) -> None:
         if self.step < 0:
             raise ValueError(f"step must be >= 0, got {self.step}")
-        if not self.samples:
-            raise ValueError(f"step {self.step} has no samples")
+
+    @classmethod
+    def create(cls, *, step: int, samples: Sequence[Sample], cluster: ClusterSpec,
+               cost_model: CostModelFile, options: Mapping[str, Any] | None = None,
+               seed: int = 0) -> StepTask:
+        """A task from domain objects."""
+        if not samples:
+            raise ValueError(f"step {step} has no samples")
+        return cls(step=step, samples_json=json.dumps([s.model_dump(exclude_none=True) for s in samples]),
+                   cluster_json=cluster.model_dump_json(), cost_model_json=cost_model.model_dump_json(),
+                   options=dict(options or {}), seed=seed)
+
+
+@functools.lru_cache(maxsize=8)
+def _cluster(text: str) -> ClusterSpec:
+    return ClusterSpec.model_validate_json(text)
+
+
+@functools.lru_cache(maxsize=8)
+def _cost_model(text: str) -> CostModelFile:
+    return CostModelFile.model_validate_json(text)
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -266,9 +287,17 @@ def plan_samples(samples: list[Sample], *, cluster: ClusterSpec, cost_model: Cos
 
 
 def plan_step(task: StepTask) -> StepResult:
-    """Plan one epoch step with its derived seed (runs in a worker process)."""
-    return plan_samples(task.samples, cluster=task.cluster, cost_model=task.cost_model,
-                        options=task.options, step=task.step, seed=step_seed(task.seed, task.step))
+    """Plan one epoch step with its derived seed (runs in a worker process).
+
+    Raises:
+        ValueError: an empty or invalid batch, or any error of :func:`plan_samples`.
+    """
+    samples = [Sample.model_validate(s) for s in json.loads(task.samples_json)]
+    if not samples:
+        raise ValueError(f"step {task.step} has no samples")
+    return plan_samples(samples, cluster=_cluster(task.cluster_json),
+                        cost_model=_cost_model(task.cost_model_json), options=task.options,
+                        step=task.step, seed=step_seed(task.seed, task.step))
 
 
 class StepSink(Protocol):

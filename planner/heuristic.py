@@ -174,6 +174,10 @@ def heuristic_plan(table: CostTable, *, makespan_hint_s: float, num_candidates: 
     Raises:
         ValueError: when no multiset of allowed sizes can hold the batch.
     """
+    # Work limits are sized for 256 samples; larger batches get proportionally fewer runs
+    # (never fewer than 4), so a budget preset stays near its budget at 1024 samples.
+    num_lpt_runs = max(min(num_lpt_runs, 4),
+                       round(num_lpt_runs * min(1.0, 256 / max(len(table.samples), 1))))
     # Only as many multisets as the LPT runs can use (two runs each, then uniform ones).
     multisets = candidate_multisets(table, makespan_s=makespan_hint_s,
                                     limit=min(num_candidates, max(2, num_lpt_runs // 2 + 1)))
