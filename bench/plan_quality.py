@@ -168,8 +168,11 @@ def main() -> None:
     batches = [64, 256] if args.quick else args.batches
     out = args.out or ROOT / "bench" / "results" / (
         "plan_quality_quick.json" if args.quick else "plan_quality.json")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                            capture_output=True, check=False).stdout.strip()
     result: dict[str, Any] = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "git_commit": commit or None,
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "cpu_count": os.cpu_count(), "pinned": pinned,
                     "loadavg_at_start": os.getloadavg()},
