@@ -226,3 +226,26 @@ def test_for_budget_scales_the_work_limits() -> None:
     assert not small.aggregated_cpsat and not medium.aggregated_cpsat and large.aggregated_cpsat
     assert large.time_limit_s == 1.0
     assert PlannerConfig.for_budget(0.2, seed=4).seed == 4
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sizes", ["pow2", "any"])
+def test_a_24_gpu_world_with_24_heads(sizes: str) -> None:
+    from costmodel.analytic import analytic_cost_model
+    from costmodel.presets import load_hardware
+    from costmodel.specs import ClusterSpec, ModelSpec
+
+    model = ModelSpec(name="heads24", kind="1d", num_layers=24, hidden=3072, num_heads=24,
+                      ffn_hidden=8192, vocab=32000)
+    hardware = load_hardware("h200-sxm")
+    cmf = analytic_cost_model(model, hardware)
+    cluster = ClusterSpec(name="h200x24", hardware=hardware, num_gpus=24, gpus_per_node=8)
+    spec = WorkloadSpec.preset("text-longtail")
+    samples = sample_batch(spec, num_samples=120, seed=2, step=1)
+    plan = plan_batch(samples, cluster=cluster, cost_model=cmf,
+                      config=PlannerConfig(sizes=sizes))  # type: ignore[arg-type]
+    cm = CostModel(file=cmf, cluster=cluster)
+    assert validate_plan(plan, samples, cost_model=cm) == []
+    assert sum(g.size for g in plan.groups) == 24
+    if sizes == "pow2":
+        assert all(g.size & (g.size - 1) == 0 for g in plan.groups)
