@@ -71,9 +71,11 @@ def same_request(record: EpochRecord, *, rule: BatchRule, seed: int, cluster: Cl
 
 def _tasks(store: PlanStore, record: EpochRecord, cluster: ClusterSpec,
            cost_model: CostModelFile) -> Iterator[StepTask]:
+    cluster_json, cost_model_json = cluster.model_dump_json(), cost_model.model_dump_json()
     for step in store.pending_steps(record.id):
-        yield StepTask(step=step, samples=store.batch(record.id, step), cluster=cluster,
-                       cost_model=cost_model, options=record.spec["options"], seed=record.spec["seed"])
+        yield StepTask(step=step, samples_json=store.batch_json(record.id, step),
+                       cluster_json=cluster_json, cost_model_json=cost_model_json,
+                       options=record.spec["options"], seed=record.spec["seed"])
 
 
 class _MeteredSink:

@@ -291,8 +291,8 @@ class PlanStore:
             "WHERE b.epoch_id=? AND p.step IS NULL ORDER BY b.step", (epoch_id,)).fetchall()
         return [r["step"] for r in rows]
 
-    def batch(self, epoch_id: str, step: int) -> list[Sample]:
-        """The samples of one step (its membership, fixed at creation).
+    def batch_json(self, epoch_id: str, step: int) -> str:
+        """The samples of one step as stored (a JSON list; membership fixed at creation).
 
         Raises:
             KeyError: for an unknown epoch or step.
@@ -301,7 +301,15 @@ class PlanStore:
                                    (epoch_id, step)).fetchone()
         if row is None:
             raise KeyError(f"epoch {epoch_id!r} has no step {step}")
-        return [Sample.model_validate(s) for s in json.loads(row["samples"])]
+        return str(row["samples"])
+
+    def batch(self, epoch_id: str, step: int) -> list[Sample]:
+        """The samples of one step.
+
+        Raises:
+            KeyError: for an unknown epoch or step.
+        """
+        return [Sample.model_validate(s) for s in json.loads(self.batch_json(epoch_id, step))]
 
     def write_steps(self, epoch_id: str, results: Iterable[StepResult]) -> int:
         """Insert planned steps and advance ``steps_done``, in one transaction.

@@ -46,9 +46,9 @@ def test_offline_epoch_resumes_and_is_served(tmp_path: Path) -> None:
 
     # The same step planned in this process gives the same bytes.
     steps = make_steps(read_manifest(manifest), rule=BatchRule(samples_per_step=10), seed=4)
-    expected = plan_step(StepTask(step=3, samples=steps[3], cluster=load_cluster("h200x8"),
-                                  cost_model=default_cost_model_file("llama-7b", "h200-sxm"),
-                                  options=FAST, seed=4))
+    expected = plan_step(StepTask.create(step=3, samples=steps[3], cluster=load_cluster("h200x8"),
+                                         cost_model=default_cost_model_file("llama-7b", "h200-sxm"),
+                                         options=FAST, seed=4))
 
     settings = Settings(db_path=out, data_dir=tmp_path, num_workers=1)
     with TestClient(create_app(settings)) as client:

@@ -21,7 +21,8 @@ from planner.plan import RankPlan
 
 def _result(step: int, digest: str = "d" * 64) -> StepResult:
     return StepResult(step=step, plan_json=f'{{"step":{step}}}', digest=digest, gap=0.1,
-                      predicted_step_time_s=1.0, speedup_vs_bucket=1.5, solve_time_s=0.01)
+                      predicted_step_time_s=1.0, speedup_vs_bucket=1.5, solve_time_s=0.01,
+                      group_views=((0, 0, f'{{"step":{step}}}'),))
 
 
 def _steps(n: int) -> list[list[Sample]]:
@@ -59,6 +60,8 @@ def test_steps_written_once(tmp_path: Path) -> None:
     assert record is not None and record.steps_done == 3
     assert store.pending_steps("e") == [1]
     assert store.get_plan("e", 2) == ("d" * 64, '{"step":2}')
+    assert store.get_rank_view("e", 2, 0) == '{"rank":0,"step":2}'
+    assert store.get_rank_view("e", 1, 0) is None
     assert store.get_plan("e", 1) is None
     assert [s for s, _, _ in store.get_plans("e", start=0, stop=4)] == [0, 2, 3]
     assert store.summary("e")["mean_gap"] == pytest.approx(0.1)
@@ -69,7 +72,7 @@ def test_failed_transaction_leaves_nothing(tmp_path: Path) -> None:
     store = PlanStore.open(tmp_path / "p.sqlite")
     store.create_epoch("e", spec={}, steps=_steps(2))
     bad = StepResult(step=None, plan_json="{}", digest="d" * 64, gap=0, predicted_step_time_s=0,
-                     speedup_vs_bucket=None, solve_time_s=0)
+                     speedup_vs_bucket=None, solve_time_s=0, group_views=((0, 0, "{}"),))
     with pytest.raises(ValueError, match="step index"):
         store.write_steps("e", [_result(0), bad])
     record = store.get_epoch("e")
