@@ -2,7 +2,8 @@
 # Profile llama-7b and stdit3-xl shaped blocks on one GPU and write their fitted cost models.
 #
 #   bench/gpu_profile.sh                 # on a GPU machine (budget: < 8 minutes on one H200)
-#   DEVICE=cpu TINY=1 OUT_DIR=/tmp/gp bench/gpu_profile.sh   # the same code path, tiny, on a CPU
+#   DEVICE=cpu TINY=1 OUT_DIR=/tmp/gp RESULTS=/tmp/gp bench/gpu_profile.sh  # same path, tiny, CPU
+#                                      (TINY forces the fit: it checks the path, not the accuracy)
 #
 # What it does, per model: `dcp profile` at the model's full width with 2 layers (the fit scales
 # per-layer terms to all layers), a sweep of token counts, packings and checkpoint policies; then
@@ -43,20 +44,22 @@ echo "device=$DEVICE ($GPU_NAME, $NUM_GPUS GPUs) hardware=$HARDWARE dtype=$DTYPE
 if [[ "$TINY" == 1 ]]; then
   WIDTH_1D=(--hidden 128 --heads 4 --ffn 344 --vocab 1024)
   WIDTH_2D=(--hidden 128 --heads 4 --ffn 256 --text-tokens 8)
-  SWEEP_1D=(--tokens-min 128 --tokens-max 1024 --num-sizes 5)
-  SWEEP_2D=(--tokens-min 128 --tokens-max 1024 --num-sizes 4 --frames 1,2,4,8)
-  TIMING=(--warmup 1 --repeats 3 --threads 1)
+  SWEEP_1D=(--tokens-min 128 --tokens-max 1024 --num-sizes 5 --num-packed 2)
+  SWEEP_2D=(--tokens-min 128 --tokens-max 512 --num-sizes 4 --frames 1,2,4,8 --num-packed 2)
+  TIMING=(--warmup 1 --repeats 3 --threads 1 --cpu-clock thread)
   COMM_BYTES=(--bytes-min 65536 --bytes-max 1048576 --num-sizes 4 --repeats 3)
 else
   WIDTH_1D=()          # full width: hidden 4096, 32 heads, ffn 11008, vocab 32000
   WIDTH_2D=()          # full width: hidden 1152, 16 heads, ffn 4608, 300 text tokens
-  SWEEP_1D=(--tokens-min 1024 --tokens-max 32768 --num-sizes 8)
-  SWEEP_2D=(--tokens-min 1024 --tokens-max 65536 --num-sizes 7 --frames 1,4,16,32,64)
+  SWEEP_1D=(--tokens-min 1024 --tokens-max 32768 --num-sizes 8 --num-packed 3)
+  SWEEP_2D=(--tokens-min 1024 --tokens-max 65536 --num-sizes 7 --frames 1,4,16,32,64 --num-packed 3)
   TIMING=(--warmup 3 --repeats 10)
   COMM_BYTES=(--bytes-min 1048576 --bytes-max 268435456 --num-sizes 8 --repeats 10)
 fi
 COMMON=(--device "$DEVICE" --hardware "$HARDWARE" --dtype "$DTYPE" --layers 2 --layer-counts 1,2
-        --policies all --packings 2,4 --num-packed 3 --head-sizes 6)
+        --policies all --packings 2,4 --head-sizes 6)
+FIT_FLAGS=()
+if [[ "${FORCE:-$TINY}" == 1 ]]; then FIT_FLAGS=(--force); fi   # the dry run checks the path, not accuracy
 
 COMM_ARGS=(--comm-from "$HARDWARE")
 if [[ "$DEVICE" == cuda && "$NUM_GPUS" -ge 2 ]]; then
@@ -79,7 +82,7 @@ for model in llama-7b stdit3-xl; do
     ${width[@]+"${width[@]}"} "${sweep[@]}" "${TIMING[@]}"
   echo "profiled $model in $(( $(date +%s) - start )) s"
   out="$OUT_DIR/fitted-$model-$HARDWARE.json"
-  if "${DCP[@]}" fit "$prof" ${COMM_ARGS[@]+"${COMM_ARGS[@]}"} --out "$out" --json \
+  if "${DCP[@]}" fit "$prof" "${COMM_ARGS[@]}" ${FIT_FLAGS[@]+"${FIT_FLAGS[@]}"} --out "$out" --json \
       > "$WORK/$model.fit.json"; then
     cat "$WORK/$model.fit.json"
   else
