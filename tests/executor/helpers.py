@@ -69,25 +69,26 @@ def make_plan(groups: Sequence[GroupSpec], *, num_ranks: int, step: int = 0,
                 cost_model_id=cost_model_id, cluster_name="cpu4")
 
 
-def build_model(kind: str, *, seed: int = 0) -> torch.nn.Module:
-    """A reference model in fp64, deterministically initialised."""
+def build_model(kind: str, *, seed: int = 0, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
+    """A reference model (fp64 by default), deterministically initialised."""
     model = Llama1D(CONFIG) if kind == "1d" else STDiT2D(CONFIG)
-    model = model.to(torch.float64)
+    model = model.to(dtype)
     init_weights(model, seed=seed)
     return model
 
 
-def dataset_for(plan: Plan, kind: str) -> SyntheticDataset:
+def dataset_for(plan: Plan, kind: str, *, dtype: torch.dtype = torch.float64) -> SyntheticDataset:
     """Deterministic data for the plan's samples."""
     samples = [ps.sample for g in plan.groups for mb in g.micro_batches for ps in mb.samples]
     return SyntheticDataset(samples, kind=kind, vocab=CONFIG.vocab, channels=CONFIG.in_channels,
-                            seed=7, dtype=torch.float64)
+                            seed=7, dtype=dtype)
 
 
 def reference_backward(model: torch.nn.Module, plan: Plan, kind: str) -> None:
     """The plain large-batch step in one process: every sample in one packed batch, no SP."""
     samples = [ps.sample for g in plan.groups for mb in g.micro_batches for ps in mb.samples]
-    data = dataset_for(plan, kind)
+    dtype = next(model.parameters()).dtype
+    data = dataset_for(plan, kind, dtype=dtype)
     layout = PackedLayout(samples=tuple(sample_shape(s) for s in samples), group_size=1,
                           index_in_group=0)
     ctx = SPContext(layout=layout, group=None)
@@ -95,7 +96,7 @@ def reference_backward(model: torch.nn.Module, plan: Plan, kind: str) -> None:
     inputs = torch.cat([i["inputs"] for i in items])  # type: ignore[misc]
     targets = torch.cat([i["targets"] for i in items])  # type: ignore[misc]
     out = model(inputs, ctx, recompute_layers=[0] * len(samples))
-    weights = token_weights(samples, layout, plan.loss_normalizer, dtype=torch.float64, device="cpu")
+    weights = token_weights(samples, layout, plan.loss_normalizer, dtype=dtype, device="cpu")
     (model.token_losses(out, targets) * weights).sum().backward()  # type: ignore[operator]
 
 

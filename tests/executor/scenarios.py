@@ -71,7 +71,7 @@ def run_step(executor: Executor, model: torch.nn.Module, plan: Plan, kind: str) 
     """One planned step on this rank: digest check, micro-batches, world gradient sum."""
     rank_plan = plan.rank_view(executor.rank)
     executor.begin_step(rank_plan, step=plan.step or 0)
-    data = dataset_for(plan, kind)
+    data = dataset_for(plan, kind, dtype=next(model.parameters()).dtype)
     for work in executor.micro_batches(rank_plan, load_sample=data.load):
         out = model(work.inputs, work.ctx, recompute_layers=work.recompute_layers)
         work.loss(model.token_losses(out, work.targets)).backward()  # type: ignore[operator]
@@ -90,6 +90,9 @@ def worker(rank: int, port: int, out_dir: str) -> None:
                 model = build_model(kind)
                 run_step(executor, model, plan, kind)
                 results[f"grad_{kind}_{i}"] = _grads(model)
+            model = build_model(kind, dtype=torch.float32)
+            run_step(executor, model, plans[0], kind)
+            results[f"grad32_{kind}"] = _grads(model)
             # A few optimizer steps over the plans in turn.
             model = build_model(kind)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-2)

@@ -49,6 +49,19 @@ def test_gradient_equals_large_batch_step(results: list[dict[str, object]], kind
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("kind", ["1d", "2d"])
+def test_fp32_gradient_within_relative_tolerance(results: list[dict[str, object]], kind: str) -> None:
+    plans = scenarios.plans_1d() if kind == "1d" else scenarios.plans_2d()
+    model = build_model(kind, dtype=torch.float32)
+    reference_backward(model, plans[0], kind)
+    reference = [p.grad.detach().clone() for p in model.parameters()]  # type: ignore[union-attr]
+    scale = max(float(g.abs().max()) for g in reference)
+    for r, res in enumerate(results):
+        diff = _max_diff(res[f"grad32_{kind}"], reference)  # type: ignore[arg-type]
+        assert diff <= 1e-5 * scale, f"rank {r}: fp32 max abs diff {diff:.3e} > 1e-5 * {scale:.3e}"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("kind", ["1d", "2d"])
 def test_optimizer_steps_match_single_process(results: list[dict[str, object]], kind: str) -> None:
     plans = scenarios.plans_1d() if kind == "1d" else scenarios.plans_2d()
     model = build_model(kind)
