@@ -83,7 +83,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             warm_task.cancel()
             await asyncio.to_thread(jobs.shutdown)
-            executor.shutdown(wait=False, cancel_futures=True)
+            await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
             store.close()
             logger.info("planner service stopped")
 

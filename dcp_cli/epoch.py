@@ -101,7 +101,7 @@ def register(app: typer.Typer) -> None:
                     store, eid, get_cost_model=registry.get, executor=executor, num_workers=workers,
                     stop_state=lambda: "queued", on_written=on_written, max_steps=max_steps)
             finally:
-                executor.shutdown(wait=False, cancel_futures=True)
+                executor.shutdown(wait=True, cancel_futures=True)
         summary = store.summary(eid)
         store.close()
         typer.echo(f"epoch {final.id}: {final.state}, {final.steps_done}/{final.steps_total} steps "
