@@ -120,3 +120,19 @@ def test_executor_imports_neither_solver_nor_web_framework() -> None:
             "assert not bad, bad\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("kind", ["causal_1d", "spatial_2d", "temporal_2d"])
+def test_packed_attention_never_crosses_samples(kind: str) -> None:
+    from executor.attention import packed_attention
+
+    gen = torch.Generator().manual_seed(1)
+    shapes = (SampleShape(tokens=12, frames=3), SampleShape(tokens=8, frames=2))
+    q, k, v = (torch.randn(20, 2, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    packed = packed_attention(q, k, v, samples=shapes, kind=kind)  # type: ignore[arg-type]
+    first = packed_attention(q[:12], k[:12], v[:12], samples=shapes[:1], kind=kind)  # type: ignore[arg-type]
+    assert torch.allclose(packed[:12], first, atol=1e-14, rtol=0)
+    k2 = k.clone()
+    k2[12:] += 1.0  # change only the second sample
+    again = packed_attention(q, k2, v, samples=shapes, kind=kind)  # type: ignore[arg-type]
+    assert torch.equal(again[:12], packed[:12]) and not torch.allclose(again[12:], packed[12:])
