@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
 import os
 from collections.abc import AsyncIterator
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -24,6 +22,7 @@ from api.fastpath import RankViewFastPath
 from api.jobs import JobManager
 from api.limits import BodySizeLimitMiddleware
 from api.metrics import LatencyMiddleware, Metrics
+from api.pool import SolverPool
 from api.registry import CostModelRegistry
 from api.routers import cost_models, epochs, health, plans
 from api.settings import Settings
@@ -41,11 +40,6 @@ def warm_worker() -> int:
     return os.getpid()
 
 
-def make_executor(num_workers: int) -> ProcessPoolExecutor:
-    """The solver pool: spawned processes (safe next to the server's threads)."""
-    return ProcessPoolExecutor(max_workers=num_workers, mp_context=multiprocessing.get_context("spawn"))
-
-
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The service app for ``settings`` (read from the environment when None)."""
     settings = settings or Settings()
@@ -54,7 +48,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = PlanStore.open(settings.db_path)
         registry = CostModelRegistry(store)
-        executor = make_executor(settings.num_workers)
+        executor = SolverPool(settings.num_workers)
         metrics: Metrics = app.state.metrics
         metrics.plans_stored.set_function(lambda: float(store.num_plans()))
         jobs = JobManager(store, get_cost_model=registry.get, executor=executor,

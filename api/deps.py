@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hmac
-from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -12,6 +11,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.jobs import JobManager
 from api.metrics import Metrics
+from api.pool import SolverPool
 from api.registry import CostModelRegistry
 from api.settings import Settings
 from api.store import PlanStore
@@ -27,7 +27,7 @@ class ServiceState:
     """The plan store."""
     registry: CostModelRegistry
     """Cost models."""
-    executor: Executor
+    executor: SolverPool
     """The solver process pool."""
     jobs: JobManager
     """Epoch jobs."""

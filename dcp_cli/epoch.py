@@ -35,8 +35,8 @@ def register(app: typer.Typer) -> None:
         """Plan every step of an epoch (resumes an interrupted run of the same inputs)."""
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        from api.app import make_executor
         from api.jobs import prepare_epoch, run_epoch_job, same_request
+        from api.pool import make_executor
         from api.registry import CostModelRegistry, resolve_cluster
         from api.store import PlanStore
         from costmodel.schema import CostModelFile

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -241,3 +243,21 @@ def test_epoch_with_a_sample_that_fits_nowhere_fails_naming_it(client: TestClien
     status = _wait_done(client, "bad")
     assert status["state"] == "failed" and "giant" in status["error"]
     assert status["steps_done"] < status["steps_total"]  # the giant's step is never stored
+
+
+def test_pool_recovers_after_a_worker_is_killed(client: TestClient) -> None:
+    body = {"samples": [{"id": "a", "tokens": 4096}, {"id": "b", "tokens": 1024}], "cluster": "h200x8",
+            "cost_model_id": COST_MODEL, "options": FAST}
+    assert client.post("/v1/plans", json=body, headers=AUTH).status_code == 200
+    pool = client.app.state.service.executor  # type: ignore[attr-defined]
+    pids = pool.worker_pids()
+    assert pids
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    codes = []
+    for _ in range(3):  # the request in flight when the pool broke may get a 503, then it recovers
+        codes.append(client.post("/v1/plans", json=body, headers=AUTH).status_code)
+        if codes[-1] == 200:
+            break
+    assert codes[-1] == 200 and set(codes) <= {200, 503}, codes
+    assert pool.worker_pids() and not set(pool.worker_pids()) & set(pids)
