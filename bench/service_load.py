@@ -2,7 +2,7 @@
 
 Run::
 
-    .venv/bin/python bench/service_load.py            # full run (about 5 minutes on 2 cores)
+    .venv/bin/python bench/service_load.py            # full run (about 8 minutes on 2 cores)
     .venv/bin/python bench/service_load.py --quick    # smoke run (shorter phases)
 
 Phases, each against the same service and SQLite file:
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -47,8 +48,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
-import contextlib
 
 from api.store import PlanStore  # noqa: E402
 from costmodel.specs import Sample  # noqa: E402
@@ -299,16 +298,21 @@ def main() -> None:
     for item in args.option:
         key, _, value = item.partition("=")
         options[key] = json.loads(value)
-    epoch_steps = args.epoch_steps or (6 if args.quick else 40)
+    epoch_steps = args.epoch_steps or (6 if args.quick else 200)
     fetch_s = 10.0 if args.quick else 60.0
-    results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
-                               "quick": args.quick, "workers": args.workers}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True, check=False).stdout.strip()
+    results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
+                                           "loadavg_1m_at_start": os.getloadavg()[0]},
+                               "git_commit": commit, "quick": args.quick, "workers": args.workers}
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "plans.sqlite"
         log = Path(tmp) / "service.log"
         with Service(db, workers=args.workers, log=log) as svc:
             print(f"phase 1: epoch precompute, {epoch_steps} steps x {SAMPLES_PER_STEP} samples", flush=True)
+            load_before = os.getloadavg()[0]
             results["epoch"] = run_epoch_phase(svc, num_steps=epoch_steps, options=options)
+            results["epoch"]["loadavg_1m_before_after"] = [load_before, os.getloadavg()[0]]
             print(json.dumps(results["epoch"], indent=1), flush=True)
             print("phase 2: synchronous plans", flush=True)
             results["sync_plan"] = run_sync_phase(svc, num_requests=5 if args.quick else 30,
