@@ -53,11 +53,11 @@ class PlannerConfig:
     """Most improving moves of the local search per plan."""
     num_candidate_partitions: int = 24
     """Most group-size multisets the heuristic generates."""
-    num_lpt_runs: int = 4
+    num_lpt_runs: int = 6
     """Most LPT runs (multiset x target makespan) of the heuristic: its main work limit."""
     num_refined: int = 1
     """How many of the best multisets get the target bisection and the local search."""
-    num_target_probes: int = 4
+    num_target_probes: int = 3
     """Bisection steps on the LPT target makespan per refined multiset."""
     compute_baselines: bool = True
     """Compute the baselines (needed for the never-slower-than-a-baseline guarantee)."""
