@@ -15,7 +15,7 @@ from executor.client import (
     PlanUnavailableError,
     RetryPolicy,
 )
-from planner.epoch import BatchRule, StepTask, make_steps, plan_step
+from planner.epoch import BatchRule, make_steps, plan_samples, step_seed
 from planner.plan import Plan
 from tests.executor.helpers import free_port
 from tests.executor.service import OPTIONS, Service, start_epoch, tiny_manifest, tiny_setup
@@ -40,8 +40,8 @@ def _local_plan(step: int) -> Plan:
     """What the service would plan for ``step``: same batch rule, seed, cluster, cost model."""
     cluster, cost_model = tiny_setup()
     steps = make_steps(tiny_manifest(NUM_SAMPLES), rule=BatchRule(samples_per_step=PER_STEP), seed=SEED)
-    result = plan_step(StepTask(step=step, samples=steps[step], cluster=cluster, cost_model=cost_model,
-                                options=OPTIONS, seed=SEED))
+    result = plan_samples(steps[step], cluster=cluster, cost_model=cost_model, options=OPTIONS,
+                          step=step, seed=step_seed(SEED, step))
     return Plan.model_validate_json(result.plan_json)
 
 
@@ -79,23 +79,25 @@ def test_outage_shorter_than_deadline_is_ridden_out_longer_one_is_a_clear_error(
 
     service.stop()
     short = PlannerClient(service.url, retry=RetryPolicy(deadline_s=1.5, max_backoff_s=0.2))
-    start = time.monotonic()
-    with pytest.raises(PlanUnavailableError) as info:
-        PlanPrefetcher(short, epoch_id=EPOCH, rank=1, depth=0).get(2)
-    elapsed = time.monotonic() - start
-    message = str(info.value)
-    assert f"/v1/epochs/{EPOCH}/steps/2/ranks/1" in message
-    assert "deadline" in message and "attempts" in message and "ConnectError" in message
-    assert 1.4 <= elapsed <= 6.0
+    try:
+        start = time.monotonic()
+        with pytest.raises(PlanUnavailableError) as info:
+            PlanPrefetcher(short, epoch_id=EPOCH, rank=1, depth=0).get(2)
+        elapsed = time.monotonic() - start
+        message = str(info.value)
+        assert f"/v1/epochs/{EPOCH}/steps/2/ranks/1" in message
+        assert "deadline" in message and "attempts" in message and "ConnectError" in message
+        assert 1.4 <= elapsed <= 6.0
 
-    # With a local fallback the same step is planned in-process, identically.
-    fallback = PlanPrefetcher(short, epoch_id=EPOCH, rank=1, depth=0, fallback=_local_plan)
-    local = fallback.get(1)
-    assert fallback.num_fallbacks == 1
-    assert local == during  # same group, micro-batches, policies and digest as served
-    service.start()
-    short.close()
-    client.close()
+        # With a local fallback the same step is planned in-process, identically.
+        fallback = PlanPrefetcher(short, epoch_id=EPOCH, rank=1, depth=0, fallback=_local_plan)
+        local = fallback.get(1)
+        assert fallback.num_fallbacks == 1
+        assert local == during  # same group, micro-batches, policies and digest as served
+    finally:
+        service.start()
+        short.close()
+        client.close()
 
 
 @pytest.mark.timeout(60)
