@@ -4,7 +4,7 @@ Run (with a service on 127.0.0.1:8000, e.g. ``dcp serve``)::
 
     torchrun --nproc_per_node 4 examples/train_2d.py --url http://127.0.0.1:8000 --steps 4
 
-An ordinary data-parallel training loop; the lines marked ``# [dcp k/10]`` are all it takes to
+An ordinary data-parallel training loop; the lines marked ``# [dcp k/11]`` are all it takes to
 run it under DCP plans: process groups, plan prefetch, digest check, per-plan micro-batches
 with sequence parallelism and checkpoint policies, and one world gradient sum.
 """
@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import manifest, model_spec, parse_args, start_epoch
 
-from executor.client import PlannerClient, PlanPrefetcher, RetryPolicy  # [dcp 1/10]
+from executor.client import PlannerClient, PlanPrefetcher, RetryPolicy  # [dcp 1/11]
 from executor.data import PlanBatchSampler, SyntheticDataset, collate_items
 from executor.groups import GroupRegistry
 from executor.models import ModelConfig, STDiT2D, init_weights
@@ -46,29 +46,29 @@ def main() -> None:
     samples = manifest("2d", num_samples=args.num_samples, seed=args.seed)
     dataset = SyntheticDataset(samples, kind="2d", channels=config.in_channels, seed=args.seed)
 
-    client = PlannerClient(args.url, retry=RetryPolicy(deadline_s=args.deadline_s))  # [dcp 2/10]
+    client = PlannerClient(args.url, retry=RetryPolicy(deadline_s=args.deadline_s))  # [dcp 2/11]
     epoch_id, num_steps = start_epoch(client, spec=model_spec(config, kind="2d", name="ref-stdit-2d"),
                                       samples=samples, world_size=world, args=args)
     steps = min(args.steps, num_steps)
-    registry = GroupRegistry(world_size=world, rank=rank,  # [dcp 3/10]
+    registry = GroupRegistry(world_size=world, rank=rank,  # [dcp 3/11]
                              group_sizes=[d for d in range(1, world + 1) if config.num_heads % d == 0])
-    executor = Executor(registry=registry, weight_dtype=torch.float32)  # [dcp 4/10]
-    plans = PlanPrefetcher(client, epoch_id=epoch_id, rank=rank, num_steps=num_steps)  # [dcp 5/10]
-    sampler = PlanBatchSampler(plan_for_step=plans.get, steps=range(steps),  # [dcp 6/10]
+    executor = Executor(registry=registry, weight_dtype=torch.float32)  # [dcp 4/11]
+    plans = PlanPrefetcher(client, epoch_id=epoch_id, rank=rank, num_steps=num_steps)  # [dcp 5/11]
+    sampler = PlanBatchSampler(plan_for_step=plans.get, steps=range(steps),  # [dcp 6/11]
                                index_of=dataset.index_of)
     batches = iter(DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_items))
 
     for step in range(steps):
-        rank_plan = plans.get(step)  # [dcp 7/10]
-        executor.begin_step(rank_plan, step=step)  # [dcp 8/10]
+        rank_plan = plans.get(step)  # [dcp 7/11]
+        executor.begin_step(rank_plan, step=step)  # [dcp 8/11]
         optimizer.zero_grad(set_to_none=True)
         step_loss = torch.zeros(())
-        for work in executor.micro_batches(rank_plan, loaded=batches):  # [dcp 9/10]
+        for work in executor.micro_batches(rank_plan, loaded=batches):  # [dcp 9/11]
             pred = model(work.inputs, work.ctx, recompute_layers=work.recompute_layers)
-            loss = work.loss(STDiT2D.token_losses(pred, work.targets))  # [dcp 10/10]
+            loss = work.loss(STDiT2D.token_losses(pred, work.targets))  # [dcp 10/11]
             loss.backward()
             step_loss += loss.detach()
-        executor.sync_gradients(model)  # (replaces DDP's gradient all-reduce)
+        executor.sync_gradients(model)  # [dcp 11/11] (instead of DDP)
         optimizer.step()
         dist.all_reduce(step_loss)
         if rank == 0:
