@@ -25,6 +25,7 @@ import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import torch
@@ -151,7 +152,7 @@ def main() -> None:
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
-    table = {}
+    table: dict[str, Any] = {}
     print(f"executor overhead per step, {WORLD} gloo ranks, {args.steps} steps, "
           f"{args.compute_ms:.0f} ms simulated compute per step")
     print(f"{'mode':<12}{'part':<10}{'median ms':>11}{'p99 ms':>10}{'max ms':>10}")

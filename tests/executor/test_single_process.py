@@ -104,7 +104,7 @@ def test_dataset_is_deterministic_and_2d_shapes_match() -> None:
     a = SyntheticDataset([clip], kind="2d", channels=3, seed=1)[0]
     b = SyntheticDataset([clip], kind="2d", channels=3, seed=1)[0]
     assert torch.equal(a["inputs"], b["inputs"])  # type: ignore[arg-type]
-    assert a["inputs"].shape == (12, 3)  # type: ignore[union-attr]
+    assert a["inputs"].shape == (12, 3)  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="kind must be"):
         SyntheticDataset([clip], kind="3d")
 
