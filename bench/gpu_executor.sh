@@ -43,6 +43,11 @@ print("torch", torch.__version__, "device", torch.cuda.get_device_name() if "$DE
 PYEOF
 if [[ "$DEVICE" == "cuda" ]]; then nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv || true; fi
 
+if [[ "$DEVICE" == "cuda" ]] && "$PY" -c "import pytest" 2>/dev/null; then
+  # Correctness first: the executor's step on CUDA equals the CPU step (fp64, ~1 min).
+  timeout 180 "$PY" -m pytest -q -p no:cacheprovider tests/executor/test_gpu.py || echo "GPU TESTS FAILED"
+fi
+
 args=(--device "$DEVICE" --kinds 2d --layers "$LAYERS" --hidden "$HIDDEN" --heads "$HEADS"
       --tokens-min "$TOKENS_MIN" --tokens-max "$TOKENS_MAX" --repeats "$REPEATS" --out "$OUT")
 [[ -n "$DTYPE" ]] && args+=(--dtype "$DTYPE")
