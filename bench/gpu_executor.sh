@@ -27,7 +27,7 @@ TOKENS_MIN=${TOKENS_MIN:-1024}
 TOKENS_MAX=${TOKENS_MAX:-32768} # held-out micro-batches go up to ~12k tokens at this scale
 REPEATS=${REPEATS:-5}
 DTYPE=${DTYPE:-}
-LIMIT_S=${LIMIT_S:-420}
+LIMIT_S=${LIMIT_S:-360}
 OUT=${OUT:-bench/results/executor_policies_${DEVICE}.json}
 
 # The package and its light dependencies (torch must already be there, with CUDA for DEVICE=cuda).
@@ -45,7 +45,7 @@ if [[ "$DEVICE" == "cuda" ]]; then nvidia-smi --query-gpu=name,memory.total,memo
 
 if [[ "$DEVICE" == "cuda" ]] && "$PY" -c "import pytest" 2>/dev/null; then
   # Correctness first: the executor's step on CUDA equals the CPU step (fp64, ~1 min).
-  timeout 180 "$PY" -m pytest -q -p no:cacheprovider tests/executor/test_gpu.py || echo "GPU TESTS FAILED"
+  timeout 90 "$PY" -m pytest -q -p no:cacheprovider tests/executor/test_gpu.py || echo "GPU TESTS FAILED"
 fi
 
 args=(--device "$DEVICE" --kinds 2d --layers "$LAYERS" --hidden "$HIDDEN" --heads "$HEADS"
