@@ -343,7 +343,8 @@ def fit_profiles(profiles: Sequence[Profile], config: FitConfig | None = None) -
     if heads:
         head_s, head_fixed_s, head_bytes, terms["head_time"] = fit_head(heads, cfg)
     notes = [f"fitted to {len(compute)} compute, {len(heads)} head and {len(comm)} comm records "
-             f"({header.device} {header.device_name!r}, {header.dtype}, timing={cfg.time_statistic})",
+             f"({header.device} {header.device_name!r}, {header.dtype}, timer "
+             f"{header.timer or 'unstated'}, statistic {cfg.time_statistic})",
              f"profiled shape: {profiled.num_layers} layers, hidden {profiled.hidden}, "
              f"heads {profiled.num_heads}, ffn {profiled.ffn_hidden}, vocab {profiled.vocab}, "
              f"text tokens {profiled.cross_attention_tokens}"]
