@@ -9,6 +9,7 @@ resume at next start) and the pool.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -63,6 +64,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             pids = await asyncio.gather(*(loop.run_in_executor(executor, warm_worker)
                                           for _ in range(settings.num_workers)))
             state.ready = True
+            # Long-lived start-up objects leave the collector's view: shorter GC pauses on the
+            # request path.
+            gc.collect()
+            gc.freeze()
             logger.info("solver pool ready: %d worker(s) %s", len(set(pids)), sorted(set(pids)))
 
         warm_task = asyncio.create_task(warm())
