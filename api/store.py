@@ -28,7 +28,7 @@ from planner.epoch import StepResult, group_view_templates, rank_view_json
 
 logger = logging.getLogger(__name__)
 
-STORE_SCHEMA_VERSION = 2
+STORE_SCHEMA_VERSION = 3
 
 _MIGRATIONS: list[str] = [
     # 0 -> 1: initial schema.
@@ -80,6 +80,21 @@ _MIGRATIONS: list[str] = [
         view TEXT NOT NULL,
         PRIMARY KEY (epoch_id, step, first_rank)
     );
+    """,
+    # 2 -> 3: running sums per epoch, kept in the transaction that stores the steps, so a job's
+    # summary never scans its plans (reading past the large plan column is slow).
+    """
+    ALTER TABLE epochs ADD COLUMN sum_gap REAL NOT NULL DEFAULT 0;
+    ALTER TABLE epochs ADD COLUMN sum_step_time_s REAL NOT NULL DEFAULT 0;
+    ALTER TABLE epochs ADD COLUMN sum_speedup REAL NOT NULL DEFAULT 0;
+    ALTER TABLE epochs ADD COLUMN num_speedup INTEGER NOT NULL DEFAULT 0;
+    UPDATE epochs SET
+        sum_gap = COALESCE((SELECT SUM(gap) FROM plans p WHERE p.epoch_id = epochs.id), 0),
+        sum_step_time_s = COALESCE((SELECT SUM(predicted_step_time_s) FROM plans p
+                                    WHERE p.epoch_id = epochs.id), 0),
+        sum_speedup = COALESCE((SELECT SUM(speedup_vs_bucket) FROM plans p
+                                WHERE p.epoch_id = epochs.id), 0),
+        num_speedup = (SELECT COUNT(speedup_vs_bucket) FROM plans p WHERE p.epoch_id = epochs.id)
     """,
 ]
 
@@ -321,6 +336,8 @@ class PlanStore:
         conn.execute("BEGIN IMMEDIATE")
         try:
             new = 0
+            sum_gap = sum_step_time_s = sum_speedup = 0.0
+            num_speedup = 0
             for r in results:
                 if r.step is None:
                     raise ValueError("an epoch step result needs a step index")
@@ -331,12 +348,20 @@ class PlanStore:
                      r.speedup_vs_bucket))
                 if cur.rowcount:
                     new += 1
+                    sum_gap += r.gap
+                    sum_step_time_s += r.predicted_step_time_s
+                    if r.speedup_vs_bucket is not None:
+                        sum_speedup += r.speedup_vs_bucket
+                        num_speedup += 1
                     views = r.group_views or tuple(group_view_templates(r.plan_json, digest=r.digest))
                     conn.executemany(
                         "INSERT INTO plan_groups(epoch_id, step, first_rank, last_rank, view) "
                         "VALUES (?, ?, ?, ?, ?)",
                         [(epoch_id, r.step, first, last, view) for first, last, view in views])
-            conn.execute("UPDATE epochs SET steps_done = steps_done + ? WHERE id=?", (new, epoch_id))
+            conn.execute("UPDATE epochs SET steps_done = steps_done + ?, sum_gap = sum_gap + ?, "
+                         "sum_step_time_s = sum_step_time_s + ?, sum_speedup = sum_speedup + ?, "
+                         "num_speedup = num_speedup + ? WHERE id=?",
+                         (new, sum_gap, sum_step_time_s, sum_speedup, num_speedup, epoch_id))
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -382,12 +407,18 @@ class PlanStore:
         return {r["step"]: r["digest"] for r in rows}
 
     def summary(self, epoch_id: str) -> dict[str, float | None]:
-        """Mean gap, mean predicted speedup over bucket, and mean predicted step time."""
+        """Mean gap, mean predicted speedup over bucket, and mean predicted step time
+        (None before the first step; from running sums, no scan of the plans)."""
         row = self._conn().execute(
-            "SELECT AVG(gap) AS gap, AVG(speedup_vs_bucket) AS speedup, "
-            "AVG(predicted_step_time_s) AS step_s FROM plans WHERE epoch_id=?", (epoch_id,)).fetchone()
-        return {"mean_gap": row["gap"], "mean_speedup_vs_bucket": row["speedup"],
-                "mean_predicted_step_time_s": row["step_s"]}
+            "SELECT steps_done, sum_gap, sum_step_time_s, sum_speedup, num_speedup FROM epochs "
+            "WHERE id=?", (epoch_id,)).fetchone()
+        if row is None or row["steps_done"] == 0:
+            return {"mean_gap": None, "mean_speedup_vs_bucket": None, "mean_predicted_step_time_s": None}
+        done = row["steps_done"]
+        return {"mean_gap": row["sum_gap"] / done,
+                "mean_speedup_vs_bucket": (row["sum_speedup"] / row["num_speedup"]
+                                           if row["num_speedup"] else None),
+                "mean_predicted_step_time_s": row["sum_step_time_s"] / done}
 
     def num_plans(self) -> int:
         """Plans stored over all epochs."""
