@@ -121,9 +121,14 @@ def packed_multiset(table: CostTable, order: list[int], *, target_s: float,
         return None
     area = np.where(meets, table.time_s * sizes[None, :], np.inf)
     best_col = area.argmin(axis=1)
+    by_area = np.argsort(area, axis=1, kind="stable")
+    within = area <= area[np.arange(len(best_col)), best_col][:, None] * fill_tolerance
     cls = table.classes.class_of
-    # Open groups per size column: lists of [load, free bytes of the open micro-batch].
-    open_groups: dict[int, list[list[float]]] = {}
+    # Open groups per size column: loads and free bytes of the open micro-batch (arrays with
+    # room for every group the world could hold), and how many are open.
+    loads = {j: np.zeros(n // d) for j, d in enumerate(table.sizes)}
+    frees = {j: np.full(n // d, -1.0) for j, d in enumerate(table.sizes)}
+    opened = dict.fromkeys(range(len(table.sizes)), 0)
     used = 0
     pos = 0
     while pos < len(order):
@@ -134,41 +139,42 @@ def packed_multiset(table: CostTable, order: list[int], *, target_s: float,
         jb = int(best_col[c])
         # Sizes to try: the most efficient first, then open groups of sizes within the
         # tolerance (leftover time of a big group is worth filling with mid-size samples).
-        tolerated = [jb] + [j for j in np.argsort(area[c], kind="stable").tolist()
-                            if j != jb and area[c, j] <= area[c, jb] * fill_tolerance]
+        tolerated = [jb] + [int(j) for j in by_area[c] if j != jb and within[c, j]]
         while pos < end:
-            # Fullest group that still meets the target with one more copy.
-            best_k, best_finish, j = -1, -1.0, jb
+            # Fullest open group that still meets the target with one more copy.
+            best_k, j = -1, jb
             for jj in tolerated:
-                t = float(table.time_s[c, jj])
-                m = float(table.mem_bytes[c, jj])
-                for k, (ld, fr) in enumerate(open_groups.get(jj, [])):
-                    finish = ld + t + (o if fr < m else 0.0)
-                    if finish <= target_s and finish > best_finish:
-                        best_k, best_finish, j = k, finish, jj
-                if best_k >= 0:
+                count = opened[jj]
+                if not count:
+                    continue
+                finish = (loads[jj][:count] + table.time_s[c, jj]
+                          + o * (frees[jj][:count] < table.mem_bytes[c, jj]))
+                finish = np.where(finish <= target_s, finish, -np.inf)
+                k = int(finish.argmax())
+                if finish[k] > -np.inf:
+                    best_k, j = k, jj
                     break
-            pool = open_groups.setdefault(j, [])
             if best_k < 0:
                 used += table.sizes[j]
                 if used > n:
                     return None
-                pool.append([0.0, -1.0])
-                best_k = len(pool) - 1
+                best_k = opened[j]
+                opened[j] += 1
             t, m = float(table.time_s[c, j]), float(table.mem_bytes[c, j])
-            state = pool[best_k]
+            ld, fr = float(loads[j][best_k]), float(frees[j][best_k])
             first = True
             while pos < end:
-                opens = state[1] < m
-                nxt = state[0] + t + (o if opens else 0.0)
+                opens = fr < m
+                nxt = ld + t + (o if opens else 0.0)
                 if not first and nxt > target_s:
                     break
                 first = False
-                state[1] = budget - m if opens else state[1] - m
-                state[0] = nxt
+                fr = budget - m if opens else fr - m
+                ld = nxt
                 pos += 1
+            loads[j][best_k], frees[j][best_k] = ld, fr
     filler = fill_ranks(n - used, table.sizes)
     if filler is None:
         return None
-    multiset = [table.sizes[j] for j, pool in open_groups.items() for _ in pool] + filler
+    multiset = [table.sizes[j] for j, count in opened.items() for _ in range(count)] + filler
     return sorted(multiset, reverse=True)
