@@ -144,7 +144,7 @@ def plan_batch(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: C
             baselines[name] = t
             if baseline_best is None or t < baseline_best[0]:
                 baseline_best = (t, name, b_draft)
-    if baseline_best is not None and baseline_best[0] < best_time * (1 - 1e-12):
+    if baseline_best is not None and baseline_best[0] < best_time:
         logger.info("baseline %s (%.6f s) beats the planner (%.6f s)", baseline_best[1],
                     baseline_best[0], best_time)
         best_time, method, draft = baseline_best[0], baseline_best[1], baseline_best[2]
