@@ -275,14 +275,36 @@ async def _load(port: int, *, epoch_id: str, num_clients: int, duration_s: float
             "mean_ms": statistics.fmean(lat) * 1e3 if lat else float("nan")}
 
 
+RANK_ROUTE = "/v1/epochs/{epoch_id}/steps/{step}/ranks/{rank}"
+
+
+def _server_buckets(svc: Service) -> dict[float, float]:
+    """Cumulative counts of the service's own latency histogram for 200s of the rank route."""
+    out: dict[float, float] = {}
+    for line in httpx.get(f"{svc.url}/metrics", timeout=10).text.splitlines():
+        if (line.startswith("dcp_http_request_duration_seconds_bucket{") and f'route="{RANK_ROUTE}"' in line
+                and 'status="200"' in line):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out[float(le)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def run_fetch(svc: Service, *, epoch_id: str, num_clients: int, duration_s: float, order: str,
               interval_s: float | None = None) -> dict[str, Any]:
     store = PlanStore.open(svc.db)
     digests = store.digests(epoch_id)
     store.close()
-    return asyncio.run(_load(svc.port, epoch_id=epoch_id, num_clients=num_clients,
-                             duration_s=duration_s, warmup_s=2.0, digests=digests, order=order,
-                             interval_s=interval_s))
+    before = _server_buckets(svc)
+    result = asyncio.run(_load(svc.port, epoch_id=epoch_id, num_clients=num_clients,
+                               duration_s=duration_s, warmup_s=2.0, digests=digests, order=order,
+                               interval_s=interval_s))
+    after = _server_buckets(svc)
+    total = after.get(float("inf"), 0.0) - before.get(float("inf"), 0.0)
+    # Server-side view (request received -> response sent, inside the service), from /metrics.
+    result["server_share_within"] = {
+        f"{le * 1e3:g}ms": (after[le] - before.get(le, 0.0)) / total
+        for le in sorted(after) if le <= 0.01 and total > 0}
+    return result
 
 
 # ------------------------------------------------------------------------ main
@@ -352,11 +374,12 @@ def print_table(r: dict[str, Any]) -> None:
           f"mean gap {e['mean_gap']:.3f}, mean speedup vs bucket {e['mean_speedup_vs_bucket']:.2f}x")
     print(f"sync plan ({s['samples']} samples): p50 {s['p50_s'] * 1e3:.0f} ms, p99 {s['p99_s'] * 1e3:.0f} ms")
     print(f"{'clients':>8} {'mode':>28} {'order':>10} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'max ms':>8} {'errors':>7} {'RSS MB':>7}")
+          f"{'max ms':>8} {'errors':>7} {'RSS MB':>7} {'server<=5ms':>11}")
     for f in r["fetch"]:
         print(f"{f['clients']:>8} {f['mode']:>28} {f['order']:>10} {f['throughput_rps']:>8.0f} {f['p50_ms']:>8.2f} "
               f"{f['p99_ms']:>8.2f} {f['max_ms']:>8.1f} {f['errors']:>7} "
-              f"{f['rss_after_bytes']['main'] / 2**20:>7.0f}")
+              f"{f['rss_after_bytes']['main'] / 2**20:>7.0f} "
+              f"{f['server_share_within'].get('5ms', float('nan')) * 100:>10.2f}%")
 
 
 if __name__ == "__main__":
