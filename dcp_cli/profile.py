@@ -207,7 +207,8 @@ def register(app: typer.Typer) -> None:
         holdout: float = typer.Option(0.25, help="Share of points held out for MAPE."),
         max_mape: float = typer.Option(0.10, help="Refuse a fit above this held-out MAPE."),
         force: bool = typer.Option(False, "--force", help="Write the fit even above --max-mape."),
-        time_statistic: str = typer.Option("median", help="median or min of the timed repeats."),
+        time_statistic: str = typer.Option(
+            "median", help="median or min (the fastest repeat: steadier on a shared CPU)."),
         seed: int = typer.Option(0, help="Seed of the hold-out split."),
         model_id: str = typer.Option("", "--id", help="Id of the cost model (default fitted-M-HW)."),
         comm_from: str = typer.Option(
