@@ -14,9 +14,16 @@ def unprocessable(loc: Sequence[str | int], message: str) -> NoReturn:
                         detail=[{"loc": list(loc), "msg": message, "type": "value_error"}])
 
 
-def not_found(message: str) -> NoReturn:
-    """Raise a 404 with a clear detail."""
-    raise HTTPException(status_code=status.HTTP_404_NOT_FOUND, detail=message)
+def not_found(message: str, *, retry_after_s: int | None = None) -> NoReturn:
+    """Raise a 404 with a clear detail.
+
+    Args:
+        message: What was not found.
+        retry_after_s: When set, the resource is expected to appear (a step still being
+            planned): a ``Retry-After`` header tells clients to retry; without it the 404 is final.
+    """
+    headers = None if retry_after_s is None else {"Retry-After": str(retry_after_s)}
+    raise HTTPException(status_code=status.HTTP_404_NOT_FOUND, detail=message, headers=headers)
 
 
 def conflict(message: str) -> NoReturn:

@@ -112,7 +112,10 @@ class PlannerClient:
                 code = response.status_code
                 if code < 400:
                     return response
-                if code in _RETRY_STATUS or (code == 404 and retry_not_found):
+                # A 404 is retried only when the service says the plan is coming (Retry-After:
+                # a step still being planned); an unknown epoch or step fails at once.
+                if code in _RETRY_STATUS or (code == 404 and retry_not_found
+                                             and "retry-after" in response.headers):
                     last = f"HTTP {code}: {_detail(response)}"
                 else:
                     raise PlanRequestError(f"{method} {url} -> HTTP {code}: {_detail(response)}")

@@ -14,7 +14,7 @@ from api.jobs import prepare_epoch
 from api.manifests import PathEscapeError, load_manifest, resolve_manifest_path
 from api.registry import resolve_cluster
 from api.schemas import EPOCH_ID_PATTERN, EpochRequest, EpochStatus, EpochSummary, StepPlan
-from api.store import EpochExistsError, EpochRecord
+from api.store import ACTIVE_STATES, EpochExistsError, EpochRecord
 from costmodel.specs import Sample
 from planner.epoch import BatchRule
 from planner.plan import RankPlan
@@ -54,7 +54,9 @@ def _missing_step(record: EpochRecord, step: int) -> Response:
     if step >= record.steps_total:
         not_found(f"epoch {record.id!r} has {record.steps_total} steps; step {step} does not exist")
     not_found(f"step {step} of epoch {record.id!r} is not planned yet ({record.steps_done}/"
-              f"{record.steps_total} done, job {record.state}); retry later")
+              f"{record.steps_total} done, job {record.state})"
+              + ("; retry later" if record.state in ACTIVE_STATES else ""),
+              retry_after_s=1 if record.state in ACTIVE_STATES else None)
 
 
 @router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=EpochStatus, dependencies=[Writer],

@@ -160,6 +160,7 @@ def test_epoch_lifecycle(client: TestClient, settings: Settings) -> None:
     assert [r["step"] for r in ranged] == [0, 1]
     missing = client.get("/v1/epochs/e1/steps/2")
     assert missing.status_code == 404 and "has 2 steps" in missing.json()["detail"]
+    assert "retry-after" not in missing.headers  # final: clients must not wait for it
     assert client.get("/v1/epochs/nope/steps/0").status_code == 404
     assert client.get("/v1/epochs/nope").status_code == 404
     assert [e["epoch_id"] for e in client.get("/v1/epochs").json()] == ["e1"]
@@ -225,6 +226,18 @@ def test_cancel(client: TestClient) -> None:
     time.sleep(0.3)
     later = client.get("/v1/epochs/c1").json()
     assert later["state"] == "cancelled" and later["steps_done"] == status["steps_done"]
+    unplanned = client.get("/v1/epochs/c1/steps/49/ranks/0")
+    assert unplanned.status_code == 404 and "not planned yet" in unplanned.json()["detail"]
+    assert "retry-after" not in unplanned.headers  # a cancelled job will not plan it
+
+
+def test_step_still_being_planned_says_retry_after(client: TestClient) -> None:
+    body = _epoch_body(epoch_id="r1", manifest_jsonl=manifest_lines(800), batch={"samples_per_step": 8})
+    assert client.post("/v1/epochs", json=body, headers=AUTH).status_code == 202
+    pending = client.get("/v1/epochs/r1/steps/99/ranks/0")
+    assert client.get("/v1/epochs/r1").json()["state"] in ("queued", "running")
+    assert pending.status_code == 404 and pending.headers["retry-after"] == "1", pending.text
+    client.post("/v1/epochs/r1/cancel", headers=AUTH)
 
 
 def test_cors_off_by_default_and_on_when_configured(client: TestClient, settings: Settings) -> None:

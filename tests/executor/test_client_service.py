@@ -110,6 +110,17 @@ def test_bad_request_fails_at_once(service: Service) -> None:
         assert time.monotonic() - start < 5
 
 
+@pytest.mark.timeout(60)
+def test_unknown_epoch_or_step_fails_at_once(service: Service) -> None:
+    with PlannerClient(service.url, retry=RetryPolicy(deadline_s=30)) as client:
+        start = time.monotonic()
+        with pytest.raises(PlanRequestError, match="HTTP 404: unknown epoch 'no-such-epoch'"):
+            client.rank_plan("no-such-epoch", 0, 0)
+        with pytest.raises(PlanRequestError, match="step 999 does not exist"):
+            client.rank_plan(EPOCH, 999, 0)
+        assert time.monotonic() - start < 5
+
+
 def test_retry_policy_rejects_bad_values() -> None:
     with pytest.raises(ValueError, match="deadline_s"):
         RetryPolicy(deadline_s=0)
