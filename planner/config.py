@@ -59,6 +59,11 @@ class PlannerConfig:
     """How many of the best multisets get the target bisection and the local search."""
     num_target_probes: int = 3
     """Bisection steps on the LPT target makespan per refined multiset."""
+    bucket_tolerance: float = 0.02
+    """Relative work difference up to which consecutive samples (in decreasing work order) are
+    placed in bulk by the heuristic's LPT and packing runs, as FlexSP buckets near-equal
+    sequences; costs, the local search and the final plan stay exact per sample (0: bulk
+    placement of identical samples only)."""
     compute_baselines: bool = True
     """Compute the baselines (needed for the never-slower-than-a-baseline guarantee)."""
     baseline_group_size: int | None = None
@@ -116,6 +121,8 @@ class PlannerConfig:
         if self.num_candidate_partitions < 1:
             raise ValueError(
                 f"num_candidate_partitions must be at least 1, got {self.num_candidate_partitions}")
+        if not 0 <= self.bucket_tolerance < 1:
+            raise ValueError(f"bucket_tolerance must be in [0, 1), got {self.bucket_tolerance}")
         if not self.exact_time_limit_s > 0:
             raise ValueError(f"exact_time_limit_s must be positive, got {self.exact_time_limit_s}")
         if self.baseline_group_size is not None and self.baseline_group_size < 1:

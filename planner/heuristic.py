@@ -40,6 +40,34 @@ def _order(table: CostTable) -> list[int]:
     return sorted(range(len(cls)), key=lambda i: (-work[cls[i]], i))
 
 
+def bucket_runs(table: CostTable, order: list[int], *, tolerance: float) -> list[int]:
+    """End positions of runs of near-equal samples in ``order`` (decreasing work).
+
+    A run starts at a sample and takes the following ones while their work (most efficient
+    GPU-seconds) is within ``tolerance`` of the first's and their fitting sizes are the same:
+    the search assigns a run in bulk (as FlexSP buckets near-equal sequences), while every
+    sample keeps its exact cost. ``tolerance=0`` gives runs of identical samples only.
+    """
+    sizes = np.asarray(table.sizes, dtype=np.float64)
+    work: list[float] = np.min(table.time_s * sizes[None, :], axis=1).tolist()
+    fits = [tuple(row) for row in np.isfinite(table.time_s).tolist()]
+    cls = table.classes.class_of
+    ends: list[int] = []
+    pos = 0
+    while pos < len(order):
+        c0 = cls[order[pos]]
+        floor = work[c0] * (1.0 - tolerance)
+        end = pos + 1
+        while end < len(order):
+            c = cls[order[end]]
+            if c != c0 and (tolerance <= 0 or work[c] < floor or fits[c] != fits[c0]):
+                break
+            end += 1
+        ends.append(end)
+        pos = end
+    return ends
+
+
 @dataclass(slots=True)
 class _Layout:
     """Groups of one multiset with per-class cost rows gathered per group (class x group)."""
@@ -66,14 +94,17 @@ def _layout(table: CostTable, multiset: list[int]) -> _Layout | None:
 
 
 def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: float | None = None,
-        strict: bool = False) -> list[GroupState] | None:
+        strict: bool = False, runs: list[int] | None = None) -> list[GroupState] | None:
     """Assign samples to the groups of a multiset.
 
     Without a target: earliest finish first (LPT). With a target makespan: among the groups
     where the sample finishes by the target, the one that runs it in the fewest GPU-seconds
     (then the fullest: best fit); earliest finish when no group meets the target. Each group
     fills its last micro-batch until the next sample does not fit, then opens another.
-    ``strict`` gives up (None) as soon as a sample cannot meet the target.
+    ``strict`` gives up (None) as soon as a sample cannot meet the target. ``runs`` (from
+    ``bucket_runs``; default: runs of identical samples) are placed in bulk: the group chosen
+    for a run's next sample keeps taking the run's following samples, each at its own exact
+    cost, while the per-sample rule would still choose it had they been copies.
     """
     layout = _layout(table, multiset)
     if layout is None:
@@ -87,17 +118,15 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
     scale = 4.0 * (target_s or 1.0) + 1.0  # key = area rank * scale - finish orders both
     keys = layout.area_rank * scale
     inf = np.inf
-    # Runs of identical samples (same class, consecutive in the order) are placed in bulk: the
-    # chosen group keeps taking copies while the per-sample rule would still choose it.
+    if runs is None:
+        runs = bucket_runs(table, order, tolerance=0.0)
+    time_s, mem_bytes = layout.time_s, layout.mem_bytes
     pos = 0
-    while pos < len(order):
-        c = cls[order[pos]]
-        end = pos + 1
-        while end < len(order) and cls[order[end]] == c:
-            end += 1
-        m_row = layout.mem_bytes[c]
-        t_row = layout.time_s[c]
+    for end in runs:
         while pos < end:
+            c = cls[order[pos]]
+            m_row = mem_bytes[c]
+            t_row = time_s[c]
             need = free < m_row
             finish = load + t_row + o * need
             gi = -1
@@ -119,16 +148,17 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
                     finish[gi] = inf
                     limit = float(finish.min())
             g = groups[gi]
-            t, m = float(t_row[gi]), float(m_row[gi])
             ld, fr = float(load[gi]), float(free[gi])
             first = True
             while pos < end:
+                i = order[pos]
+                ci = cls[i]
+                t, m = float(time_s[ci, gi]), float(mem_bytes[ci, gi])
                 opens = fr < m
                 nxt = ld + t + (o if opens else 0.0)
-                if not first and nxt > limit:
+                if not first and (nxt > limit or t == inf):
                     break
                 first = False
-                i = order[pos]
                 if opens:
                     fr = budget - m
                     g.mbs.append([i])
@@ -157,7 +187,8 @@ def to_draft(table: CostTable, groups: list[GroupState]) -> Draft:
 
 def heuristic_plan(table: CostTable, *, makespan_hint_s: float, num_candidates: int,
                    num_lpt_runs: int, max_moves: int, num_refined: int = 2,
-                   num_target_probes: int = 4) -> tuple[Draft, list[list[int]]]:
+                   num_target_probes: int = 4, bucket_tolerance: float = 0.0
+                   ) -> tuple[Draft, list[list[int]]]:
     """The heuristic's best draft and the multisets it tried.
 
     Args:
@@ -170,6 +201,9 @@ def heuristic_plan(table: CostTable, *, makespan_hint_s: float, num_candidates: 
         num_refined: How many of the best multisets get the target bisection, and how many of
             the best results the local search.
         num_target_probes: Bisection steps on the target makespan per refined multiset.
+        bucket_tolerance: Relative work difference up to which consecutive samples form one
+            run that the LPT and the on-demand packing place in bulk (``bucket_runs``); the
+            local search and every cost stay exact per sample.
 
     Raises:
         ValueError: when no multiset of allowed sizes can hold the batch.
@@ -186,18 +220,19 @@ def heuristic_plan(table: CostTable, *, makespan_hint_s: float, num_candidates: 
             f"no partition of {table.cost_model.cluster.num_gpus} ranks into groups of sizes "
             f"{table.sizes} (nodes of {table.cost_model.cluster.gpus_per_node}) can hold the batch")
     order = _order(table)
+    bucketed = bucket_runs(table, order, tolerance=bucket_tolerance)
     runs: list[tuple[list[int], float | None]] = []
     for factors in ((None, 1.0), (1.03, 1.07, 1.15)):
         for ms in multisets:
             runs.extend((ms, None if f is None else makespan_hint_s * f) for f in factors)
     scored: list[tuple[float, int, list[GroupState]]] = []
     for idx, (ms, target) in enumerate(runs[:max(1, num_lpt_runs)]):
-        groups = lpt(table, ms, order, target_s=target)
+        groups = lpt(table, ms, order, target_s=target, runs=bucketed)
         if groups is not None:
             scored.append((max(g.load_s for g in groups), idx, groups))
     if not scored:  # every sample fits the largest size, so the largest uniform multiset works
         for idx, (ms, target) in enumerate(runs):
-            groups = lpt(table, ms, order, target_s=target)
+            groups = lpt(table, ms, order, target_s=target, runs=bucketed)
             if groups is not None:
                 scored.append((max(g.load_s for g in groups), idx, groups))
                 break
@@ -211,7 +246,7 @@ def heuristic_plan(table: CostTable, *, makespan_hint_s: float, num_candidates: 
     seen = {tuple(ms) for ms in multisets}
     for _ in range(num_target_probes + 2):
         mid = 0.5 * (lo + hi)
-        ms_new = packed_multiset(table, order, target_s=mid)
+        ms_new = packed_multiset(table, order, target_s=mid, runs=bucketed)
         if ms_new is None:
             lo = mid
             continue
@@ -220,7 +255,7 @@ def heuristic_plan(table: CostTable, *, makespan_hint_s: float, num_candidates: 
             continue
         seen.add(tuple(ms_new))
         for target in (mid, None):
-            trial = lpt(table, ms_new, order, target_s=target)
+            trial = lpt(table, ms_new, order, target_s=target, runs=bucketed)
             if trial is not None:
                 probed.append((max(g.load_s for g in trial), -1 - len(probed), trial))
     scored = sorted(scored + probed, key=lambda item: (item[0], item[1]))
@@ -232,7 +267,7 @@ def heuristic_plan(table: CostTable, *, makespan_hint_s: float, num_candidates: 
         lo, hi = makespan_hint_s, makespan
         for probe in range(num_target_probes):
             mid = 0.5 * (lo + hi)
-            trial = lpt(table, ms, order, target_s=mid, strict=True)
+            trial = lpt(table, ms, order, target_s=mid, strict=True, runs=bucketed)
             if trial is None:
                 lo = mid
                 continue

@@ -102,7 +102,8 @@ def _round_groups(groups: np.ndarray, sizes: list[int], n: int, *, ceil_largest:
 
 
 def packed_multiset(table: CostTable, order: list[int], *, target_s: float,
-                    fill_tolerance: float = 1.3) -> list[int] | None:
+                    fill_tolerance: float = 1.3, runs: list[int] | None = None
+                    ) -> list[int] | None:
     """The groups a target makespan calls for: bin packing with groups opened on demand.
 
     Each sample (decreasing work) goes to the fullest open group of its most efficient size
@@ -110,7 +111,9 @@ def packed_multiset(table: CostTable, order: list[int], *, target_s: float,
     that each need half the target on a group of 4 need two such groups), which the
     fractional demands of ``candidate_multisets`` do not. Returns the multiset, filled up to
     the world size with the smallest groups, or None if it needs more ranks than the world has
-    or a sample cannot meet the target.
+    or a sample cannot meet the target. ``runs``: end positions of runs of near-equal samples
+    in ``order`` (``heuristic.bucket_runs``; default: runs of identical samples), placed in
+    bulk with each sample at its exact cost.
     """
     cluster = table.cost_model.cluster
     n = cluster.num_gpus
@@ -126,33 +129,43 @@ def packed_multiset(table: CostTable, order: list[int], *, target_s: float,
     cls = table.classes.class_of
     # Open groups per size column: loads and free bytes of the open micro-batch (arrays with
     # room for every group the world could hold), and how many are open.
-    loads = {j: np.zeros(n // d) for j, d in enumerate(table.sizes)}
-    frees = {j: np.full(n // d, -1.0) for j, d in enumerate(table.sizes)}
+    # Plain lists: a handful of open groups per size, where numpy's per-call cost dominates.
+    loads: dict[int, list[float]] = {j: [0.0] * (n // d) for j, d in enumerate(table.sizes)}
+    frees: dict[int, list[float]] = {j: [-1.0] * (n // d) for j, d in enumerate(table.sizes)}
+    time_rows: list[list[float]] = table.time_s.tolist()
+    mem_rows: list[list[float]] = table.mem_bytes.tolist()
     opened = dict.fromkeys(range(len(table.sizes)), 0)
     used = 0
+    if runs is None:
+        runs = [end for end in range(1, len(order) + 1)
+                if end == len(order) or cls[order[end]] != cls[order[end - 1]]]
+    tolerated_of: dict[int, list[int]] = {}
     pos = 0
-    while pos < len(order):
-        c = cls[order[pos]]
-        end = pos + 1
-        while end < len(order) and cls[order[end]] == c:
-            end += 1
-        jb = int(best_col[c])
-        # Sizes to try: the most efficient first, then open groups of sizes within the
-        # tolerance (leftover time of a big group is worth filling with mid-size samples).
-        tolerated = [jb] + [int(j) for j in by_area[c] if j != jb and within[c, j]]
+    for end in runs:
         while pos < end:
+            c = cls[order[pos]]
+            jb = int(best_col[c])
+            # Sizes to try: the most efficient first, then open groups of sizes within the
+            # tolerance (leftover time of a big group is worth filling with mid-size samples).
+            tolerated = tolerated_of.get(c)
+            if tolerated is None:
+                tolerated = [jb] + [int(j) for j in by_area[c] if j != jb and within[c, j]]
+                tolerated_of[c] = tolerated
             # Fullest open group that still meets the target with one more copy.
             best_k, j = -1, jb
             for jj in tolerated:
                 count = opened[jj]
                 if not count:
                     continue
-                finish = (loads[jj][:count] + table.time_s[c, jj]
-                          + o * (frees[jj][:count] < table.mem_bytes[c, jj]))
-                finish = np.where(finish <= target_s, finish, -np.inf)
-                k = int(finish.argmax())
-                if finish[k] > -np.inf:
-                    best_k, j = k, jj
+                t_c, m_c = time_rows[c][jj], mem_rows[c][jj]
+                load_j, free_j = loads[jj], frees[jj]
+                best_finish = -np.inf
+                for k in range(count):  # the first of the latest finishes within the target
+                    finish = load_j[k] + t_c + (o if free_j[k] < m_c else 0.0)
+                    if best_finish < finish <= target_s:
+                        best_finish, best_k = finish, k
+                if best_k >= 0:
+                    j = jj
                     break
             if best_k < 0:
                 used += table.sizes[j]
@@ -160,13 +173,14 @@ def packed_multiset(table: CostTable, order: list[int], *, target_s: float,
                     return None
                 best_k = opened[j]
                 opened[j] += 1
-            t, m = float(table.time_s[c, j]), float(table.mem_bytes[c, j])
-            ld, fr = float(loads[j][best_k]), float(frees[j][best_k])
+            ld, fr = loads[j][best_k], frees[j][best_k]
             first = True
             while pos < end:
+                ci = cls[order[pos]]
+                t, m = time_rows[ci][j], mem_rows[ci][j]
                 opens = fr < m
                 nxt = ld + t + (o if opens else 0.0)
-                if not first and nxt > target_s:
+                if not first and not nxt <= target_s:
                     break
                 first = False
                 fr = budget - m if opens else fr - m

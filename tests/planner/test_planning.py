@@ -198,7 +198,7 @@ def test_non_power_of_two_sizes_are_used_when_allowed() -> None:
 @pytest.mark.parametrize(("field", "value"), [
     ("time_limit_s", 0.0), ("num_workers", 0), ("sizes", "odd"), ("max_group_size", 0),
     ("group_sizes", ()), ("loss_normalization", "bytes"), ("num_lpt_runs", 0),
-    ("memory_safety_fraction", 0.7),
+    ("memory_safety_fraction", 0.7), ("bucket_tolerance", -0.1), ("bucket_tolerance", 1.0),
 ])
 def test_config_rejects_bad_values(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
@@ -249,3 +249,58 @@ def test_a_24_gpu_world_with_24_heads(sizes: str) -> None:
     assert sum(g.size for g in plan.groups) == 24
     if sizes == "pow2":
         assert all(g.size & (g.size - 1) == 0 for g in plan.groups)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("tolerance", [0.0, 0.02, 0.1])
+def test_bucket_runs_hold_near_equal_samples_only(tolerance: float) -> None:
+    from planner.heuristic import _order, bucket_runs
+    from planner.planning import prepare
+
+    spec, cluster, cmf, _ = _setup("text-longtail", "h200x32")
+    samples = sample_batch(spec, num_samples=256, seed=0, step=1)
+    table = prepare(samples, cluster=cluster, cost_model=cmf, config=PlannerConfig()).table
+    order = _order(table)
+    ends = bucket_runs(table, order, tolerance=tolerance)
+    assert ends[-1] == len(order) and ends == sorted(set(ends))
+    sizes = [float(d) for d in table.sizes]
+    cls = table.classes.class_of
+    work = [min(table.time_s[c, j] * sizes[j] for j in range(len(sizes)))
+            for c in range(table.classes.num_classes)]
+    start = 0
+    for end in ends:
+        run = [cls[i] for i in order[start:end]]
+        if tolerance == 0:
+            assert len(set(run)) == 1
+        for c in run:
+            assert work[c] >= work[run[0]] * (1 - tolerance)
+            assert list(table.time_s[c] < float("inf")) == list(table.time_s[run[0]] < float("inf"))
+        start = end
+    if tolerance > 0:  # distinct lengths: bucketing must merge some of them
+        assert len(ends) < table.classes.num_classes
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workload", ["text-longtail", "video-balanced"])
+def test_bucketed_search_keeps_exact_per_sample_plans(workload: str) -> None:
+    spec, cluster, cmf, cm = _setup(workload, "h200x32")
+    samples = sample_batch(spec, num_samples=200, seed=1, step=4)
+    for tolerance in (0.0, 0.05):
+        config = PlannerConfig(bucket_tolerance=tolerance)
+        plan = plan_batch(samples, cluster=cluster, cost_model=cmf, config=config,
+                          reference_sample=spec.max_sample)
+        assert validate_plan(plan, samples, cost_model=cm) == []
+        assert simulate(plan, cm).step_time_s == pytest.approx(plan.predicted_step_time_s,
+                                                               rel=1e-9)
+        assert sorted(plan.sample_ids) == sorted(s.id for s in samples)
+        by_id = {s.id: s for s in samples}
+        for g in plan.groups:  # each sample unchanged and costed exactly on its group
+            for mb in g.micro_batches:
+                for ps in mb.samples:
+                    assert ps.sample == by_id[ps.sample.id]
+                    assert ps.predicted_time_s == pytest.approx(float(cm.sample_time_s(
+                        ps.sample.tokens, group_size=g.size, recompute_layers=ps.recompute_layers,
+                        frames=ps.sample.num_frames, spatial=ps.sample.spatial_tokens)), rel=1e-9)
+        again = plan_batch(samples, cluster=cluster, cost_model=cmf, config=config,
+                           reference_sample=spec.max_sample)
+        assert again.content_digest() == plan.content_digest()
