@@ -105,6 +105,7 @@ class CostTable:
         self.samples = list(samples)
         self.classes = SampleClasses.of(self.samples)
         self.sizes = list(sizes)
+        self._col_of = {d: j for j, d in enumerate(self.sizes)}
         self.num_layers = cost_model.num_layers
         self.overhead_s = cost_model.file.compute.microbatch_overhead_s
         self.grad_sync_s = cost_model.grad_sync_time_s()
@@ -165,8 +166,15 @@ class CostTable:
         self.recompute_s_per_layer[:, j] = (tl - t0) / max(layers, 1)
 
     def size_index(self, d: int) -> int:
-        """Column of group size ``d``."""
-        return self.sizes.index(d)
+        """Column of group size ``d``.
+
+        Raises:
+            ValueError: if ``d`` is not an allowed size.
+        """
+        col = self._col_of.get(d)
+        if col is None:
+            raise ValueError(f"group size {d} is not among the allowed sizes {self.sizes}")
+        return col
 
     def sample_time(self, i: int, j: int) -> float:
         """Time of sample ``i`` at size column ``j`` under its ``k_min`` (inf if it cannot fit)."""
