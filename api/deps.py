@@ -9,12 +9,15 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from api.errors import not_found, unprocessable
 from api.jobs import JobManager
 from api.metrics import Metrics
 from api.pool import SolverPool
-from api.registry import CostModelRegistry
+from api.registry import CostModelRegistry, resolve_cluster
 from api.settings import Settings
 from api.store import PlanStore
+from costmodel.schema import CostModelFile
+from costmodel.specs import ClusterSpec
 
 
 @dataclass(kw_only=True, slots=True)
@@ -35,6 +38,22 @@ class ServiceState:
     """Prometheus metrics."""
     ready: bool = field(default=False)
     """True once the pool's workers are started."""
+
+    def planning_inputs(self, *, cluster: str | ClusterSpec, cost_model_id: str
+                        ) -> tuple[ClusterSpec, CostModelFile]:
+        """The cluster and the registered cost model of a request.
+
+        Raises:
+            HTTPException: 422 at ``body.cluster`` for a bad cluster, 404 for an unknown cost model.
+        """
+        try:
+            spec = resolve_cluster(cluster)
+        except ValueError as exc:
+            unprocessable(["body", "cluster"], str(exc))
+        try:
+            return spec, self.registry.get(cost_model_id)
+        except KeyError as exc:
+            not_found(str(exc.args[0]))
 
 
 async def get_state(request: Request) -> ServiceState:

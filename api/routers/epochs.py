@@ -12,7 +12,6 @@ from api.deps import ServiceState, State, Writer
 from api.errors import bad_request, conflict, not_found, unprocessable
 from api.jobs import prepare_epoch
 from api.manifests import PathEscapeError, load_manifest, resolve_manifest_path
-from api.registry import resolve_cluster
 from api.schemas import EPOCH_ID_PATTERN, EpochRequest, EpochStatus, EpochSummary, StepPlan
 from api.store import ACTIVE_STATES, EpochExistsError, EpochRecord
 from costmodel.specs import Sample
@@ -70,14 +69,7 @@ async def create_epoch(body: EpochRequest, state: State) -> EpochStatus:
     epoch_id = body.epoch_id or f"epoch-{uuid.uuid4().hex[:12]}"
     if state.store.get_epoch(epoch_id) is not None:
         conflict(f"epoch {epoch_id!r} already exists")
-    try:
-        cluster = resolve_cluster(body.cluster)
-    except ValueError as exc:
-        unprocessable(["body", "cluster"], str(exc))
-    try:
-        cost_model = state.registry.get(body.cost_model_id)
-    except KeyError as exc:
-        not_found(str(exc.args[0]))
+    cluster, cost_model = state.planning_inputs(cluster=body.cluster, cost_model_id=body.cost_model_id)
     path = None
     if body.manifest_path is not None:
         try:

@@ -11,8 +11,8 @@ from concurrent.futures.process import BrokenProcessPool
 from fastapi import APIRouter, HTTPException, Response, status
 
 from api.deps import State, Writer
-from api.errors import not_found, unprocessable
-from api.registry import check_compatible, resolve_cluster
+from api.errors import unprocessable
+from api.registry import check_compatible
 from api.schemas import PlanRequest, PlanResponse
 from planner.epoch import build_config, plan_samples
 
@@ -33,14 +33,7 @@ async def create_plan(body: PlanRequest, state: State) -> Response:
     limit = state.settings.max_samples_per_batch
     if len(body.samples) > limit:
         unprocessable(["body", "samples"], f"{len(body.samples)} samples exceed the limit of {limit}")
-    try:
-        cluster = resolve_cluster(body.cluster)
-    except ValueError as exc:
-        unprocessable(["body", "cluster"], str(exc))
-    try:
-        cost_model = state.registry.get(body.cost_model_id)
-    except KeyError as exc:
-        not_found(str(exc.args[0]))
+    cluster, cost_model = state.planning_inputs(cluster=body.cluster, cost_model_id=body.cost_model_id)
     try:
         check_compatible(cost_model, cluster)
     except ValueError as exc:
