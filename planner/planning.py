@@ -155,6 +155,15 @@ def plan_batch(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: C
         with_sync = solver_bound + table.grad_sync_s
         if with_sync > bound_value:
             bound_value, bound_kind = with_sync, "cpsat"
+    if (config.lp_bound_iterations > 0 and status != "OPTIMAL"
+            and best_time > bound_value * (1 + config.lp_bound_min_gap)):
+        from planner.lp_bound import partition_lp_bound  # imports scipy's LP solver
+
+        lp = partition_lp_bound(table, lower_s=bound_value - table.grad_sync_s,
+                                upper_s=best_time - table.grad_sync_s,
+                                iterations=config.lp_bound_iterations) + table.grad_sync_s
+        if lp > bound_value:
+            bound_value, bound_kind = lp, "partition-lp"
     if status == "OPTIMAL" and best_time > bound_value:
         bound_value, bound_kind = best_time, "cpsat-optimal"
     meta = PlanMeta(status=status, method=method, wall_time_s=time.perf_counter() - start,

@@ -69,3 +69,41 @@ def test_heuristic_bounds_never_exceed_the_optimum() -> None:
                           config=PlannerConfig(use_cpsat=False, memory_safety_fraction=0.0))
         assert plan.lower_bound.value_s <= best * (1 + 1e-9), (tokens, plan.lower_bound)
         assert plan.predicted_step_time_s >= best * (1 - 1e-9)
+
+
+@pytest.mark.timeout(120)
+def test_partition_lp_bound_never_exceeds_the_optimum() -> None:
+    from planner.lp_bound import lp_feasible, partition_lp_bound
+    from planner.planning import prepare
+
+    rng = random.Random(2024)
+    cmf = tiny_cost_model()
+    config = PlannerConfig(use_cpsat=False, memory_safety_fraction=0.0)
+    raised = 0
+    cases = [([2400, 1300, 1250, 1200, 120, 90], 4, 2), ([1500, 1400, 1300, 300, 200], 4, 2),
+             ([900, 850, 800, 60, 50], 2, 1)]
+    for _ in range(9):
+        cases.append(([rng.randint(30, 2500) for _ in range(rng.randint(2, 6))], 4, 2))
+    for trial, (tokens, num_gpus, per_node) in enumerate(cases):
+        cluster = tiny_cluster(num_gpus=num_gpus, gpus_per_node=per_node)
+        cm = CostModel(file=cmf, cluster=cluster)
+        samples = samples_of(tokens, prefix=f"lp{trial}-")
+        sizes = [d for d in cm.allowed_group_sizes() if d & (d - 1) == 0]
+        best = optimum_step_time_s(samples, cm, sizes)
+        prep = prepare(samples, cluster=cluster, cost_model=cmf, config=config)
+        sync = prep.table.grad_sync_s
+        optimum_compute = best - sync
+        # Feasible at the optimum (the optimal plan is a solution), and monotone above it.
+        assert lp_feasible(prep.table, optimum_compute * (1 + 1e-9))
+        assert lp_feasible(prep.table, optimum_compute * 1.5)
+        lower = prep.bounds.compute_makespan_s
+        bound = partition_lp_bound(prep.table, lower_s=lower, upper_s=optimum_compute * 1.2,
+                                   iterations=30)
+        assert lower <= bound <= optimum_compute * (1 + 1e-9), (tokens, bound, optimum_compute)
+        raised += bound > lower * (1 + 1e-6)
+        # And the plan reports it only as a true bound.
+        plan = plan_batch(samples, cluster=cluster, cost_model=cmf,
+                          config=PlannerConfig(use_cpsat=False, memory_safety_fraction=0.0,
+                                               lp_bound_iterations=30, lp_bound_min_gap=0.0))
+        assert plan.lower_bound.value_s <= best * (1 + 1e-9), (tokens, plan.lower_bound)
+    assert raised >= 1  # the LP is tighter than the other bounds on some instance

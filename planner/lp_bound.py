@@ -1,0 +1,133 @@
+"""The partition LP bound: an LP relaxation over (sample class, group size) with group counts.
+
+Notation as in ``planner.bounds``: ``t_c(d)`` is a class-``c`` sample's time on a group of size
+``d`` under its cheapest fitting policy, ``o`` the per-micro-batch overhead, ``n_c`` the
+class's sample count, ``N`` the world size.
+
+Take any plan whose compute makespan (slowest group, gradient sync excluded) is at most ``T``.
+Let ``x[c, d]`` be how many class-``c`` samples it runs on groups of size ``d`` and ``y[d]``
+how many groups of size ``d`` it has. Then
+
+1. ``sum_d x[c, d] = n_c`` (every sample runs once), and ``x[c, d] = 0`` when
+   ``t_c(d) + o > T`` (a group that runs it pays at least one overhead);
+2. ``sum_d d * y[d] <= N`` (the groups partition the world);
+3. ``sum_c t_c(d) * x[c, d] <= (T - o) * y[d]`` (each group's samples take at least their
+   ``t_c(d)``, and a group with work pays ``o`` at least once);
+4. for ``k = 1, 2, 3``: ``sum over c with t_c(d) > (T - o)/(k + 1) of x[c, d] <= k * y[d]``
+   (``k + 1`` such samples in one group would exceed ``T - o``).
+
+So the plan gives a feasible point of this LP (integral, hence fractional too): if the LP has
+no solution at ``T``, no plan has compute makespan ``<= T``. Every constraint loosens as ``T``
+grows (more sizes allowed, more capacity, fewer "large" samples), so feasibility is monotone
+and a bisection between a known bound and a plan's makespan finds the threshold; the largest
+``T`` proven infeasible is a lower bound. Constraint 4 is what the area bounds miss: several
+samples that each need a mid-size group occupy one group each, and the rest of those groups
+can only be filled at that size's (poorer) efficiency.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from scipy.optimize import linprog
+from scipy.sparse import coo_matrix
+
+from planner.costs import CostTable
+
+logger = logging.getLogger(__name__)
+
+_MAX_SHARED = 3
+"""Constraint 4 for ``k = 1 .. _MAX_SHARED``."""
+
+
+def lp_feasible(table: CostTable, deadline_s: float) -> bool:
+    """Whether the partition LP has a solution at compute makespan ``deadline_s``.
+
+    Returns True when the solver cannot decide (so a caller never raises a bound on a
+    numerical failure).
+    """
+    o = table.overhead_s
+    cap = deadline_s - o
+    if cap <= 0:
+        return False
+    time_s = table.time_s
+    num_c, num_d = time_s.shape
+    counts = np.array([len(m) for m in table.classes.members], dtype=np.float64)
+    allowed = np.isfinite(time_s) & (time_s + o <= deadline_s)
+    if not allowed.any(axis=1).all():
+        return False
+    cs, js = np.nonzero(allowed)
+    num_x = len(cs)
+    num_vars = num_x + num_d
+    x_ids = np.arange(num_x)
+    # Equalities: every class runs exactly n_c times.
+    a_eq = coo_matrix((np.ones(num_x), (cs, x_ids)), shape=(num_c, num_vars)).tocsr()
+    rows: list[np.ndarray] = []
+    cols: list[np.ndarray] = []
+    vals: list[np.ndarray] = []
+    b_ub: list[float] = []
+    row = 0
+    # Capacity per size: sum_c t_c(d) x[c, d] - cap * y[d] <= 0.
+    for j in range(num_d):
+        sel = js == j
+        rows += [np.full(int(sel.sum()) + 1, row)]
+        cols += [np.append(x_ids[sel], num_x + j)]
+        vals += [np.append(time_s[cs[sel], js[sel]], -cap)]
+        b_ub.append(0.0)
+        row += 1
+    # At most k samples longer than cap / (k + 1) per group.
+    t_x = time_s[cs, js]
+    for k in range(1, _MAX_SHARED + 1):
+        for j in range(num_d):
+            sel = (js == j) & (t_x > cap / (k + 1))
+            if not sel.any():
+                continue
+            rows += [np.full(int(sel.sum()) + 1, row)]
+            cols += [np.append(x_ids[sel], num_x + j)]
+            vals += [np.append(np.ones(int(sel.sum())), -float(k))]
+            b_ub.append(0.0)
+            row += 1
+    # The groups partition the world.
+    rows += [np.full(num_d, row)]
+    cols += [num_x + np.arange(num_d)]
+    vals += [np.asarray(table.sizes, dtype=np.float64)]
+    b_ub.append(float(table.cost_model.cluster.num_gpus))
+    row += 1
+    a_ub = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                      shape=(row, num_vars)).tocsr()
+    result = linprog(np.zeros(num_vars), A_ub=a_ub, b_ub=np.asarray(b_ub), A_eq=a_eq,
+                     b_eq=counts, bounds=(0, None), method="highs")
+    return bool(result.status != 2)  # 2: proven infeasible
+
+
+def partition_lp_bound(table: CostTable, *, lower_s: float, upper_s: float,
+                       iterations: int) -> float:
+    """The partition LP bound on the compute makespan, at least ``lower_s``.
+
+    Args:
+        table: Costs of the batch.
+        lower_s: A known lower bound of the compute makespan (returned when the LP cannot
+            raise it).
+        upper_s: A compute makespan some plan reaches (the LP is feasible there).
+        iterations: Bisection steps after the first test just above ``lower_s``.
+
+    Returns:
+        The largest deadline in ``[lower_s, upper_s)`` where the LP was proven infeasible,
+        or ``lower_s``.
+    """
+    if not upper_s > lower_s or iterations <= 0:
+        return lower_s
+    lo, hi = lower_s, upper_s
+    probe = lower_s * (1 + 1e-3)
+    if probe >= hi or lp_feasible(table, probe):
+        return lo
+    lo = probe
+    for _ in range(iterations):
+        mid = 0.5 * (lo + hi)
+        if lp_feasible(table, mid):
+            hi = mid
+        else:
+            lo = mid
+    logger.debug("partition LP bound %.6f s (from %.6f s; plan %.6f s)", lo, lower_s, upper_s)
+    return lo
