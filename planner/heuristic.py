@@ -8,6 +8,9 @@
 2. LPT: samples in decreasing work order go to the group where they finish earliest; each group
    packs its samples first-fit into micro-batches under the memory cap, each sample at its
    cheapest fitting policy, and pays the micro-batch overhead per micro-batch it opens.
+   Near-equal samples (work within ``bucket_tolerance``, as FlexSP's buckets) are placed in
+   bulk runs, each at its own exact cost; the group choice runs on plain lists (a few dozen
+   groups, where numpy's per-call cost dominated the profile).
 3. Bisection on the target makespan of an on-demand packing (``multisets.packed_multiset``),
    whose multisets get the LPT too, and on the LPT target for the best multisets.
 4. Local search on the best candidates (``local_search``): move or swap samples off the
@@ -113,47 +116,57 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
     num_groups = len(groups)
     cls = table.classes.class_of
     o, budget = table.overhead_s, table.budget_bytes
-    load = np.zeros(num_groups)
-    free = np.full(num_groups, -1.0)  # free bytes of each group's open micro-batch
+    # Plain lists: per sample, a few operations on a few dozen groups, where numpy's per-call
+    # cost would dominate. Same arithmetic and tie-breaks (first index) as the vector form.
+    load = [0.0] * num_groups
+    free = [-1.0] * num_groups  # free bytes of each group's open micro-batch
     scale = 4.0 * (target_s or 1.0) + 1.0  # key = area rank * scale - finish orders both
-    keys = layout.area_rank * scale
+    keys: list[list[float]] = (layout.area_rank * scale).tolist()
     inf = np.inf
     if runs is None:
         runs = bucket_runs(table, order, tolerance=0.0)
-    time_s, mem_bytes = layout.time_s, layout.mem_bytes
+    time_s: list[list[float]] = layout.time_s.tolist()
+    mem_bytes: list[list[float]] = layout.mem_bytes.tolist()
+    span = range(num_groups)
     pos = 0
     for end in runs:
         while pos < end:
             c = cls[order[pos]]
-            m_row = mem_bytes[c]
-            t_row = time_s[c]
-            need = free < m_row
-            finish = load + t_row + o * need
+            m_row, t_row = mem_bytes[c], time_s[c]
+            finish = [load[g] + t_row[g] + (o if free[g] < m_row[g] else 0.0) for g in span]
             gi = -1
             limit = inf
             if target_s is not None:
-                key = np.where(finish <= target_s, keys[c] - finish, inf)
-                gi = int(key.argmin())
-                if key[gi] == inf:
+                key_row = keys[c]
+                best_key = inf
+                for g in span:
+                    f = finish[g]
+                    if f <= target_s and key_row[g] - f < best_key:
+                        best_key, gi = key_row[g] - f, g
+                if gi < 0:
                     if strict:
                         return None
-                    gi = -1
                 else:
                     limit = target_s
             if gi < 0:
-                gi = int(finish.argmin())
-                if finish[gi] == inf:
+                best1 = best2 = inf
+                for g in span:
+                    f = finish[g]
+                    if f < best1:
+                        best1, best2, gi = f, best1, g
+                    elif f < best2:
+                        best2 = f
+                if gi < 0:
                     return None
                 if end - pos > 1 and num_groups > 1:
-                    finish[gi] = inf
-                    limit = float(finish.min())
-            g = groups[gi]
-            ld, fr = float(load[gi]), float(free[gi])
+                    limit = best2
+            g_state = groups[gi]
+            ld, fr = load[gi], free[gi]
             first = True
             while pos < end:
                 i = order[pos]
                 ci = cls[i]
-                t, m = float(time_s[ci, gi]), float(mem_bytes[ci, gi])
+                t, m = time_s[ci][gi], mem_bytes[ci][gi]
                 opens = fr < m
                 nxt = ld + t + (o if opens else 0.0)
                 if not first and (nxt > limit or t == inf):
@@ -161,17 +174,17 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
                 first = False
                 if opens:
                     fr = budget - m
-                    g.mbs.append([i])
-                    g.free_bytes.append(fr)
+                    g_state.mbs.append([i])
+                    g_state.free_bytes.append(fr)
                 else:
                     fr -= m
-                    g.mbs[-1].append(i)
-                    g.free_bytes[-1] = fr
+                    g_state.mbs[-1].append(i)
+                    g_state.free_bytes[-1] = fr
                 ld = nxt
                 pos += 1
             load[gi], free[gi] = ld, fr
-    for gi, g in enumerate(groups):
-        g.load_s = float(load[gi])
+    for gi, state in enumerate(groups):
+        state.load_s = float(load[gi])
     return groups
 
 
