@@ -78,7 +78,7 @@ def run_cell(workload: str, cluster_name: str, num_samples: int, steps: int,
             sync = table.grad_sync_s
             bound_lp = max(bound_lp, sync + partition_lp_bound(
                 table, lower_s=bound_lp - sync, upper_s=plan.predicted_step_time_s - sync,
-                iterations=10))
+                iterations=10, integral_groups=True))
         rows.append({
             "bound_lp_s": bound_lp, "gap_lp": plan.predicted_step_time_s / bound_lp - 1,
             "step": step, "step_time_s": plan.predicted_step_time_s,

@@ -69,6 +69,9 @@ class PlannerConfig:
     when the gap to the other bounds is over ``lp_bound_min_gap`` (0: never). It only changes
     the reported bound, never the plan; each step is one LP solve (~5 ms for 256 samples), so
     the 50 ms preset leaves it off and ``for_budget`` turns it on from 0.2 s."""
+    lp_bound_integral: bool = False
+    """Whole group counts in the partition LP bound (a small MIP: tighter, about twice the
+    time; ``for_budget`` turns it on from 0.5 s)."""
     lp_bound_min_gap: float = 0.01
     """Relative gap above which the partition LP bound is computed."""
     compute_baselines: bool = True
@@ -97,7 +100,8 @@ class PlannerConfig:
             # development machine: 0.02 leaves the wall-clock cap unused in most calls.
             work = dict(num_lpt_runs=48, num_refined=3, local_search_max_moves=600,
                         num_target_probes=8, aggregated_cpsat=True,
-                        cpsat_deterministic_time=0.02, lp_bound_iterations=8)
+                        cpsat_deterministic_time=0.02, lp_bound_iterations=8,
+                        lp_bound_integral=True)
         work.update(overrides)
         return cls(time_limit_s=time_limit_s, **work)  # type: ignore[arg-type]
 

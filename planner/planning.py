@@ -161,7 +161,8 @@ def plan_batch(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: C
 
         lp = partition_lp_bound(table, lower_s=bound_value - table.grad_sync_s,
                                 upper_s=best_time - table.grad_sync_s,
-                                iterations=config.lp_bound_iterations) + table.grad_sync_s
+                                iterations=config.lp_bound_iterations,
+                                integral_groups=config.lp_bound_integral) + table.grad_sync_s
         if lp > bound_value:
             bound_value, bound_kind = lp, "partition-lp"
     if status == "OPTIMAL" and best_time > bound_value:

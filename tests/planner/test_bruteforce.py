@@ -79,7 +79,7 @@ def test_partition_lp_bound_never_exceeds_the_optimum() -> None:
     rng = random.Random(2024)
     cmf = tiny_cost_model()
     config = PlannerConfig(use_cpsat=False, memory_safety_fraction=0.0)
-    raised = 0
+    raised = tighter = 0
     cases = [([2400, 1300, 1250, 1200, 120, 90], 4, 2), ([1500, 1400, 1300, 300, 200], 4, 2),
              ([900, 850, 800, 60, 50], 2, 1)]
     for _ in range(9):
@@ -97,13 +97,21 @@ def test_partition_lp_bound_never_exceeds_the_optimum() -> None:
         assert lp_feasible(prep.table, optimum_compute * (1 + 1e-9))
         assert lp_feasible(prep.table, optimum_compute * 1.5)
         lower = prep.bounds.compute_makespan_s
+        assert lp_feasible(prep.table, optimum_compute * (1 + 1e-9), integral_groups=True)
         bound = partition_lp_bound(prep.table, lower_s=lower, upper_s=optimum_compute * 1.2,
                                    iterations=30)
         assert lower <= bound <= optimum_compute * (1 + 1e-9), (tokens, bound, optimum_compute)
+        whole = partition_lp_bound(prep.table, lower_s=lower, upper_s=optimum_compute * 1.2,
+                                   iterations=30, integral_groups=True)
+        # (the MIP's tolerances differ slightly from the LP's)
+        assert bound * (1 - 1e-4) <= whole <= optimum_compute * (1 + 1e-9), (tokens, whole)
         raised += bound > lower * (1 + 1e-6)
+        tighter += whole > bound * (1 + 1e-3)
         # And the plan reports it only as a true bound.
         plan = plan_batch(samples, cluster=cluster, cost_model=cmf,
                           config=PlannerConfig(use_cpsat=False, memory_safety_fraction=0.0,
-                                               lp_bound_iterations=30, lp_bound_min_gap=0.0))
+                                               lp_bound_iterations=30, lp_bound_min_gap=0.0,
+                                               lp_bound_integral=trial % 2 == 0))
         assert plan.lower_bound.value_s <= best * (1 + 1e-9), (tokens, plan.lower_bound)
     assert raised >= 1  # the LP is tighter than the other bounds on some instance
+    assert tighter >= 1  # and whole group counts tighten it on some instance

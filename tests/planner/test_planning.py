@@ -199,6 +199,7 @@ def test_non_power_of_two_sizes_are_used_when_allowed() -> None:
     ("time_limit_s", 0.0), ("num_workers", 0), ("sizes", "odd"), ("max_group_size", 0),
     ("group_sizes", ()), ("loss_normalization", "bytes"), ("num_lpt_runs", 0),
     ("memory_safety_fraction", 0.7), ("bucket_tolerance", -0.1), ("bucket_tolerance", 1.0),
+    ("lp_bound_iterations", -1), ("lp_bound_min_gap", -0.5),
 ])
 def test_config_rejects_bad_values(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
