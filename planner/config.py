@@ -68,10 +68,12 @@ class PlannerConfig:
     """Bisection steps of the partition LP bound (``planner.lp_bound``), run after the search
     when the gap to the other bounds is over ``lp_bound_min_gap`` (0: never). It only changes
     the reported bound, never the plan; each step is one LP solve (~5 ms for 256 samples), so
-    the 50 ms preset leaves it off and ``for_budget`` turns it on from 0.2 s."""
+    the 50 ms preset leaves it off and ``for_budget`` turns it on from 0.2 s. Sized for 256
+    samples: larger batches get proportionally fewer steps (at least 1)."""
     lp_bound_integral: bool = False
     """Whole group counts in the partition LP bound (a small MIP: tighter, about twice the
-    time; ``for_budget`` turns it on from 0.5 s)."""
+    time; ``for_budget`` turns it on from 0.5 s); batches of over 300 sample classes get the
+    plain LP."""
     lp_bound_min_gap: float = 0.01
     """Relative gap above which the partition LP bound is computed."""
     compute_baselines: bool = True
