@@ -72,7 +72,7 @@ class PlannerConfig:
     samples: larger batches get proportionally fewer steps (at least 1)."""
     lp_bound_integral: bool = False
     """Whole group counts in the partition LP bound (a small MIP: tighter, about twice the
-    time; ``for_budget`` turns it on from 0.5 s); batches of over 300 sample classes get the
+    time; ``for_budget`` turns it on from 0.5 s); batches of over 64 sample classes get the
     plain LP."""
     lp_bound_min_gap: float = 0.01
     """Relative gap above which the partition LP bound is computed."""
