@@ -91,9 +91,10 @@ def _full_mem(table: CostTable, d: int) -> np.ndarray:
     return np.asarray(cm.activation_bytes(tokens, group_size=d, recompute_layers=cm.num_layers))
 
 
-def bucket_draft(table: CostTable, *, group_size: int) -> Draft | None:
-    """The bucket-parallel draft at a fixed size (None if a sample does not fit it)."""
-    layers = table.cost_model.num_layers
+def _fixed_setup(table: CostTable, group_size: int
+                 ) -> tuple[np.ndarray, list[DraftGroup], list[DraftGroup]] | None:
+    """Full-checkpointing bytes per sample and the fixed-size groups (working, idle), or None
+    when a sample does not fit the size or the size does not tile the world."""
     mem = _full_mem(table, group_size)
     if (mem > table.budget_bytes).any():
         return None
@@ -101,6 +102,16 @@ def bucket_draft(table: CostTable, *, group_size: int) -> Draft | None:
     if groups is None:
         return None
     work, idle = groups
+    return mem, work, idle
+
+
+def bucket_draft(table: CostTable, *, group_size: int) -> Draft | None:
+    """The bucket-parallel draft at a fixed size (None if a sample does not fit it)."""
+    layers = table.cost_model.num_layers
+    setup = _fixed_setup(table, group_size)
+    if setup is None:
+        return None
+    mem, work, idle = setup
     dealt: list[list[int]] = [[] for _ in work]
     for i in range(len(table.samples)):
         dealt[i % len(work)].append(i)
@@ -114,13 +125,10 @@ def packed_draft(table: CostTable, *, group_size: int) -> Draft | None:
     """The packed-parallel draft at a fixed size (None if a sample does not fit it)."""
     cm = table.cost_model
     layers = cm.num_layers
-    mem = _full_mem(table, group_size)
-    if (mem > table.budget_bytes).any():
+    setup = _fixed_setup(table, group_size)
+    if setup is None:
         return None
-    groups = _fixed_groups(table, group_size)
-    if groups is None:
-        return None
-    work, idle = groups
+    mem, work, idle = setup
     per_token = float(cm.activation_bytes(1, group_size=group_size, recompute_layers=layers))
     token_budget = max(1, math.floor(table.budget_bytes / per_token))
     tokens = [s.tokens for s in table.samples]
