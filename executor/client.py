@@ -1,7 +1,7 @@
 """HTTP client of the planner service, with retry, deadline and per-rank prefetch.
 
 :class:`PlannerClient` wraps one pooled ``httpx.Client``. Every call retries connection errors,
-timeouts, 404 on a step that is not planned yet, 408/425/429 and 5xx with exponential
+timeouts, a 404 with Retry-After (a step still being planned), 408/425/429 and 5xx with exponential
 backoff and full jitter until its deadline; then it raises :class:`PlanUnavailableError`
 naming the URL, the attempts, the time spent and the last error. Other 4xx answers are the
 caller's mistake and raise :class:`PlanRequestError` at once.
