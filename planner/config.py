@@ -51,6 +51,10 @@ class PlannerConfig:
     """Wall-clock cap of the exact model (tiny instances only)."""
     local_search_max_moves: int = 40
     """Most improving moves of the local search per plan."""
+    local_search_max_ejections: int = 8
+    """Most one-for-many swaps of the local search per plan (``local_search._eject``): when no
+    single move or swap lowers the makespan, a sample moves to a larger group that ejects the
+    samples it runs least efficiently, lowering the GPU-seconds of both (0: off)."""
     num_candidate_partitions: int = 24
     """Most group-size multisets the heuristic generates."""
     num_lpt_runs: int = 6
@@ -127,6 +131,7 @@ class PlannerConfig:
         if not self.lp_bound_min_gap >= 0:
             raise ValueError(f"lp_bound_min_gap must be non-negative, got {self.lp_bound_min_gap}")
         for name in ("exact_max_samples", "exact_max_ranks", "local_search_max_moves",
+                     "local_search_max_ejections",
                      "num_target_probes", "lp_bound_iterations"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be non-negative, got {getattr(self, name)}")

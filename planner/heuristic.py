@@ -200,8 +200,8 @@ def to_draft(table: CostTable, groups: list[GroupState]) -> Draft:
 
 def heuristic_plan(table: CostTable, *, makespan_hint_s: float, num_candidates: int,
                    num_lpt_runs: int, max_moves: int, num_refined: int = 2,
-                   num_target_probes: int = 4, bucket_tolerance: float = 0.0
-                   ) -> tuple[Draft, list[list[int]]]:
+                   num_target_probes: int = 4, bucket_tolerance: float = 0.0,
+                   max_ejections: int = 0) -> tuple[Draft, list[list[int]]]:
     """The heuristic's best draft and the multisets it tried.
 
     Args:
@@ -217,6 +217,8 @@ def heuristic_plan(table: CostTable, *, makespan_hint_s: float, num_candidates: 
         bucket_tolerance: Relative work difference up to which consecutive samples form one
             run that the LPT and the on-demand packing place in bulk (``bucket_runs``); the
             local search and every cost stay exact per sample.
+        max_ejections: One-for-many swaps per refined candidate when the local search's moves
+            and swaps are stuck (``local_search``).
 
     Raises:
         ValueError: when no multiset of allowed sizes can hold the batch.
@@ -290,7 +292,7 @@ def heuristic_plan(table: CostTable, *, makespan_hint_s: float, num_candidates: 
     best_groups: list[GroupState] | None = None
     best_time = np.inf
     for _, _, groups in scored[:max(1, num_refined)]:
-        local_search(table, groups, max_moves=max_moves)
+        local_search(table, groups, max_moves=max_moves, max_ejections=max_ejections)
         for g in groups:
             repack(table, g)
         makespan = max(g.load_s for g in groups)

@@ -86,8 +86,14 @@ def _remove(table: CostTable, g: GroupState, i: int) -> None:
     raise AssertionError(f"sample {i} is not in the group")
 
 
-def local_search(table: CostTable, groups: list[GroupState], *, max_moves: int) -> None:
-    """Move or swap samples off the slowest group while the makespan falls."""
+def local_search(table: CostTable, groups: list[GroupState], *, max_moves: int,
+                 max_ejections: int = 0) -> None:
+    """Move or swap samples off the slowest group while the makespan falls.
+
+    When neither helps, up to ``max_ejections`` times a one-for-many swap (``_eject``) that
+    lowers the GPU-seconds of two groups without raising the makespan frees time for further
+    moves.
+    """
     if len(groups) < 2:
         return
     cls = table.classes.class_of
@@ -138,8 +144,19 @@ def local_search(table: CostTable, groups: list[GroupState], *, max_moves: int) 
             refresh(top)
             refresh(h)
             continue
-        if not _swap(table, groups, top, load, counts, time_s, refresh):
+        if _swap(table, groups, top, load, counts, time_s, refresh):
+            continue
+        if max_ejections <= 0:
             break
+        max_ejections -= 1
+        changed = _eject(table, groups, load, refresh)
+        if changed is None:
+            break
+        for gi in changed:
+            counts[gi] = 0
+            for mb in groups[gi].mbs:
+                for i in mb:
+                    counts[gi, cls[i]] += 1
 
 
 def _swap(table: CostTable, groups: list[GroupState], top: int, load: np.ndarray, counts: np.ndarray,
@@ -202,3 +219,87 @@ def _swap(table: CostTable, groups: list[GroupState], top: int, load: np.ndarray
             return True
         g.mbs, g.free_bytes, other.mbs, other.free_bytes = saved
     return False
+
+
+def _eject(table: CostTable, groups: list[GroupState], load: np.ndarray,
+           refresh: Callable[[int], None], *, max_classes: int = 4) -> tuple[int, int] | None:
+    """One-for-many swap between a larger group ``h`` and a smaller group ``g``.
+
+    A sample ``x`` of ``g`` moves to ``h``, which makes room by ejecting to ``g`` the samples
+    it runs least efficiently (largest GPU-seconds on ``h`` over GPU-seconds on ``g``), so that
+    neither group ends above the current makespan and the two groups' GPU-seconds
+    (size x load) strictly fall. Small samples left in the slack of a huge sample's group are
+    what the one-sample moves and swaps cannot fix: the freed time then lets those moves lower
+    the makespan. The total GPU-seconds fall at every ejection, so ejections cannot cycle.
+    Returns the two groups changed, or None.
+    """
+    cls = table.classes.class_of
+    limit = float(load.max())
+    cap = limit * (1 - 1e-9)
+    # Plain lists: a few dozen samples per group pair, where numpy scalar indexing dominates.
+    cols = [g.col for g in groups]
+    ts: list[list[float]] = table.time_s[:, cols].tolist()  # class x group
+    loads: list[float] = load.tolist()
+    best: tuple[float, int, int, int, list[int]] | None = None  # (area change, h, g, x, ejected)
+    for h, gh in enumerate(groups):
+        items_h = [(cls[i], i) for mb in gh.mbs for i in mb]
+        for g, gg in enumerate(groups):
+            if gg.size >= gh.size:
+                continue
+            # Samples of h that run in fewer GPU-seconds on g, the most so (relatively) first.
+            scored = []
+            for c, i in items_h:
+                row = ts[c]
+                area_g, area_h = gg.size * row[g], gh.size * row[h]
+                if area_g < area_h:
+                    scored.append((area_g / area_h, i, c))
+            if not scored:
+                continue
+            scored.sort()
+            firsts: dict[int, int] = {}
+            for mb in gg.mbs:
+                for i in mb:
+                    firsts.setdefault(cls[i], i)
+            xs = sorted(firsts, key=lambda c: (-ts[c][g], c))[:max_classes]
+            for c in xs:
+                t_xh, t_xg = ts[c][h], ts[c][g]
+                if t_xh == np.inf:
+                    continue
+                new_h = loads[h] + t_xh
+                new_g = loads[g] - t_xg
+                area = gh.size * t_xh - gg.size * t_xg
+                ejected: list[int] = []
+                for _, i, ci in scored:
+                    if new_h <= cap:
+                        break
+                    new_h -= ts[ci][h]
+                    new_g += ts[ci][g]
+                    area += gg.size * ts[ci][g] - gh.size * ts[ci][h]
+                    ejected.append(i)
+                if (ejected and new_h <= cap and new_g <= cap and area < -1e-9 * limit
+                        and (best is None or area < best[0])):
+                    best = (area, h, g, firsts[c], ejected)
+    if best is None:
+        return None
+    _, h, g, x, ejected = best
+    gh, gg = groups[h], groups[g]
+    area_before = gh.size * gh.load_s + gg.size * gg.load_s
+    saved = ([list(m) for m in gh.mbs], list(gh.free_bytes),
+             [list(m) for m in gg.mbs], list(gg.free_bytes))
+    _remove(table, gg, x)
+    for i in ejected:
+        _remove(table, gh, i)
+    _insert(table, gh, x)
+    for i in ejected:
+        _insert(table, gg, i)
+    repack(table, gh)
+    repack(table, gg)
+    if (max(gh.load_s, gg.load_s) > limit * (1 - 1e-9)
+            or gh.size * gh.load_s + gg.size * gg.load_s >= area_before * (1 - 1e-9)):
+        # The micro-batch overheads did not fit after all.
+        gh.mbs, gh.free_bytes, gg.mbs, gg.free_bytes = saved
+        gh.load_s, gg.load_s = group_time(table, gh), group_time(table, gg)
+        return None
+    refresh(h)
+    refresh(g)
+    return h, g

@@ -114,7 +114,8 @@ def plan_batch(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: C
                               max_moves=config.local_search_max_moves,
                               num_refined=config.num_refined,
                               num_target_probes=config.num_target_probes,
-                              bucket_tolerance=config.bucket_tolerance)
+                              bucket_tolerance=config.bucket_tolerance,
+                              max_ejections=config.local_search_max_ejections)
     best_time = draft_step_time_s(draft, arrays, cm)
     status: SolverStatus = "HEURISTIC"
     method = "heuristic"
