@@ -222,16 +222,19 @@ def _swap(table: CostTable, groups: list[GroupState], top: int, load: np.ndarray
 
 
 def _eject(table: CostTable, groups: list[GroupState], load: np.ndarray,
-           refresh: Callable[[int], None], *, max_classes: int = 4) -> tuple[int, int] | None:
+           refresh: Callable[[int], None], *, max_classes: int = 4,
+           max_overflow_tries: int = 6) -> list[int] | None:
     """One-for-many swap between a larger group ``h`` and a smaller group ``g``.
 
     A sample ``x`` of ``g`` moves to ``h``, which makes room by ejecting to ``g`` the samples
     it runs least efficiently (largest GPU-seconds on ``h`` over GPU-seconds on ``g``), so that
-    neither group ends above the current makespan and the two groups' GPU-seconds
-    (size x load) strictly fall. Small samples left in the slack of a huge sample's group are
-    what the one-sample moves and swaps cannot fix: the freed time then lets those moves lower
-    the makespan. The total GPU-seconds fall at every ejection, so ejections cannot cycle.
-    Returns the two groups changed, or None.
+    neither group ends above the current makespan and the GPU-seconds (size x load) of the
+    groups touched strictly fall. Where ``g`` then overflows, its smallest samples move to the
+    least loaded other groups that stay under the makespan (tried for the few most promising
+    swaps only). Small samples left in the slack of a huge sample's group are what the
+    one-sample moves and swaps cannot fix: the freed time then lets those moves lower the
+    makespan. The total GPU-seconds fall at every ejection, so ejections cannot cycle.
+    Returns the groups changed, or None.
     """
     cls = table.classes.class_of
     limit = float(load.max())
@@ -240,7 +243,10 @@ def _eject(table: CostTable, groups: list[GroupState], load: np.ndarray,
     cols = [g.col for g in groups]
     ts: list[list[float]] = table.time_s[:, cols].tolist()  # class x group
     loads: list[float] = load.tolist()
-    best: tuple[float, int, int, int, list[int]] | None = None  # (area change, h, g, x, ejected)
+    sizes = [g.size for g in groups]
+    Moves = list[tuple[int, int, int]]  # (sample, from group, to group)
+    best: tuple[float, Moves] | None = None
+    overflow: list[tuple[float, float, int, int, Moves]] = []  # (area, new_g, h, g, moves)
     for h, gh in enumerate(groups):
         items_h = [(cls[i], i) for mb in gh.mbs for i in mb]
         for g, gg in enumerate(groups):
@@ -268,38 +274,68 @@ def _eject(table: CostTable, groups: list[GroupState], load: np.ndarray,
                 new_h = loads[h] + t_xh
                 new_g = loads[g] - t_xg
                 area = gh.size * t_xh - gg.size * t_xg
-                ejected: list[int] = []
+                moves: Moves = [(firsts[c], g, h)]
                 for _, i, ci in scored:
                     if new_h <= cap:
                         break
                     new_h -= ts[ci][h]
                     new_g += ts[ci][g]
                     area += gg.size * ts[ci][g] - gh.size * ts[ci][h]
-                    ejected.append(i)
-                if (ejected and new_h <= cap and new_g <= cap and area < -1e-9 * limit
-                        and (best is None or area < best[0])):
-                    best = (area, h, g, firsts[c], ejected)
+                    moves.append((i, h, g))
+                if len(moves) < 2 or new_h > cap:
+                    continue
+                if new_g <= cap:
+                    if area < -1e-9 * limit and (best is None or area < best[0]):
+                        best = (area, moves)
+                elif area < -1e-9 * limit:
+                    overflow.append((area, new_g, h, g, moves))
+    overflow.sort(key=lambda item: item[0])
+    for area, new_g, h, g, moves in overflow[:max_overflow_tries]:
+        if best is not None and area >= best[0]:
+            break
+        # g's own samples (not the one leaving), smallest first, to the least loaded others.
+        moved = {m[0] for m in moves}
+        own = sorted((ts[cls[i]][g], i) for mb in groups[g].mbs for i in mb if i not in moved)
+        extra = dict.fromkeys(range(len(groups)), 0.0)
+        spill: Moves = []
+        for t_g, i in own:
+            if new_g <= cap:
+                break
+            row = ts[cls[i]]
+            k_best, f_best = -1, np.inf
+            for k in range(len(groups)):
+                if k in (h, g):
+                    continue
+                f = loads[k] + extra[k] + row[k]
+                if f <= cap and f < f_best:
+                    k_best, f_best = k, f
+            if k_best < 0:
+                continue
+            extra[k_best] += row[k_best]
+            new_g -= t_g
+            area += sizes[k_best] * row[k_best] - sizes[g] * t_g
+            spill.append((i, g, k_best))
+        if new_g <= cap and area < -1e-9 * limit and (best is None or area < best[0]):
+            best = (area, moves + spill)
     if best is None:
         return None
-    _, h, g, x, ejected = best
-    gh, gg = groups[h], groups[g]
-    area_before = gh.size * gh.load_s + gg.size * gg.load_s
-    saved = ([list(m) for m in gh.mbs], list(gh.free_bytes),
-             [list(m) for m in gg.mbs], list(gg.free_bytes))
-    _remove(table, gg, x)
-    for i in ejected:
-        _remove(table, gh, i)
-    _insert(table, gh, x)
-    for i in ejected:
-        _insert(table, gg, i)
-    repack(table, gh)
-    repack(table, gg)
-    if (max(gh.load_s, gg.load_s) > limit * (1 - 1e-9)
-            or gh.size * gh.load_s + gg.size * gg.load_s >= area_before * (1 - 1e-9)):
+    moves = best[1]
+    touched = sorted({m[1] for m in moves} | {m[2] for m in moves})
+    area_before = sum(groups[k].size * groups[k].load_s for k in touched)
+    saved = {k: ([list(m) for m in groups[k].mbs], list(groups[k].free_bytes)) for k in touched}
+    for i, src, _ in moves:
+        _remove(table, groups[src], i)
+    for i, _, dst in moves:
+        _insert(table, groups[dst], i)
+    for k in touched:
+        repack(table, groups[k])
+    if (max(groups[k].load_s for k in touched) > cap
+            or sum(groups[k].size * groups[k].load_s for k in touched) >= area_before * (1 - 1e-9)):
         # The micro-batch overheads did not fit after all.
-        gh.mbs, gh.free_bytes, gg.mbs, gg.free_bytes = saved
-        gh.load_s, gg.load_s = group_time(table, gh), group_time(table, gg)
+        for k in touched:
+            groups[k].mbs, groups[k].free_bytes = saved[k]
+            groups[k].load_s = group_time(table, groups[k])
         return None
-    refresh(h)
-    refresh(g)
-    return h, g
+    for k in touched:
+        refresh(k)
+    return touched
