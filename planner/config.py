@@ -55,6 +55,12 @@ class PlannerConfig:
     """Most one-for-many swaps of the local search per plan (``local_search._eject``): when no
     single move or swap lowers the makespan, a sample moves to a larger group that ejects the
     samples it runs least efficiently, lowering the GPU-seconds of both (0: off)."""
+    max_resize_tries: int = 3
+    """Most split / merge moves of the group-size multiset tried after the local search
+    (``planner.resize``; each is one re-placement and local search; 0: off)."""
+    deep_search_min_gap: float = 0.02
+    """The ejections and resize moves run only where the heuristic's compute makespan is over
+    the compute lower bound by more than this fraction (0: always)."""
     num_candidate_partitions: int = 24
     """Most group-size multisets the heuristic generates."""
     num_lpt_runs: int = 6
@@ -100,14 +106,15 @@ class PlannerConfig:
             work: dict[str, object] = {}  # the defaults are the 50 ms preset
         elif time_limit_s < 0.5:
             work = dict(num_lpt_runs=16, num_refined=2, local_search_max_moves=200,
-                        num_target_probes=6, aggregated_cpsat=False, lp_bound_iterations=5)
+                        num_target_probes=6, aggregated_cpsat=False, lp_bound_iterations=5,
+                        max_resize_tries=8)
         else:
             # CP-SAT's deterministic time is ~5-12 s of wall time per unit on the 2-core
             # development machine: 0.02 leaves the wall-clock cap unused in most calls.
             work = dict(num_lpt_runs=48, num_refined=3, local_search_max_moves=600,
                         num_target_probes=8, aggregated_cpsat=True,
                         cpsat_deterministic_time=0.02, lp_bound_iterations=8,
-                        lp_bound_integral=True)
+                        lp_bound_integral=True, max_resize_tries=16, deep_search_min_gap=0.01)
         work.update(overrides)
         return cls(time_limit_s=time_limit_s, **work)  # type: ignore[arg-type]
 
@@ -128,10 +135,13 @@ class PlannerConfig:
         if self.loss_normalization not in ("tokens", "samples"):
             raise ValueError(
                 f"loss_normalization must be 'tokens' or 'samples', got {self.loss_normalization!r}")
+        if not self.deep_search_min_gap >= 0:
+            raise ValueError(
+                f"deep_search_min_gap must be non-negative, got {self.deep_search_min_gap}")
         if not self.lp_bound_min_gap >= 0:
             raise ValueError(f"lp_bound_min_gap must be non-negative, got {self.lp_bound_min_gap}")
         for name in ("exact_max_samples", "exact_max_ranks", "local_search_max_moves",
-                     "local_search_max_ejections",
+                     "local_search_max_ejections", "max_resize_tries",
                      "num_target_probes", "lp_bound_iterations"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be non-negative, got {getattr(self, name)}")

@@ -31,6 +31,7 @@ from planner.costs import CostTable
 from planner.local_search import GroupState, local_search, repack
 from planner.multisets import candidate_multisets, packed_multiset
 from planner.placement import place_groups
+from planner.resize import resize_search
 
 logger = logging.getLogger(__name__)
 
@@ -201,7 +202,8 @@ def to_draft(table: CostTable, groups: list[GroupState]) -> Draft:
 def heuristic_plan(table: CostTable, *, makespan_hint_s: float, num_candidates: int,
                    num_lpt_runs: int, max_moves: int, num_refined: int = 2,
                    num_target_probes: int = 4, bucket_tolerance: float = 0.0,
-                   max_ejections: int = 0) -> tuple[Draft, list[list[int]]]:
+                   max_ejections: int = 0, max_resizes: int = 0, deep_min_gap: float = 0.0
+                   ) -> tuple[Draft, list[list[int]]]:
     """The heuristic's best draft and the multisets it tried.
 
     Args:
@@ -219,6 +221,9 @@ def heuristic_plan(table: CostTable, *, makespan_hint_s: float, num_candidates: 
             local search and every cost stay exact per sample.
         max_ejections: One-for-many swaps per refined candidate when the local search's moves
             and swaps are stuck (``local_search``).
+        max_resizes: Split / merge candidates tried on the best result (``resize_search``).
+        deep_min_gap: Ejections and resize moves run only on results whose makespan is over
+            ``makespan_hint_s * (1 + deep_min_gap)``.
 
     Raises:
         ValueError: when no multiset of allowed sizes can hold the batch.
@@ -291,14 +296,25 @@ def heuristic_plan(table: CostTable, *, makespan_hint_s: float, num_candidates: 
     scored = sorted(scored + probed, key=lambda item: (item[0], item[1]))
     best_groups: list[GroupState] | None = None
     best_time = np.inf
+    # Far from the bound, the moves that lower GPU-seconds (ejections) and change the group
+    # sizes (resize moves) run too: where the gap is small they rarely pay for their time.
+    far = makespan_hint_s * (1 + deep_min_gap)
     for _, _, groups in scored[:max(1, num_refined)]:
-        local_search(table, groups, max_moves=max_moves, max_ejections=max_ejections)
+        local_search(table, groups, max_moves=max_moves)
         for g in groups:
             repack(table, g)
+        if max_ejections > 0 and max(g.load_s for g in groups) > far:
+            local_search(table, groups, max_moves=max_moves, max_ejections=max_ejections)
+            for g in groups:
+                repack(table, g)
         makespan = max(g.load_s for g in groups)
         if makespan < best_time - 1e-12:
             best_time, best_groups = makespan, groups
     assert best_groups is not None
+    if max_resizes > 0 and best_time > far:
+        best_groups = resize_search(table, best_groups, max_tries=max_resizes,
+                                    max_moves=max_moves, max_ejections=max_ejections)
+        best_time = max(g.load_s for g in best_groups)
     logger.debug("heuristic: %d multisets, %d runs, best compute makespan %.6f s",
                  len(multisets), len(scored), best_time)
     return to_draft(table, best_groups), multisets

@@ -2,7 +2,8 @@
 
 A ``GroupState`` holds a group's micro-batches of sample indices (each sample at its cheapest
 fitting policy for the group's size, from the cost table) and the free bytes of each. The local
-search moves or swaps samples off the slowest group while that lowers the makespan; ``repack``
+search moves or swaps samples off the slowest group while that lowers the makespan, and when
+stuck, optionally ejects (a one-for-many swap that lowers GPU-seconds); ``repack``
 packs a group first-fit-decreasing when that needs fewer micro-batches.
 """
 
@@ -222,7 +223,7 @@ def _swap(table: CostTable, groups: list[GroupState], top: int, load: np.ndarray
 
 
 def _eject(table: CostTable, groups: list[GroupState], load: np.ndarray,
-           refresh: Callable[[int], None], *, max_classes: int = 4,
+           refresh: Callable[[int], None], *, max_classes: int = 4, max_per_size: int = 3,
            max_overflow_tries: int = 6) -> list[int] | None:
     """One-for-many swap between a larger group ``h`` and a smaller group ``g``.
 
@@ -231,7 +232,8 @@ def _eject(table: CostTable, groups: list[GroupState], load: np.ndarray,
     neither group ends above the current makespan and the GPU-seconds (size x load) of the
     groups touched strictly fall. Where ``g`` then overflows, its smallest samples move to the
     least loaded other groups that stay under the makespan (tried for the few most promising
-    swaps only). Small samples left in the slack of a huge sample's group are what the
+    swaps only). The smaller groups considered are the ``max_per_size`` least loaded of each
+    size. Small samples left in the slack of a huge sample's group are what the
     one-sample moves and swaps cannot fix: the freed time then lets those moves lower the
     makespan. The total GPU-seconds fall at every ejection, so ejections cannot cycle.
     Returns the groups changed, or None.
@@ -247,34 +249,50 @@ def _eject(table: CostTable, groups: list[GroupState], load: np.ndarray,
     Moves = list[tuple[int, int, int]]  # (sample, from group, to group)
     best: tuple[float, Moves] | None = None
     overflow: list[tuple[float, float, int, int, Moves]] = []  # (area, new_g, h, g, moves)
+    # The classes of each group worth moving out (longest there first), one sample each.
+    leaving: list[list[tuple[int, int]]] = []
+    for g, gg in enumerate(groups):
+        firsts: dict[int, int] = {}
+        for mb in gg.mbs:
+            for i in mb:
+                firsts.setdefault(cls[i], i)
+        leaving.append([(c, firsts[c]) for c in
+                        sorted(firsts, key=lambda c: (-ts[c][g], c))[:max_classes]])
+    # Receiving groups: the ``max_per_size`` least loaded of each size.
+    receivers: list[int] = []
+    for col in sorted(set(cols)):
+        receivers += sorted((g for g in range(len(groups)) if cols[g] == col),
+                            key=lambda g: (loads[g], g))[:max_per_size]
+    receivers.sort()
     for h, gh in enumerate(groups):
         items_h = [(cls[i], i) for mb in gh.mbs for i in mb]
-        for g, gg in enumerate(groups):
+        by_col: dict[int, list[tuple[float, int, int]]] = {}
+        for g in receivers:
+            gg = groups[g]
             if gg.size >= gh.size:
                 continue
-            # Samples of h that run in fewer GPU-seconds on g, the most so (relatively) first.
-            scored = []
-            for c, i in items_h:
-                row = ts[c]
-                area_g, area_h = gg.size * row[g], gh.size * row[h]
-                if area_g < area_h:
-                    scored.append((area_g / area_h, i, c))
+            # Samples of h that run in fewer GPU-seconds on g, the most so (relatively) first
+            # (the same for every group of g's size).
+            scored = by_col.get(gg.col)
+            if scored is None:
+                scored = []
+                for c, i in items_h:
+                    row = ts[c]
+                    area_g, area_h = gg.size * row[g], gh.size * row[h]
+                    if area_g < area_h:
+                        scored.append((area_g / area_h, i, c))
+                scored.sort()
+                by_col[gg.col] = scored
             if not scored:
                 continue
-            scored.sort()
-            firsts: dict[int, int] = {}
-            for mb in gg.mbs:
-                for i in mb:
-                    firsts.setdefault(cls[i], i)
-            xs = sorted(firsts, key=lambda c: (-ts[c][g], c))[:max_classes]
-            for c in xs:
+            for c, x in leaving[g]:
                 t_xh, t_xg = ts[c][h], ts[c][g]
                 if t_xh == np.inf:
                     continue
                 new_h = loads[h] + t_xh
                 new_g = loads[g] - t_xg
                 area = gh.size * t_xh - gg.size * t_xg
-                moves: Moves = [(firsts[c], g, h)]
+                moves: Moves = [(x, g, h)]
                 for _, i, ci in scored:
                     if new_h <= cap:
                         break

@@ -115,7 +115,9 @@ def plan_batch(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: C
                               num_refined=config.num_refined,
                               num_target_probes=config.num_target_probes,
                               bucket_tolerance=config.bucket_tolerance,
-                              max_ejections=config.local_search_max_ejections)
+                              max_ejections=config.local_search_max_ejections,
+                              max_resizes=config.max_resize_tries,
+                              deep_min_gap=config.deep_search_min_gap)
     best_time = draft_step_time_s(draft, arrays, cm)
     status: SolverStatus = "HEURISTIC"
     method = "heuristic"

@@ -1,5 +1,6 @@
-"""The local search's one-for-many swap (``local_search._eject``): valid, deterministic, and
-strictly better where moves and swaps between fixed groups are stuck."""
+"""The local search's one-for-many swap (``local_search._eject``) and the split / merge moves
+of the group-size multiset (``planner.resize``): valid, deterministic, and strictly better
+where moves and swaps between fixed groups are stuck."""
 
 from __future__ import annotations
 
@@ -13,17 +14,18 @@ from planner.config import PlannerConfig
 from planner.heuristic import _order, bucket_runs, lpt
 from planner.local_search import GroupState, group_time, local_search
 from planner.planning import plan_batch, prepare
+from planner.resize import resize_search
 from planner.validate import validate_plan
 from planner.workload import WorkloadSpec, sample_batch
 
 
-def _video_short_step5():  # type: ignore[no-untyped-def]
-    # One 432k-token sample needs a 16-rank group; LPT fills that group's slack with small
-    # samples it runs very inefficiently, which no single move or swap can undo.
+def _video_short_step5(step: int = 5):  # type: ignore[no-untyped-def]
+    # Step 5: one 432k-token sample needs a 16-rank group; LPT fills that group's slack with
+    # small samples it runs very inefficiently, which no single move or swap can undo.
     spec = WorkloadSpec.preset("video-short")
     cluster = load_cluster("h200x32")
     cmf = default_cost_model_file(spec.model, cluster.hardware.name)
-    samples = sample_batch(spec, num_samples=256, seed=0, step=5)
+    samples = sample_batch(spec, num_samples=256, seed=0, step=step)
     return spec, cluster, cmf, samples
 
 
@@ -64,7 +66,8 @@ def test_plans_with_ejections_are_valid_deterministic_and_no_worse() -> None:
     cm = CostModel(file=cmf, cluster=cluster)
     plans = [plan_batch(samples, cluster=cluster, cost_model=cmf, step=5,
                         reference_sample=spec.max_sample,
-                        config=PlannerConfig(local_search_max_ejections=e)) for e in (0, 8, 8)]
+                        config=PlannerConfig(local_search_max_ejections=e, max_resize_tries=r))
+             for e, r in ((0, 0), (8, 3), (8, 3))]
     off, on, again = plans
     for plan in plans:
         assert validate_plan(plan, samples, cost_model=cm) == []
@@ -72,6 +75,41 @@ def test_plans_with_ejections_are_valid_deterministic_and_no_worse() -> None:
     assert on.predicted_step_time_s < off.predicted_step_time_s
 
 
-def test_ejection_count_is_validated() -> None:
+@pytest.mark.timeout(120)
+def test_resize_improves_where_the_fixed_multiset_search_is_stuck() -> None:
+    # Step 9: moves and swaps between the fixed groups 4x4 + 4x2 + 8x1 converge; splitting
+    # 2-rank groups into 1-rank groups (and re-placing their samples) is better. Ejections
+    # off on both sides, so only the resize moves differ.
+    _, cluster, cmf, samples = _video_short_step5(step=9)
+    table = prepare(samples, cluster=cluster, cost_model=cmf, config=PlannerConfig()).table
+    order = _order(table)
+    groups = lpt(table, [4] * 4 + [2] * 4 + [1] * 8, order,
+                 runs=bucket_runs(table, order, tolerance=0.0))
+    assert groups is not None
+    local_search(table, groups, max_moves=2000)
+    stuck = max(g.load_s for g in groups)
+    local_search(table, groups, max_moves=2000)
+    assert max(g.load_s for g in groups) == stuck  # converged
+    before = [(g.size, g.first_rank, [list(mb) for mb in g.mbs]) for g in groups]
+    resized = resize_search(table, groups, max_tries=8, max_moves=2000, max_ejections=0)
+    again = resize_search(table, groups, max_tries=8, max_moves=2000, max_ejections=0)
+    # The input is left alone, and the search is deterministic.
+    assert [(g.size, g.first_rank, [list(mb) for mb in g.mbs]) for g in groups] == before
+    assert [(g.size, g.first_rank, g.mbs) for g in resized] == [
+        (g.size, g.first_rank, g.mbs) for g in again]
+    assert max(g.load_s for g in resized) < stuck * (1 - 1e-6)
+    assert sorted(g.size for g in resized) != sorted(g.size for g in groups)
+    assert sum(g.size for g in resized) == cluster.num_gpus
+    assert sorted(g.first_rank for g in resized) == [g.first_rank for g in resized]
+    for g in resized:
+        assert g.load_s == pytest.approx(group_time(table, g), rel=1e-12)
+    _check_groups(resized, len(samples), table.budget_bytes, table.sample_mem)
+
+
+def test_search_settings_are_validated() -> None:
     with pytest.raises(ValueError, match="local_search_max_ejections"):
         PlannerConfig(local_search_max_ejections=-1)
+    with pytest.raises(ValueError, match="max_resize_tries"):
+        PlannerConfig(max_resize_tries=-1)
+    with pytest.raises(ValueError, match="deep_search_min_gap"):
+        PlannerConfig(deep_search_min_gap=-0.1)

@@ -1,0 +1,120 @@
+"""Resize moves: change the multiset of group sizes around a local-search optimum.
+
+The local search (``local_search``) moves samples between *fixed* groups. A resize move
+splits one group of size ``2d`` into two groups of size ``d``, or merges two groups of size
+``d`` into one of size ``2d``; the samples of the groups it removes are re-placed, largest
+first, on the group (of all groups) where each finishes earliest, then the local search
+polishes the result. The move is kept only when it lowers the makespan. Candidates, per
+round: for every size, a split of its least loaded group and a merge of its two least loaded
+groups; the best improving one is kept, and rounds repeat while one improves.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.costs import CostTable
+from planner.local_search import GroupState, _insert, local_search, repack
+from planner.placement import place_groups
+
+
+def _makespan(groups: list[GroupState]) -> float:
+    return max(g.load_s for g in groups)
+
+
+def _replaced(table: CostTable, groups: list[GroupState], remove: list[int], add: list[int]
+              ) -> list[GroupState] | None:
+    """Groups with ``remove`` (indices) dropped and empty groups of sizes ``add`` added, the
+    dropped samples re-placed earliest-finish-first; None if the sizes cannot be placed or a
+    sample fits nowhere."""
+    cluster = table.cost_model.cluster
+    kept = [GroupState(size=g.size, col=g.col, first_rank=g.first_rank, load_s=g.load_s,
+                       mbs=[list(mb) for mb in g.mbs], free_bytes=list(g.free_bytes))
+            for k, g in enumerate(groups) if k not in remove]
+    multiset = [g.size for g in kept] + add
+    placed = place_groups(multiset, num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node)
+    if placed is None:
+        return None
+    new = kept + [GroupState(size=d, col=table.size_index(d), first_rank=-1) for d in add]
+    # Ranks: the placement's slots of each size, in rank order, to the groups of that size in
+    # list order (times in the table assume aligned contiguous placement, as for the LPT).
+    slots: dict[int, list[int]] = {}
+    for d, r in placed:
+        slots.setdefault(d, []).append(r)
+    for g in new:
+        g.first_rank = slots[g.size].pop(0)
+    cls = table.classes.class_of
+    sizes = np.asarray(table.sizes, dtype=np.float64)
+    area = np.min(table.time_s * sizes[None, :], axis=1)
+    loose = sorted((i for k in remove for mb in groups[k].mbs for i in mb),
+                   key=lambda i: (-area[cls[i]], i))
+    o = table.overhead_s
+    for i in loose:
+        c = cls[i]
+        best, best_f = -1, np.inf
+        for k, g in enumerate(new):
+            t = table.time_s[c, g.col]
+            if t == np.inf:
+                continue
+            f = g.load_s + t + (o if max(g.free_bytes, default=-1.0) < table.mem_bytes[c, g.col]
+                                else 0.0)
+            if f < best_f:
+                best, best_f = k, f
+        if best < 0:
+            return None
+        _insert(table, new[best], i)
+        new[best].load_s = best_f
+    new.sort(key=lambda g: g.first_rank)
+    return new
+
+
+def _candidates(table: CostTable, groups: list[GroupState]) -> list[tuple[list[int], list[int]]]:
+    """(groups to remove, sizes to add) for every split and merge candidate, in a fixed order."""
+    allowed = set(table.sizes)
+    out: list[tuple[list[int], list[int]]] = []
+    for d in sorted({g.size for g in groups}, reverse=True):
+        same = sorted((k for k, g in enumerate(groups) if g.size == d),
+                      key=lambda k: (groups[k].load_s, k))
+        if d % 2 == 0 and d // 2 in allowed:
+            out.append(([same[0]], [d // 2, d // 2]))
+        if len(same) >= 2 and 2 * d in allowed:
+            out.append((same[:2], [2 * d]))
+    return out
+
+
+def resize_search(table: CostTable, groups: list[GroupState], *, max_tries: int, max_moves: int,
+                  max_ejections: int) -> list[GroupState]:
+    """The groups after improving split and merge moves (``max_tries`` candidates in all).
+
+    Args:
+        table: Costs of the batch.
+        groups: A local-search optimum (not modified).
+        max_tries: Most candidate moves evaluated (each one re-placement and local search).
+        max_moves: Local-search moves per candidate.
+        max_ejections: Local-search ejections per candidate.
+
+    Returns:
+        The best groups found (``groups`` itself when no move improves).
+    """
+    best = groups
+    best_time = _makespan(groups)
+    tries = 0
+    while tries < max_tries:
+        round_best: tuple[float, list[GroupState]] | None = None
+        for remove, add in _candidates(table, best):
+            if tries >= max_tries:
+                break
+            tries += 1
+            trial = _replaced(table, best, remove, add)
+            if trial is None:
+                continue
+            local_search(table, trial, max_moves=max_moves, max_ejections=max_ejections)
+            for g in trial:
+                repack(table, g)
+            t = _makespan(trial)
+            if t < best_time * (1 - 1e-9) and (round_best is None or t < round_best[0]):
+                round_best = (t, trial)
+        if round_best is None:
+            break
+        best_time, best = round_best
+    return best
