@@ -299,12 +299,14 @@ def heuristic_plan(table: CostTable, *, makespan_hint_s: float, num_candidates: 
     # Far from the bound, the moves that lower GPU-seconds (ejections) and change the group
     # sizes (resize moves) run too: where the gap is small they rarely pay for their time.
     far = makespan_hint_s * (1 + deep_min_gap)
+    # Groups hold more samples in larger batches: the deep phase gets proportionally more moves.
+    deep_moves = max_moves * max(1, len(table.samples) // 256)
     for _, _, groups in scored[:max(1, num_refined)]:
         local_search(table, groups, max_moves=max_moves)
         for g in groups:
             repack(table, g)
         if max_ejections > 0 and max(g.load_s for g in groups) > far:
-            local_search(table, groups, max_moves=max_moves, max_ejections=max_ejections)
+            local_search(table, groups, max_moves=deep_moves, max_ejections=max_ejections)
             for g in groups:
                 repack(table, g)
         makespan = max(g.load_s for g in groups)
@@ -313,7 +315,7 @@ def heuristic_plan(table: CostTable, *, makespan_hint_s: float, num_candidates: 
     assert best_groups is not None
     if max_resizes > 0 and best_time > far:
         best_groups = resize_search(table, best_groups, max_tries=max_resizes,
-                                    max_moves=max_moves, max_ejections=max_ejections)
+                                    max_moves=deep_moves, max_ejections=max_ejections)
         best_time = max(g.load_s for g in best_groups)
     logger.debug("heuristic: %d multisets, %d runs, best compute makespan %.6f s",
                  len(multisets), len(scored), best_time)
