@@ -5,8 +5,9 @@ splits one group of size ``2d`` into two groups of size ``d``, or merges two gro
 ``d`` into one of size ``2d``; the samples of the groups it removes are re-placed, largest
 first, on the group (of all groups) where each finishes earliest, then the local search
 polishes the result. The move is kept only when it lowers the makespan. Candidates, per
-round: for every size, a split of its least loaded group and a merge of its two least loaded
-groups; the best improving one is kept, and rounds repeat while one improves.
+round: for every size, a split of its least loaded group, a merge of its two least loaded
+groups, then (after those of every size) a merge of its least loaded group with smaller
+groups making up the same size; the best improving one is kept, and rounds repeat while one improves.
 """
 
 from __future__ import annotations
@@ -72,14 +73,27 @@ def _candidates(table: CostTable, groups: list[GroupState]) -> list[tuple[list[i
     """(groups to remove, sizes to add) for every split and merge candidate, in a fixed order."""
     allowed = set(table.sizes)
     out: list[tuple[list[int], list[int]]] = []
+    extra: list[tuple[list[int], list[int]]] = []  # tried after every plain split and merge
     for d in sorted({g.size for g in groups}, reverse=True):
         same = sorted((k for k, g in enumerate(groups) if g.size == d),
                       key=lambda k: (groups[k].load_s, k))
         if d % 2 == 0 and d // 2 in allowed:
             out.append(([same[0]], [d // 2, d // 2]))
-        if len(same) >= 2 and 2 * d in allowed:
-            out.append((same[:2], [2 * d]))
-    return out
+        if 2 * d in allowed:
+            if len(same) >= 2:
+                out.append((same[:2], [2 * d]))
+            # The least loaded group of size d with smaller groups making up another d (two
+            # steps of merges whose first alone would not improve).
+            rest, taken = d, [same[0]]
+            for k in sorted((k for k, g in enumerate(groups) if g.size < d),
+                            key=lambda k: (-groups[k].size, groups[k].load_s, k)):
+                if groups[k].size <= rest:
+                    taken.append(k)
+                    rest -= groups[k].size
+                    if rest == 0:
+                        extra.append((sorted(taken), [2 * d]))
+                        break
+    return out + extra
 
 
 def resize_search(table: CostTable, groups: list[GroupState], *, max_tries: int, max_moves: int,

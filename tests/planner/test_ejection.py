@@ -106,6 +106,28 @@ def test_resize_improves_where_the_fixed_multiset_search_is_stuck() -> None:
     _check_groups(resized, len(samples), table.budget_bytes, table.sample_mem)
 
 
+@pytest.mark.timeout(120)
+def test_resize_merges_a_group_with_smaller_ones() -> None:
+    # video-short, 8 GPUs, step 12: from 2 + 6x1 neither a split nor a merge of two 1-rank
+    # groups improves; merging the 2-rank group with two 1-rank groups into 4 ranks does.
+    spec = WorkloadSpec.preset("video-short")
+    cluster = load_cluster("h200x8")
+    cmf = default_cost_model_file(spec.model, cluster.hardware.name)
+    samples = sample_batch(spec, num_samples=256, seed=0, step=12)
+    table = prepare(samples, cluster=cluster, cost_model=cmf, config=PlannerConfig()).table
+    order = _order(table)
+    groups = lpt(table, [2] + [1] * 6, order, runs=bucket_runs(table, order, tolerance=0.0))
+    assert groups is not None
+    local_search(table, groups, max_moves=2000)
+    stuck = max(g.load_s for g in groups)
+    plain = resize_search(table, groups, max_tries=2, max_moves=2000, max_ejections=0)
+    assert max(g.load_s for g in plain) == stuck
+    resized = resize_search(table, groups, max_tries=3, max_moves=2000, max_ejections=0)
+    assert max(g.load_s for g in resized) < stuck * (1 - 1e-6)
+    assert sorted((g.size for g in resized), reverse=True) == [4, 1, 1, 1, 1]
+    _check_groups(resized, len(samples), table.budget_bytes, table.sample_mem)
+
+
 def test_search_settings_are_validated() -> None:
     with pytest.raises(ValueError, match="local_search_max_ejections"):
         PlannerConfig(local_search_max_ejections=-1)
