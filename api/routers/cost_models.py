@@ -8,7 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Path, Response, status
 
-from api.deps import State, Writer
+from api.deps import ServiceState, State, Writer
 from api.errors import conflict, not_found, unprocessable
 from api.fitting import fit_profile_texts
 from api.schemas import CostModelCreated, CostModelInfo, FitRequest
@@ -45,6 +45,18 @@ async def get_cost_model(cost_model_id: CostModelId, state: State) -> CostModelF
         not_found(str(exc.args[0]))
 
 
+def _register(state: ServiceState, file: CostModelFile, response: Response) -> bool:
+    """Add ``file`` to the registry; 409 on an id taken by another model, 200 (not 201) when the
+    identical file was already there. Returns whether it was newly added."""
+    try:
+        created = state.registry.add(file)
+    except CostModelConflictError as exc:
+        conflict(str(exc))
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return created
+
+
 @router.post("", response_model=CostModelCreated, status_code=status.HTTP_201_CREATED,
              dependencies=[Writer],
              responses={200: {"description": "The identical file was already registered."},
@@ -52,12 +64,7 @@ async def get_cost_model(cost_model_id: CostModelId, state: State) -> CostModelF
 async def upload_cost_model(body: Annotated[CostModelFile, Body(openapi_examples=_UPLOAD_EXAMPLES)],
                             state: State, response: Response) -> CostModelCreated:
     """Register a cost-model file (e.g. one fitted by ``dcp profile``); ids are immutable."""
-    try:
-        created = state.registry.add(body)
-    except CostModelConflictError as exc:
-        conflict(str(exc))
-    if not created:
-        response.status_code = status.HTTP_200_OK
+    created = _register(state, body, response)
     return CostModelCreated(id=body.id, digest=body.digest(), created=created)
 
 
@@ -75,11 +82,6 @@ async def fit_cost_model(body: FitRequest, state: State, response: Response) -> 
         file = await asyncio.get_running_loop().run_in_executor(state.executor, call)
     except ValueError as exc:
         unprocessable(["body", "profiles_jsonl"], str(exc))
-    try:
-        created = state.registry.add(file)
-    except CostModelConflictError as exc:
-        conflict(str(exc))
-    if not created:
-        response.status_code = status.HTTP_200_OK
+    created = _register(state, file, response)
     return CostModelCreated(id=file.id, digest=file.digest(), created=created,
                             fit_quality=file.fit_quality)
