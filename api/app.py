@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi_offline import FastAPIOffline
 
 from api.deps import ServiceState
 from api.fastpath import RankViewFastPath
@@ -86,12 +87,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             store.close()
             logger.info("planner service stopped")
 
-    app = FastAPI(
+    # /docs and /redoc load Swagger UI and ReDoc from the installed package, not from a CDN.
+    app = FastAPIOffline(
         title="dcp-planner service",
         version=API_VERSION,
         summary="Per-step sequence-parallel plans for variable-length training: plan a batch, "
                 "precompute an epoch, serve plans to ranks.",
         lifespan=lifespan,
+        static_url="/docs-assets",
+        swagger_ui_parameters={"validatorUrl": None},
     )
     app.state.metrics = Metrics()
     for router in (plans.router, epochs.router, cost_models.router, health.router):
