@@ -13,6 +13,7 @@ import typer
 
 from dcp_cli import cost, serve
 from dcp_cli import epoch as epoch_cmd
+from dcp_cli import manifest as manifest_cmd
 from dcp_cli import plan as plan_cmd
 from dcp_cli import profile as profile_cmds
 
@@ -21,6 +22,8 @@ app = typer.Typer(
     help="Data-Centric Parallel planner: cost models, plans, the planner service.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode="markdown",  # docstrings wrap as paragraphs at the terminal's width
+    pretty_exceptions_show_locals=False,
 )
 
 
@@ -32,7 +35,7 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
     )
 
 
-for _module in (cost, serve, epoch_cmd, profile_cmds, plan_cmd):
+for _module in (manifest_cmd, epoch_cmd, plan_cmd, cost, profile_cmds, serve):
     _module.register(app)
 
 if __name__ == "__main__":

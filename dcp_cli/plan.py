@@ -68,7 +68,7 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def register(app: typer.Typer) -> None:
     """Add ``dcp plan`` to the app."""
 
-    @app.command("plan")
+    @app.command("plan", short_help="Plan sampled batches of a workload preset; compare with the baselines.")
     def plan_command(
         workload: str = typer.Option(..., "--workload", "-w", help="Workload preset."),
         cluster: str = typer.Option(..., "--cluster", "-c", help="Cluster preset."),

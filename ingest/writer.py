@@ -1,0 +1,71 @@
+"""Write a manifest file: every sample once, all or nothing (a temporary file renamed at the end)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from costmodel.specs import Sample
+
+
+@dataclass(kw_only=True, slots=True)
+class ManifestStats:
+    """What a written manifest holds."""
+
+    num_samples: int = 0
+    """Samples written."""
+    num_2d: int = 0
+    """Of them, 2D samples."""
+    total_tokens: int = 0
+    """Sum of the samples' tokens."""
+    min_tokens: int = 0
+    """Shortest sample in tokens."""
+    max_tokens: int = 0
+    """Longest sample in tokens."""
+    token_counts: list[int] = field(default_factory=list, repr=False)
+    """Every sample's tokens, in order (for percentiles)."""
+
+    def add(self, sample: Sample) -> None:
+        """Count one sample."""
+        self.num_samples += 1
+        self.num_2d += sample.is_2d
+        self.total_tokens += sample.tokens
+        self.min_tokens = sample.tokens if self.num_samples == 1 else min(self.min_tokens, sample.tokens)
+        self.max_tokens = max(self.max_tokens, sample.tokens)
+        self.token_counts.append(sample.tokens)
+
+
+def write_manifest_file(samples: Iterable[Sample], out: Path, *, overwrite: bool = False) -> ManifestStats:
+    """Write ``samples`` as a JSON Lines manifest at ``out``.
+
+    The file appears only when every sample was written; on any error nothing at ``out``
+    changes.
+
+    Raises:
+        ValueError: for a duplicate id, no samples, or an existing ``out`` without ``overwrite``.
+    """
+    if out.exists() and not overwrite:
+        raise ValueError(f"--out {out} exists; pass --force to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stats = ManifestStats()
+    seen: set[str] = set()
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            for sample in samples:
+                if sample.id in seen:
+                    raise ValueError(f"sample id {sample.id!r} appears twice; ids must be unique "
+                                     "(choose another --id-column, or none for row numbers)")
+                seen.add(sample.id)
+                fh.write(sample.model_dump_json(exclude_none=True) + "\n")
+                stats.add(sample)
+        if stats.num_samples == 0:
+            raise ValueError("no samples to write (every row was skipped or the source is empty)")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return stats
