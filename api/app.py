@@ -20,9 +20,11 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 
 from api.deps import ServiceState
+from api.errors import install_error_handlers
 from api.fastpath import RankViewFastPath
-from api.jobs import JobManager
-from api.limits import BodySizeLimitMiddleware
+from api.jobs import JobManager, RetryPolicy
+from api.lease import StoreLease
+from api.limits import RequestGuardMiddleware
 from api.metrics import LatencyMiddleware, Metrics
 from api.pool import SolverPool
 from api.registry import CostModelRegistry
@@ -48,14 +50,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = PlanStore.open(settings.db_path)
+        lease = StoreLease(settings.db_path).acquire() if settings.store_lease else None
+        store = PlanStore.open(settings.db_path, busy_timeout_s=settings.store_busy_timeout_s)
         registry = CostModelRegistry(store)
         executor = SolverPool(settings.num_workers)
         metrics: Metrics = app.state.metrics
         metrics.plans_stored.set_function(lambda: float(store.num_plans()))
         jobs = JobManager(store, get_cost_model=registry.get, executor=executor,
                           num_workers=settings.num_workers,
-                          write_batch_steps=settings.write_batch_steps, metrics=metrics)
+                          write_batch_steps=settings.write_batch_steps, metrics=metrics,
+                          retry=RetryPolicy(max_transient_retries=settings.job_max_transient_retries,
+                                            max_backoff_s=settings.job_max_backoff_s,
+                                            deadline_margin_s=settings.plan_deadline_margin_s))
         state = ServiceState(settings=settings, store=store, registry=registry, executor=executor,
                              jobs=jobs, metrics=metrics)
         app.state.service = state
@@ -73,7 +79,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
         warm_task = asyncio.create_task(warm())
         if settings.resume_jobs:
-            resumed = jobs.resume_all()
+            resumed = await asyncio.to_thread(jobs.resume_all)
             if resumed:
                 logger.info("resumed %d epoch job(s): %s", len(resumed), resumed)
         logger.info("planner service: store %s, %d solver worker(s)", settings.db_path,
@@ -85,6 +91,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await asyncio.to_thread(jobs.shutdown)
             await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
             store.close()
+            if lease is not None:
+                lease.release()
             logger.info("planner service stopped")
 
     # /docs and /redoc load Swagger UI and ReDoc from the installed package, not from a CDN.
@@ -108,7 +116,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RankViewFastPath, get_store=current_store)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
-                           allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"])
-    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+                           allow_methods=["GET", "POST", "DELETE"], allow_headers=["Authorization", "Content-Type"])
+    app.add_middleware(RequestGuardMiddleware, max_body_bytes=settings.max_body_bytes,
+                       body_read_timeout_s=settings.body_read_timeout_s, auth_token=settings.auth_token)
+    install_error_handlers(app)
     app.add_middleware(LatencyMiddleware, metrics=app.state.metrics)
     return app

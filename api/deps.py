@@ -9,13 +9,13 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.errors import not_found, unprocessable
+from api.errors import conflict, not_found, unprocessable
 from api.jobs import JobManager
 from api.metrics import Metrics
 from api.pool import SolverPool
 from api.registry import CostModelRegistry, resolve_cluster
 from api.settings import Settings
-from api.store import PlanStore
+from api.store import InvalidStoredCostModelError, PlanStore
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec
 
@@ -41,10 +41,12 @@ class ServiceState:
 
     def planning_inputs(self, *, cluster: str | ClusterSpec, cost_model_id: str
                         ) -> tuple[ClusterSpec, CostModelFile]:
-        """The cluster and the registered cost model of a request.
+        """The cluster and the registered cost model of a request (reads the store: call it on
+        a worker thread).
 
         Raises:
-            HTTPException: 422 at ``body.cluster`` for a bad cluster, 404 for an unknown cost model.
+            HTTPException: 422 at ``body.cluster`` for a bad cluster, 404 for an unknown cost
+                model, 409 for a stored cost model that no longer validates.
         """
         try:
             spec = resolve_cluster(cluster)
@@ -54,6 +56,8 @@ class ServiceState:
             return spec, self.registry.get(cost_model_id)
         except KeyError as exc:
             not_found(str(exc.args[0]))
+        except InvalidStoredCostModelError as exc:
+            conflict(str(exc))
 
 
 async def get_state(request: Request) -> ServiceState:
@@ -71,6 +75,10 @@ async def require_writer(state: State,
                    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
                    ) -> None:
     """Check the bearer token of a write (no-op when no token is configured).
+
+    ``api.limits.RequestGuardMiddleware`` already refused a write without the token before its
+    body was read; this dependency documents the scheme in the OpenAPI document and keeps the
+    check when the app runs without the guard.
 
     Raises:
         HTTPException: 401 when the token is missing or wrong.

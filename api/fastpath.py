@@ -2,14 +2,17 @@
 
 Every rank fetches its part of every step, so this one route carries almost all the traffic.
 This pure ASGI middleware answers a stored rank view with one indexed read and no framework
-work; anything else (a step not planned yet, an unknown epoch, a bad path, other methods)
-falls through to the FastAPI route, which gives the same answer for stored views and the
-documented errors otherwise.
+work; anything else (a step not planned yet, an unknown epoch, a bad path, other methods,
+a store busy for more than a few milliseconds) falls through to the FastAPI route, which
+gives the same answer for stored views and the documented errors otherwise. The read runs on
+the event loop, so it uses the store's fast connection (20 ms busy timeout): a locked store
+delays the loop by at most that, once, and the route then waits on a worker thread.
 """
 
 from __future__ import annotations
 
 import re
+import sqlite3
 from collections.abc import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -34,8 +37,8 @@ class RankViewFastPath:
             if match and store is not None:
                 epoch_id, step, rank = match.group(1), int(match.group(2)), int(match.group(3))
                 try:
-                    view = store.get_rank_view(epoch_id, step, rank)
-                except ValueError:
+                    view = store.get_rank_view(epoch_id, step, rank, fast=True)
+                except (ValueError, sqlite3.Error):
                     view = None
                 if view is not None:
                     body = view.encode()

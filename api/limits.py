@@ -1,56 +1,78 @@
-"""Request body size limit as pure ASGI middleware (413 before the body is parsed)."""
+"""The request guard: pure ASGI middleware in front of every route.
+
+In this order, before any framework work:
+
+1. A write (POST, PUT, PATCH, DELETE) without the bearer token, when one is configured, gets
+   401 at once: an unauthenticated client never makes the service read, buffer or parse a body.
+2. A declared ``Content-Length`` over ``max_body_bytes`` gets 413 at once.
+3. The body is read in full with a deadline (``body_read_timeout_s``, 408 when a client sends
+   too slowly) and a running size check (413 for chunked bodies over the limit), then replayed
+   to the app, so routes never see a partial body.
+4. Anything the app raises becomes a JSON error (``api.errors.error_response``: 503 for a
+   busy, full or read-only store, 500 otherwise) with ``Connection: close``.
+
+Every early answer carries ``Connection: close`` when the body was not read, so the client
+cannot mistake the unread bytes for its next request.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import hmac
 import json
+import logging
+import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.errors import error_response
 
-class BodyTooLargeError(Exception):
-    """The streamed body went past the limit."""
+logger = logging.getLogger(__name__)
+
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+"""Methods that need the bearer token when one is configured."""
 
 
-async def _reject(send: Send, max_body_bytes: int) -> None:
-    body = json.dumps({"detail": [{"loc": ["body"], "type": "body_too_large",
-                                   "msg": f"request body exceeds {max_body_bytes} bytes"}]}).encode()
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
+async def send_json(send: Send, status: int, detail: object, *, close: bool = False,
+                    headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    """Send a whole JSON response ``{"detail": detail}``."""
+    body = json.dumps({"detail": detail}).encode()
+    all_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if close:
+        all_headers.append((b"connection", b"close"))
+    all_headers += headers or []
+    await send({"type": "http.response.start", "status": status, "headers": all_headers})
     await send({"type": "http.response.body", "body": body})
 
 
-class BodySizeLimitMiddleware:
-    """Answers 413 to bodies over ``max_body_bytes`` (declared or streamed)."""
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return bytes(value)
+    return None
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+
+class RequestGuardMiddleware:
+    """Auth before body, body size and read deadline, and no unhandled exception on the wire."""
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_read_timeout_s: float,
+                 auth_token: str | None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_read_timeout_s = body_read_timeout_s
+        self._token = None if auth_token is None else f"Bearer {auth_token}".encode()
+
+    def _authorized(self, scope: Scope) -> bool:
+        if self._token is None:
+            return True
+        given = _header(scope, b"authorization") or b""
+        return hmac.compare_digest(given, self._token)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        for name, value in scope.get("headers", []):
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = 0
-                if declared > self.max_body_bytes:
-                    await _reject(send, self.max_body_bytes)
-                    return
-        received = 0
         started = False
-
-        async def limited_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_body_bytes:
-                    raise BodyTooLargeError()
-            return message
 
         async def tracking_send(message: Message) -> None:
             nonlocal started
@@ -59,7 +81,71 @@ class BodySizeLimitMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, limited_receive, tracking_send)
-        except BodyTooLargeError:
-            if not started:
-                await _reject(send, self.max_body_bytes)
+            replay = await self._admit(scope, receive, send)
+            if replay is not None:
+                await self.app(scope, replay, tracking_send)
+        except Exception as exc:
+            status, detail, headers = error_response(exc)
+            if started:
+                logger.exception("error after the response started (%s %s)", scope["method"],
+                                 scope["path"][:200])
+                raise
+            await send_json(send, status, detail, close=True, headers=headers)
+
+    async def _admit(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
+        """Check auth and read the body; the replaying receive, or None when answered here."""
+        method = scope["method"]
+        declared_raw = _header(scope, b"content-length")
+        chunked = b"chunked" in (_header(scope, b"transfer-encoding") or b"").lower()
+        has_body = chunked or (declared_raw is not None and declared_raw.strip() not in (b"", b"0"))
+        if method in WRITE_METHODS and not self._authorized(scope):
+            await send_json(send, 401, "missing or wrong bearer token", close=has_body,
+                            headers=[(b"www-authenticate", b"Bearer")])
+            return None
+        if declared_raw is not None:
+            try:
+                declared = int(declared_raw)
+            except ValueError:
+                await send_json(send, 400, "invalid Content-Length header", close=True)
+                return None
+            if declared > self.max_body_bytes:
+                await send_json(send, 413, self._too_large(), close=True)
+                return None
+        if not has_body:
+            return receive
+        chunks: list[bytes] = []
+        size = 0
+        deadline = time.monotonic() + self.body_read_timeout_s
+        while True:
+            left_s = deadline - time.monotonic()
+            try:
+                message = await asyncio.wait_for(receive(), timeout=max(left_s, 0.001))
+            except TimeoutError:
+                await send_json(send, 408, f"request body not received within "
+                                f"{self.body_read_timeout_s:g} s", close=True)
+                return None
+            if message["type"] == "http.disconnect":
+                return None
+            body = message.get("body", b"")
+            size += len(body)
+            if size > self.max_body_bytes:
+                await send_json(send, 413, self._too_large(), close=True)
+                return None
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        whole = b"".join(chunks)
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": whole, "more_body": False}
+            return await receive()
+
+        return replay
+
+    def _too_large(self) -> list[dict[str, object]]:
+        return [{"loc": ["body"], "type": "body_too_large",
+                 "msg": f"request body exceeds {self.max_body_bytes} bytes"}]

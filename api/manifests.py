@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from api.schemas import MAX_SAMPLE_TOKENS
 from costmodel.specs import Sample
 from planner.workload import parse_manifest_lines
 
@@ -32,7 +33,8 @@ def load_manifest(*, text: str | None, path: Path | None, max_samples: int) -> l
     """Parse an inline manifest or a file.
 
     Raises:
-        ValueError: naming the line and the reason, or the sample count over ``max_samples``.
+        ValueError: naming the line and the reason, a sample over ``MAX_SAMPLE_TOKENS``, or
+            the sample count over ``max_samples``.
     """
     samples: list[Sample] = []
     if text is not None:
@@ -51,4 +53,12 @@ def load_manifest(*, text: str | None, path: Path | None, max_samples: int) -> l
                     raise ValueError(f"manifest holds more than {max_samples} samples")
     if not samples:
         raise ValueError("the manifest holds no samples")
+    for index, sample in enumerate(samples):
+        try:
+            sample.id.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"sample {index}: id holds a lone UTF-16 surrogate (not valid Unicode)") from None
+        if sample.tokens > MAX_SAMPLE_TOKENS:
+            raise ValueError(f"sample {index} ({sample.id[:80]!r}) has {sample.tokens} tokens, over the "
+                             f"limit of {MAX_SAMPLE_TOKENS}")
     return samples

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from api.store import CostModelConflictError, PlanStore
+from api.store import ACTIVE_STATES, CostModelConflictError, PlanStore
 from costmodel.presets import builtin_cost_model_files, load_cluster
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec
@@ -48,6 +48,27 @@ class CostModelRegistry:
             raise CostModelConflictError(f"cost model id {file.id!r} is an embedded default and "
                                          "cannot be replaced; upload under a new id")
         return self.store.put_cost_model(file)
+
+    def delete(self, cost_model_id: str) -> bool:
+        """Delete an uploaded cost model; False when none has this id.
+
+        Raises:
+            CostModelConflictError: for an embedded default (it cannot be deleted).
+            CostModelInUseError: when a queued or running epoch job uses it.
+        """
+        if cost_model_id in self._builtin:
+            raise CostModelConflictError(f"cost model {cost_model_id!r} is an embedded default and "
+                                         "cannot be deleted")
+        users = [r.id for r in self.store.list_epochs()
+                 if r.state in ACTIVE_STATES and r.spec.get("cost_model_id") == cost_model_id]
+        if users:
+            raise CostModelInUseError(f"cost model {cost_model_id!r} is used by active epoch job(s) "
+                                      f"{users[:5]}; cancel them first")
+        return self.store.delete_cost_model(cost_model_id)
+
+
+class CostModelInUseError(ValueError):
+    """A cost model that a queued or running epoch job still needs."""
 
 
 def resolve_cluster(cluster: str | ClusterSpec) -> ClusterSpec:

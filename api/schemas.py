@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from costmodel.schema import TermFit
-from costmodel.specs import ClusterSpec, Sample
+from costmodel.specs import ClusterSpec, HardwareSpec, Sample
 from planner.plan import Plan
 
 EPOCH_ID_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
@@ -19,21 +19,141 @@ _SAMPLES_EXAMPLE: list[Any] = [
 ]
 
 
+MAX_SAMPLES_PER_REQUEST = 16384
+"""Hard cap on the samples of one plan request (``DCP_MAX_SAMPLES_PER_BATCH`` may only lower it):
+the list is validated on the event loop, so its length bounds that work."""
+MAX_SAMPLE_TOKENS = 2**31 - 1
+"""Longest sample accepted (tokens, or frames x height x width)."""
+MAX_SAMPLE_DIM = 2**20
+"""Largest frames, height or width of a 2D sample."""
+MAX_NUM_GPUS = 65536
+"""Largest world of an inline cluster spec."""
+MAX_ID_CHARS = 256
+"""Longest id or name in a request."""
+MAX_SEED = 2**31 - 1
+"""Largest seed (CP-SAT takes a 32-bit seed)."""
+MAX_TIME_LIMIT_S = 60.0
+"""Largest per-plan wall-clock limit a request may ask for."""
+
+PosInt = Annotated[int, Field(strict=True, gt=0)]
+
+
+def _count(maximum: int, description: str, *, minimum: int = 0) -> Any:
+    return Field(default=None, strict=True, ge=minimum, le=maximum, description=description)
+
+
 class PlanOptions(BaseModel):
-    """Planner options (fields of ``planner.config.PlannerConfig``; unknown names get a 422)."""
+    """Planner options: fields of ``planner.config.PlannerConfig``, each bounded (unknown names,
+    floats given for counts and out-of-range values get a 422 naming the field).
 
-    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [{"time_limit_s": 0.5,
-                                                                             "seed": 7}]})
+    The work limits are capped far above the ``PlannerConfig.for_budget(1.0)`` preset; whatever
+    they are, the service stops a plan at ``time_limit_s`` plus a small margin."""
 
-    time_limit_s: float | None = Field(default=None, gt=0, le=600,
-                                       description="Solver budget in seconds (default from settings).")
-    seed: int | None = Field(default=None, ge=0, description="Seed of the planner's randomised parts.")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"time_limit_s": 0.5,
+                                                                              "seed": 7}]})
+
+    time_limit_s: float | None = Field(default=None, strict=True, gt=0, le=MAX_TIME_LIMIT_S,
+                                       description="Wall-clock limit of the plan in seconds "
+                                                   "(default from settings); enforced by the service.")
+    seed: int | None = _count(MAX_SEED, "Seed of the planner's randomised parts.")
+    cpsat_deterministic_time: float | None = Field(default=None, strict=True, gt=0, le=60.0,
+                                                   description="CP-SAT budget in deterministic units.")
+    num_workers: int | None = _count(8, "CP-SAT search workers.", minimum=1)
+    sizes: Literal["pow2", "any"] | None = Field(default=None, description="Allowed group sizes.")
+    max_group_size: int | None = _count(MAX_NUM_GPUS, "Largest group size.", minimum=1)
+    group_sizes: list[PosInt] | None = Field(default=None, min_length=1, max_length=64,
+                                             description="Explicit allowed group sizes.")
+    loss_normalization: Literal["tokens", "samples"] | None = Field(default=None,
+                                                                    description="Loss normaliser.")
+    use_cpsat: bool | None = Field(default=None, strict=True, description="Run CP-SAT after the heuristic.")
+    aggregated_cpsat: bool | None = Field(default=None, strict=True,
+                                          description="Aggregated CP-SAT model on large batches.")
+    exact_max_samples: int | None = _count(32, "Largest batch for the exact CP-SAT model.")
+    exact_max_ranks: int | None = _count(32, "Largest world for the exact CP-SAT model.")
+    exact_time_limit_s: float | None = Field(default=None, strict=True, gt=0, le=MAX_TIME_LIMIT_S,
+                                             description="Wall-clock cap of the exact model.")
+    local_search_max_moves: int | None = _count(20000, "Most improving local-search moves.")
+    local_search_max_ejections: int | None = _count(1000, "Most one-for-many swaps.")
+    max_resize_tries: int | None = _count(256, "Most split / merge moves.")
+    deep_search_min_gap: float | None = Field(default=None, strict=True, ge=0, le=10,
+                                              description="Gap above which the deep search runs.")
+    num_candidate_partitions: int | None = _count(1024, "Most group-size multisets.", minimum=1)
+    num_lpt_runs: int | None = _count(1000, "Most LPT runs of the heuristic.", minimum=1)
+    num_refined: int | None = _count(64, "Multisets refined by bisection and local search.", minimum=1)
+    num_target_probes: int | None = _count(64, "Bisection steps per refined multiset.")
+    bucket_tolerance: float | None = Field(default=None, strict=True, ge=0, lt=1,
+                                           description="Relative work difference of bulk placement.")
+    lp_bound_iterations: int | None = _count(64, "Bisection steps of the partition LP bound.")
+    lp_bound_integral: bool | None = Field(default=None, strict=True, description="Whole group counts.")
+    lp_bound_min_gap: float | None = Field(default=None, strict=True, ge=0, le=10,
+                                           description="Gap above which the LP bound runs.")
+    compute_baselines: bool | None = Field(default=None, strict=True, description="Compute baselines.")
+    baseline_group_size: int | None = _count(MAX_NUM_GPUS, "Fixed SP size of the baselines.", minimum=1)
+    memory_safety_fraction: float | None = Field(default=None, strict=True, ge=0, lt=0.5,
+                                                 description="Slack kept below the memory cap.")
 
     def to_options(self, *, default_time_limit_s: float) -> dict[str, Any]:
         """The options as PlannerConfig keyword arguments, with the default budget filled in."""
         values = {k: v for k, v in self.model_dump().items() if v is not None}
+        if "group_sizes" in values:
+            values["group_sizes"] = tuple(values["group_sizes"])
         values.setdefault("time_limit_s", default_time_limit_s)
         return values
+
+
+class HardwareIn(HardwareSpec):
+    """An accelerator given inline, every figure finite and physically plausible."""
+
+    name: str = Field(min_length=1, max_length=MAX_ID_CHARS, description="Name of the accelerator.")
+    hbm_bytes: float = Field(ge=1e6, le=1e15, description="Device memory in bytes.")
+    hbm_bandwidth_bytes_per_s: float = Field(ge=1e6, le=1e16, description="Device memory bandwidth.")
+    bf16_dense_flops: float = Field(ge=1e6, le=1e19, description="Peak dense bf16 FLOP/s.")
+    nvlink_bytes_per_s_per_direction: float = Field(ge=1e3, le=1e16,
+                                                    description="Intra-node link bandwidth per GPU.")
+    network_bytes_per_s_per_gpu: float = Field(ge=1e3, le=1e16, description="Inter-node bandwidth per GPU.")
+
+
+class ClusterIn(ClusterSpec):
+    """A cluster given inline (``ClusterSpec`` with bounded sizes)."""
+
+    schema_version: int = Field(default=ClusterSpec.model_fields["schema_version"].default, strict=True,
+                                ge=1, le=1000, description="Wire schema version.")
+    name: str = Field(min_length=1, max_length=MAX_ID_CHARS, description="Name of the cluster.")
+    hardware: HardwareIn = Field(description="The accelerator of every rank.")
+    num_gpus: int = Field(strict=True, gt=0, le=MAX_NUM_GPUS, description="World size N.")
+    gpus_per_node: int = Field(strict=True, gt=0, le=1024, description="GPUs per node G.")
+
+    def to_spec(self) -> ClusterSpec:
+        """The plain domain spec."""
+        return ClusterSpec.model_validate(self.model_dump())
+
+
+class SampleIn(Sample):
+    """A sample of a request (``Sample`` with bounded sizes)."""
+
+    id: str = Field(min_length=1, max_length=MAX_ID_CHARS, description="Stable id of the sample.")
+    tokens: int = Field(strict=True, gt=0, le=MAX_SAMPLE_TOKENS, description="Sequence length in tokens.")
+    frames: int | None = Field(default=None, strict=True, gt=0, le=MAX_SAMPLE_DIM,
+                               description="Latent frames (2D only).")
+    height: int | None = Field(default=None, strict=True, gt=0, le=MAX_SAMPLE_DIM,
+                               description="Latent height in patches (2D only).")
+    width: int | None = Field(default=None, strict=True, gt=0, le=MAX_SAMPLE_DIM,
+                              description="Latent width in patches (2D only).")
+
+    def to_sample(self) -> Sample:
+        """The plain domain sample."""
+        return Sample.model_construct(**{k: getattr(self, k) for k in Sample.model_fields})
+
+
+ClusterField = Annotated[str | ClusterIn, Field(description="A cluster preset name (GET /v1/cost-models "
+                                                            "names none; see costmodel/presets) or a full "
+                                                            "ClusterSpec.")]
+CostModelIdField = Annotated[str, Field(min_length=1, max_length=200, description="Id from GET /v1/cost-models.")]
+
+
+def as_cluster(cluster: str | ClusterIn) -> str | ClusterSpec:
+    """A request's cluster for the domain code (a preset name, or the plain spec)."""
+    return cluster.to_spec() if isinstance(cluster, ClusterIn) else cluster
 
 
 class PlanRequest(BaseModel):
@@ -43,9 +163,10 @@ class PlanRequest(BaseModel):
         "samples": _SAMPLES_EXAMPLE, "cluster": "h200x8",
         "cost_model_id": "analytic-llama-7b-h200-sxm", "options": {"time_limit_s": 0.5}}]})
 
-    samples: list[Sample] = Field(min_length=1, description="The global batch (unique ids).")
-    cluster: str | ClusterSpec = Field(description="A cluster preset name or a full ClusterSpec.")
-    cost_model_id: str = Field(min_length=1, description="Id from GET /v1/cost-models.")
+    samples: list[SampleIn] = Field(min_length=1, max_length=MAX_SAMPLES_PER_REQUEST,
+                                    description="The global batch (unique ids).")
+    cluster: ClusterField
+    cost_model_id: CostModelIdField
     options: PlanOptions = Field(default_factory=PlanOptions, description="Planner options.")
 
     @model_validator(mode="after")
@@ -72,8 +193,10 @@ class BatchRuleModel(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    samples_per_step: int | None = Field(default=None, gt=0, description="Samples per step.")
-    tokens_per_step: int | None = Field(default=None, gt=0, description="Token budget per step.")
+    samples_per_step: int | None = Field(default=None, strict=True, gt=0, le=MAX_SAMPLES_PER_REQUEST,
+                                         description="Samples per step.")
+    tokens_per_step: int | None = Field(default=None, strict=True, gt=0, le=2**40,
+                                        description="Token budget per step.")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> BatchRuleModel:
@@ -94,13 +217,15 @@ class EpochRequest(BaseModel):
     epoch_id: str | None = Field(default=None, pattern=EPOCH_ID_PATTERN,
                                  description="Id of the job (generated when absent; taken -> 409).")
     manifest_jsonl: str | None = Field(default=None, min_length=1,
-                                       description="The manifest inline, as JSON Lines.")
-    manifest_path: str | None = Field(default=None, min_length=1,
+                                       description="The manifest inline, as JSON Lines (the body "
+                                                   "size limit bounds it).")
+    manifest_path: str | None = Field(default=None, min_length=1, max_length=1024,
                                       description="A manifest file under the service's data directory.")
     batch: BatchRuleModel = Field(description="Samples or tokens per step.")
-    seed: int = Field(default=0, ge=0, description="Shuffle seed; step seeds derive from it.")
-    cluster: str | ClusterSpec = Field(description="A cluster preset name or a full ClusterSpec.")
-    cost_model_id: str = Field(min_length=1, description="Id from GET /v1/cost-models.")
+    seed: int = Field(default=0, strict=True, ge=0, le=2**63 - 1,
+                      description="Shuffle seed; step seeds derive from it.")
+    cluster: ClusterField
+    cost_model_id: CostModelIdField
     options: PlanOptions = Field(default_factory=PlanOptions, description="Planner options.")
 
     @model_validator(mode="after")
@@ -135,6 +260,9 @@ class EpochStatus(BaseModel):
     started_at: float | None
     finished_at: float | None
     error: str | None
+    transient: bool = Field(default=False, description="The last failure was transient (killed "
+                            "worker, full disk, locked store): the job is retried with backoff.")
+    attempts: int = Field(default=0, description="Transient failures since the last success or resume.")
     summary: EpochSummary
 
 
@@ -174,10 +302,11 @@ class FitOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     holdout_fraction: float | None = Field(default=None, gt=0, lt=1, description="Share held out.")
-    max_mape: float | None = Field(default=None, gt=0, description="Refuse terms worse than this.")
-    force: bool | None = Field(default=None, description="Keep a fit above max_mape (noted).")
+    max_mape: float | None = Field(default=None, gt=0, le=100, description="Refuse terms worse than this.")
+    force: bool | None = Field(default=None, strict=True, description="Keep a fit above max_mape (noted).")
     time_statistic: Literal["median", "min"] | None = Field(default=None, description="Timing to fit.")
-    seed: int | None = Field(default=None, description="Seed of the hold-out split.")
+    seed: int | None = Field(default=None, strict=True, ge=0, le=2**32 - 1,
+                             description="Seed of the hold-out split.")
     model_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:-]+$", max_length=200,
                                  description="Id of the fitted file (default fitted-<model>-<hw>).")
 

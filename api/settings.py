@@ -34,8 +34,9 @@ class Settings(BaseSettings):
                              description="Solver processes in the pool (epoch jobs use all of them).")
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0,
                                 description="Largest accepted request body; larger gets 413.")
-    max_samples_per_batch: int = Field(default=4096, gt=0,
-                                       description="Most samples in one synchronous plan request.")
+    max_samples_per_batch: int = Field(default=4096, gt=0, le=16384,
+                                       description="Most samples in one synchronous plan request "
+                                                   "(at most api.schemas.MAX_SAMPLES_PER_REQUEST).")
     max_manifest_samples: int = Field(default=10_000_000, gt=0,
                                       description="Most samples in one epoch manifest.")
     auth_token: str | None = Field(default=None,
@@ -50,7 +51,27 @@ class Settings(BaseSettings):
     write_batch_steps: int = Field(default=16, gt=0,
                                    description="Epoch steps written per store transaction (at most).")
     resume_jobs: bool = Field(default=True,
-                              description="Restart queued/running epoch jobs found at start-up.")
+                              description="Restart queued/running epoch jobs (and jobs that failed "
+                                          "for a transient reason) found at start-up.")
+    body_read_timeout_s: float = Field(default=30.0, gt=0,
+                                       description="Longest time to receive a request body (408 after).")
+    store_busy_timeout_s: float = Field(
+        default=5.0, gt=0,
+        description="Longest wait for a store locked by another process; then 503 (requests) "
+                    "or a retry with backoff (epoch jobs). Never blocks the event loop.")
+    plan_deadline_margin_s: float = Field(
+        default=1.0, gt=0,
+        description="A plan is stopped at its time_limit_s plus this margin (sync: 422 naming "
+                    "time_limit_s; epoch step: the job fails naming the deadline).")
+    job_max_transient_retries: int = Field(
+        default=20, ge=0,
+        description="Retries (exponential backoff) of an epoch job after transient failures "
+                    "(killed worker, full disk, locked store) before it is left failed.")
+    job_max_backoff_s: float = Field(default=60.0, gt=0,
+                                     description="Longest wait between two retries of a job.")
+    store_lease: bool = Field(default=True,
+                              description="Take the store's writer lease (<db>.lock): a second "
+                                          "server on the same file refuses to start.")
 
     @field_validator("auth_token")
     @classmethod

@@ -9,25 +9,39 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Response, status
 
 from api.deps import ServiceState, State, Writer
-from api.errors import bad_request, conflict, not_found, unprocessable
+from api.errors import COMMON_RESPONSES, bad_request, conflict, not_found, unprocessable
 from api.jobs import prepare_epoch
 from api.manifests import PathEscapeError, load_manifest, resolve_manifest_path
-from api.schemas import EPOCH_ID_PATTERN, EpochRequest, EpochStatus, EpochSummary, StepPlan
+from api.schemas import (
+    EPOCH_ID_PATTERN,
+    MAX_NUM_GPUS,
+    EpochRequest,
+    EpochStatus,
+    EpochSummary,
+    StepPlan,
+    as_cluster,
+)
 from api.store import ACTIVE_STATES, EpochExistsError, EpochRecord
+from api.strictjson import StrictJSONRoute
 from costmodel.specs import Sample
 from planner.epoch import BatchRule
 from planner.plan import RankPlan
 
-router = APIRouter(prefix="/v1/epochs", tags=["epochs"])
+router = APIRouter(prefix="/v1/epochs", tags=["epochs"], route_class=StrictJSONRoute,
+                   responses=COMMON_RESPONSES)
 
 MAX_RANGE_STEPS = 256
 """Most steps one range request returns."""
 
 EpochId = Annotated[str, Path(pattern=EPOCH_ID_PATTERN, description="Epoch id.")]
-StepIndex = Annotated[int, Path(ge=0, description="Step index in the epoch.")]
+MAX_STEP = 2**31 - 1
+"""Largest step index a path or query may name."""
+
+StepIndex = Annotated[int, Path(ge=0, le=MAX_STEP, description="Step index in the epoch.")]
 
 
 def _status(state: ServiceState, record: EpochRecord) -> EpochStatus:
+    """The status of a job (reads the store: call it on a worker thread)."""
     summary = state.store.summary(record.id)
     spec = record.spec
     return EpochStatus(
@@ -36,13 +50,15 @@ def _status(state: ServiceState, record: EpochRecord) -> EpochStatus:
         progress=record.steps_done / max(record.steps_total, 1), eta_s=state.jobs.eta_s(record),
         cluster_name=spec["cluster"]["name"], cost_model_id=spec["cost_model_id"], seed=spec["seed"],
         batch=spec["batch"], created_at=record.created_at, started_at=record.started_at,
-        finished_at=record.finished_at, error=record.error,
+        finished_at=record.finished_at, error=record.error, transient=record.transient,
+        attempts=record.attempts,
         summary=EpochSummary(mean_predicted_speedup_vs_bucket=summary["mean_speedup_vs_bucket"],
                              mean_gap=summary["mean_gap"],
                              mean_predicted_step_time_s=summary["mean_predicted_step_time_s"]))
 
 
 def _record(state: ServiceState, epoch_id: str) -> EpochRecord:
+    """The stored job, or a 404 (reads the store: call it on a worker thread)."""
     record = state.store.get_epoch(epoch_id)
     if record is None:
         not_found(f"unknown epoch {epoch_id!r}")
@@ -67,9 +83,10 @@ async def create_epoch(body: EpochRequest, state: State) -> EpochStatus:
     """Start an epoch precompute job: the manifest is shuffled with the seed and cut into
     steps by the batch rule now; each step is then planned on the process pool and stored."""
     epoch_id = body.epoch_id or f"epoch-{uuid.uuid4().hex[:12]}"
-    if state.store.get_epoch(epoch_id) is not None:
+    if await asyncio.to_thread(state.store.get_epoch, epoch_id) is not None:
         conflict(f"epoch {epoch_id!r} already exists")
-    cluster, cost_model = state.planning_inputs(cluster=body.cluster, cost_model_id=body.cost_model_id)
+    cluster, cost_model = await asyncio.to_thread(state.planning_inputs, cluster=as_cluster(body.cluster),
+                                                  cost_model_id=body.cost_model_id)
     path = None
     if body.manifest_path is not None:
         try:
@@ -82,56 +99,73 @@ async def create_epoch(body: EpochRequest, state: State) -> EpochStatus:
     rule = BatchRule(samples_per_step=body.batch.samples_per_step,
                      tokens_per_step=body.batch.tokens_per_step)
 
-    def prepare() -> EpochRecord:
+    def prepare() -> EpochStatus:
         try:
             samples: list[Sample] = load_manifest(text=body.manifest_jsonl, path=path,
                                                   max_samples=state.settings.max_manifest_samples)
         except ValueError as exc:
             field = "manifest_jsonl" if body.manifest_jsonl is not None else "manifest_path"
             unprocessable(["body", field], str(exc))
-        return prepare_epoch(state.store, epoch_id=epoch_id, samples=samples, rule=rule,
-                             seed=body.seed, cluster=cluster, cost_model=cost_model,
-                             options=options, manifest_source=body.manifest_path or "inline")
+        record = prepare_epoch(state.store, epoch_id=epoch_id, samples=samples, rule=rule,
+                               seed=body.seed, cluster=cluster, cost_model=cost_model,
+                               options=options, manifest_source=body.manifest_path or "inline")
+        state.jobs.start(record.id)
+        return _status(state, record)
 
     try:
-        record = await asyncio.to_thread(prepare)
+        return await asyncio.to_thread(prepare)
     except EpochExistsError as exc:
         conflict(str(exc))
     except ValueError as exc:
         unprocessable(["body"], str(exc))
-    state.jobs.start(record.id)
-    return _status(state, record)
 
 
 @router.get("", response_model=list[EpochStatus])
 async def list_epochs(state: State) -> list[EpochStatus]:
     """Every epoch job, oldest first."""
-    return [_status(state, r) for r in state.store.list_epochs()]
+    return await asyncio.to_thread(lambda: [_status(state, r) for r in state.store.list_epochs()])
 
 
 @router.get("/{epoch_id}", response_model=EpochStatus, responses={404: {"description": "Unknown epoch."}})
 async def get_epoch(epoch_id: EpochId, state: State) -> EpochStatus:
     """Status of a job: state, progress, ETA, summary of predicted speedup and gap."""
-    return _status(state, _record(state, epoch_id))
+    return await asyncio.to_thread(lambda: _status(state, _record(state, epoch_id)))
 
 
 @router.post("/{epoch_id}/cancel", response_model=EpochStatus, dependencies=[Writer],
              responses={404: {"description": "Unknown epoch."}})
 async def cancel_epoch(epoch_id: EpochId, state: State) -> EpochStatus:
     """Cancel a queued or running job; the steps already stored stay served."""
-    _record(state, epoch_id)
-    record = await asyncio.to_thread(state.jobs.cancel, epoch_id)
-    return _status(state, record)
+
+    def cancel() -> EpochStatus:
+        _record(state, epoch_id)
+        return _status(state, state.jobs.cancel(epoch_id))
+
+    return await asyncio.to_thread(cancel)
+
+
+@router.post("/{epoch_id}/resume", response_model=EpochStatus, dependencies=[Writer],
+             responses={404: {"description": "Unknown epoch."}})
+async def resume_epoch(epoch_id: EpochId, state: State) -> EpochStatus:
+    """Resume a failed or cancelled job: its stored steps are kept and only the missing ones
+    are planned (a running job is left running, a job waiting to retry retries now, a done job
+    is left done). The same plans as an uninterrupted run."""
+
+    def resume() -> EpochStatus:
+        _record(state, epoch_id)
+        return _status(state, state.jobs.resume(epoch_id))
+
+    return await asyncio.to_thread(resume)
 
 
 @router.get("/{epoch_id}/steps", response_model=list[StepPlan],
             responses={404: {"description": "Unknown epoch."}})
 async def get_steps(epoch_id: EpochId, state: State,
-                    start: Annotated[int, Query(ge=0, description="First step.")] = 0,
-                    stop: Annotated[int | None, Query(ge=0, description="One past the last step "
-                                                      "(default start + 16).")] = None) -> Response:
+                    start: Annotated[int, Query(ge=0, le=MAX_STEP, description="First step.")] = 0,
+                    stop: Annotated[int | None, Query(ge=0, le=MAX_STEP, description="One past the last "
+                                                      "step (default start + 16).")] = None) -> Response:
     """The stored plans of steps ``[start, stop)`` (at most 256; steps not planned yet are absent)."""
-    record = _record(state, epoch_id)
+    record = await asyncio.to_thread(_record, state, epoch_id)
     end = start + 16 if stop is None else stop
     if end < start:
         unprocessable(["query", "stop"], f"stop={end} is before start={start}")
@@ -147,25 +181,33 @@ async def get_steps(epoch_id: EpochId, state: State,
             responses={404: {"description": "Unknown epoch, or step not planned yet (retry)."}})
 async def get_step(epoch_id: EpochId, step: StepIndex, state: State) -> Response:
     """The whole plan of one step with its digest."""
-    found = state.store.get_plan(epoch_id, step)
-    if found is None:
-        return _missing_step(_record(state, epoch_id), step)
-    digest, plan_json = found
-    return Response(content=f'{{"step":{step},"digest":"{digest}","plan":{plan_json}}}',
-                    media_type="application/json")
+
+    def read() -> Response:
+        found = state.store.get_plan(epoch_id, step)
+        if found is None:
+            return _missing_step(_record(state, epoch_id), step)
+        digest, plan_json = found
+        return Response(content=f'{{"step":{step},"digest":"{digest}","plan":{plan_json}}}',
+                        media_type="application/json")
+
+    return await asyncio.to_thread(read)
 
 
 @router.get("/{epoch_id}/steps/{step}/ranks/{rank}", response_model=RankPlan,
             responses={404: {"description": "Unknown epoch, rank outside the world, or step not "
                                             "planned yet (retry)."}})
 async def get_rank_step(epoch_id: EpochId, step: StepIndex,
-                        rank: Annotated[int, Path(ge=0, description="Global rank.")],
+                        rank: Annotated[int, Path(ge=0, lt=MAX_NUM_GPUS, description="Global rank.")],
                         state: State) -> Response:
     """Rank ``rank``'s part of one step (its group and micro-batches) with the plan digest."""
-    try:
-        view = state.store.get_rank_view(epoch_id, step, rank)
-    except ValueError as exc:
-        not_found(str(exc))
-    if view is None:
-        return _missing_step(_record(state, epoch_id), step)
-    return Response(content=view, media_type="application/json")
+
+    def read() -> Response:
+        try:
+            view = state.store.get_rank_view(epoch_id, step, rank)
+        except ValueError as exc:
+            not_found(str(exc))
+        if view is None:
+            return _missing_step(_record(state, epoch_id), step)
+        return Response(content=view, media_type="application/json")
+
+    return await asyncio.to_thread(read)

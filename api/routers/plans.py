@@ -3,37 +3,46 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
+import math
+import time
 from concurrent.futures.process import BrokenProcessPool
+from typing import NoReturn
 
-from fastapi import APIRouter, HTTPException, Response, status
+from fastapi import APIRouter, Response
 
 from api.deps import State, Writer
-from api.errors import unprocessable
+from api.errors import COMMON_RESPONSES, service_unavailable, unprocessable
+from api.pool import DeadlineExceededError
 from api.registry import check_compatible
-from api.schemas import PlanRequest, PlanResponse
-from planner.epoch import build_config, plan_samples
+from api.schemas import PlanRequest, PlanResponse, as_cluster
+from api.strictjson import StrictJSONRoute
+from planner.epoch import StepResult, build_config, plan_samples
 
 logger = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/v1/plans", tags=["plans"])
+router = APIRouter(prefix="/v1/plans", tags=["plans"], route_class=StrictJSONRoute,
+                   responses=COMMON_RESPONSES)
 
 
 @router.post("", response_model=PlanResponse, dependencies=[Writer],
              responses={404: {"description": "Unknown cost model."},
+                        409: {"description": "The stored cost model no longer validates."},
                         422: {"description": "Invalid batch, cluster or options; a sample that "
-                                             "fits nowhere (named)."}})
+                                             "fits nowhere (named); a plan past time_limit_s."}})
 async def create_plan(body: PlanRequest, state: State) -> Response:
     """Plan one global batch: groups, micro-batches and checkpoint policies, with bound and gap.
 
     The solver runs in the service's process pool; the event loop keeps serving meanwhile.
+    The plan is stopped at ``options.time_limit_s`` plus ``DCP_PLAN_DEADLINE_MARGIN_S``,
+    whatever the other options ask for.
     """
     limit = state.settings.max_samples_per_batch
     if len(body.samples) > limit:
         unprocessable(["body", "samples"], f"{len(body.samples)} samples exceed the limit of {limit}")
-    cluster, cost_model = state.planning_inputs(cluster=body.cluster, cost_model_id=body.cost_model_id)
+    cluster, cost_model = await asyncio.to_thread(state.planning_inputs, cluster=as_cluster(body.cluster),
+                                                  cost_model_id=body.cost_model_id)
     try:
         check_compatible(cost_model, cluster)
     except ValueError as exc:
@@ -43,18 +52,35 @@ async def create_plan(body: PlanRequest, state: State) -> Response:
         build_config(options)
     except ValueError as exc:
         unprocessable(["body", "options"], str(exc))
-    call = functools.partial(plan_samples, list(body.samples), cluster=cluster,
-                             cost_model=cost_model, options=options, with_group_views=False)
+    samples = [s.to_sample() for s in body.samples]
+    deadline_s = float(options["time_limit_s"]) + state.settings.plan_deadline_margin_s
+    start = time.monotonic()
     try:
-        result = await asyncio.get_running_loop().run_in_executor(state.executor, call)
+        future = state.executor.submit_with_deadline(
+            deadline_s, plan_samples, samples, cluster=cluster, cost_model=cost_model, options=options,
+            with_group_views=False)
+        result: StepResult = await asyncio.wrap_future(future)
     except ValueError as exc:
         unprocessable(["body", "samples"], str(exc))
+    except DeadlineExceededError:
+        _past_deadline(len(samples), cluster.num_gpus, options["time_limit_s"])
     except BrokenProcessPool:
-        logger.exception("solver pool broke")
-        raise HTTPException(status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
-                            detail="solver pool unavailable; retry") from None
+        if time.monotonic() - start > deadline_s:
+            _past_deadline(len(samples), cluster.num_gpus, options["time_limit_s"])
+        logger.warning("solver pool broke while planning a request")
+        service_unavailable("solver pool unavailable (a worker died); retry")
+    if not (math.isfinite(result.gap) and math.isfinite(result.predicted_step_time_s)):
+        unprocessable(["body", "cluster"], "the plan's predicted times are not finite: check the "
+                      "cluster's hardware figures and the cost model's coefficients")
     state.metrics.solver_latency_s.labels("sync").observe(result.solve_time_s)
     # The worker validated the plan and made its canonical JSON: send those bytes as they are.
     content = (f'{{"plan":{result.plan_json},"digest":"{result.digest}",'
                f'"gap":{json.dumps(result.gap)},"solve_time_s":{json.dumps(result.solve_time_s)}}}')
     return Response(content=content, media_type="application/json")
+
+
+def _past_deadline(num_samples: int, num_gpus: int, time_limit_s: float) -> NoReturn:
+    unprocessable(["body", "options", "time_limit_s"],
+                  f"planning {num_samples} samples on {num_gpus} GPUs did not finish within "
+                  f"time_limit_s={time_limit_s:g} s; raise time_limit_s or lower the work options "
+                  "(num_lpt_runs, local_search_max_moves, max_resize_tries, ...)")

@@ -243,8 +243,10 @@ def test_step_still_being_planned_says_retry_after(client: TestClient) -> None:
 def test_cors_off_by_default_and_on_when_configured(client: TestClient, settings: Settings) -> None:
     origin = {"Origin": "http://dashboard.example"}
     assert "access-control-allow-origin" not in client.get("/healthz", headers=origin).headers
-    with TestClient(create_app(settings.model_copy(update={"cors_origins": ["http://dashboard.example"]}))
-                    ) as cors_client:
+    # Another store file: the running client's app holds the writer lease of the first one.
+    cors = settings.model_copy(update={"cors_origins": ["http://dashboard.example"],
+                                       "db_path": settings.db_path.with_name("cors.sqlite")})
+    with TestClient(create_app(cors)) as cors_client:
         response = cors_client.get("/healthz", headers=origin)
         assert response.headers["access-control-allow-origin"] == "http://dashboard.example"
 

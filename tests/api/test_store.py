@@ -103,7 +103,7 @@ def test_cost_models(tmp_path: Path) -> None:
 
 
 def test_migration_from_v1_keeps_plans_and_serves_rank_views(tmp_path: Path) -> None:
-    from api.store import _MIGRATIONS
+    from api.store_schema import _MIGRATIONS
     from costmodel.presets import load_cluster
     from planner.planning import plan_batch
 
