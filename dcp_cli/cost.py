@@ -6,14 +6,16 @@ import json
 from typing import Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from costmodel.evaluate import CostModel, policy_name
 from costmodel.presets import default_cost_model, load_cluster
 from costmodel.specs import Sample
-
-GIB = 1024**3
+from dcp_cli.style import console as make_console
+from dcp_cli.style import fmt_count, fmt_gib, fmt_ms, legend
 
 
 def parse_shape(text: str, index: int) -> Sample:
@@ -26,6 +28,8 @@ def parse_shape(text: str, index: int) -> Sample:
         parts = [int(p) for p in text.lower().split("x")]
     except ValueError:
         raise typer.BadParameter(f"shape {text!r} is not TOKENS or FRAMESxHEIGHTxWIDTH") from None
+    if any(p <= 0 for p in parts):
+        raise typer.BadParameter(f"shape {text!r}: tokens, frames, height and width must be positive")
     try:
         if len(parts) == 1:
             return Sample(id=f"shape{index}", tokens=parts[0])
@@ -69,7 +73,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("cost")
     def cost(
-        shapes: list[str] = typer.Argument(..., help="TOKENS (1D) or FRAMESxHEIGHTxWIDTH (2D)."),
+        shapes: list[str] = typer.Argument(..., metavar="SHAPE", help="TOKENS (1D) or FRAMESxHEIGHTxWIDTH (2D)."),
         model: str = typer.Option("llama-7b", help="Model preset."),
         cluster: str = typer.Option("h200x8", help="Cluster preset."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
@@ -83,7 +87,7 @@ def register(app: typer.Typer) -> None:
         if cm.is_2d and any(not s.is_2d for s in samples):
             raise typer.BadParameter(f"model {model!r} is 2D: give shapes as FRAMESxHEIGHTxWIDTH")
         rows = cost_rows(cm, samples)
-        console = Console()
+        console = make_console()
         if as_json:
             payload = {
                 "cost_model_id": cm.file.id, "cluster": cm.cluster.name,
@@ -93,21 +97,51 @@ def register(app: typer.Typer) -> None:
             }
             typer.echo(json.dumps(payload, indent=1))
             return
-        layers = cm.num_layers
-        policies = [policy_name(k, layers) for k in sorted({0, layers // 2, layers})]
-        table = Table(title=f"{cm.file.id} on {cm.cluster.name} "
-                            f"(states {cm.model_state_bytes() / GIB:.1f} GiB/GPU, "
-                            f"activation budget {cm.activation_budget_bytes() / GIB:.1f} GiB, "
-                            f"grad sync {cm.grad_sync_time_s() * 1e3:.1f} ms)")
-        for col in ["sample", "tokens", "d", *[f"time {p} (ms)" for p in policies],
-                    *[f"act {p} (GiB)" for p in policies], "a2a/layer (ms)"]:
-            table.add_column(col, justify="right")
-        for r in rows:
-            shape = f"{r['frames']}x{r['height']}x{r['width']}" if r["frames"] else str(r["tokens"])
-            table.add_row(
-                shape, str(r["tokens"]), str(r["group_size"]),
-                *[f"{r[f'time_s_{p}'] * 1e3:.2f}" for p in policies],
-                *[f"{r[f'activation_bytes_{p}'] / GIB:.2f}" for p in policies],
-                f"{r['alltoall_time_s_per_layer'] * 1e3:.3f}",
-            )
+        print_cost_tables(cm, rows, console)
+
+
+def _short_policy(name: str) -> str:
+    return name.replace("selective-", "sel")
+
+
+def print_cost_tables(cm: CostModel, rows: list[dict[str, Any]], console: Console) -> None:
+    """One table per sample (80 columns wide), then a legend of the columns."""
+    layers = cm.num_layers
+    policies = [policy_name(k, layers) for k in sorted({0, layers // 2, layers})]
+    console.print(f"[bold]{cm.file.id}[/bold] on [bold]{cm.cluster.name}[/bold]: model states "
+                  f"{fmt_gib(cm.model_state_bytes())} GiB/GPU, activation budget "
+                  f"{fmt_gib(cm.activation_budget_bytes())} GiB/GPU, gradient sync "
+                  f"{fmt_ms(cm.grad_sync_time_s())} ms per step")
+    by_sample: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_sample.setdefault(r["sample"], []).append(r)
+    for sample_rows in by_sample.values():
+        first = sample_rows[0]
+        shape = (f"{first['frames']}x{first['height']}x{first['width']} = " if first["frames"] else "")
+        table = Table(title=f"{shape}{fmt_count(first['tokens'])} tokens", box=box.SIMPLE_HEAD,
+                      title_justify="left", padding=(0, 1))
+        table.add_column("d", justify="right")
+        for p in policies:
+            table.add_column(f"time {_short_policy(p)}", justify="right")
+        for p in policies:
+            table.add_column(f"act {_short_policy(p)}", justify="right")
+        table.add_column("a2a", justify="right")
+        table.add_column("fits", justify="right")
+        for r in sample_rows:
+            table.add_row(str(r["group_size"]), *[fmt_ms(r[f"time_s_{p}"]) for p in policies],
+                          *[fmt_gib(r[f"activation_bytes_{p}"]) for p in policies],
+                          fmt_ms(r["alltoall_time_s_per_layer"]) if r["group_size"] > 1 else "-",
+                          "yes" if r["fits_full"] else "no")
         console.print(table)
+    sel = next((p for p in policies if p.startswith("selective-")), None)
+    entries = [("d", "sequence-parallel group size: GPUs that share the sample (Ulysses)")]
+    entries += [(f"time {_short_policy(p)}", f"predicted forward+backward time of the sample, ms, with "
+                 f"checkpoint policy {p}") for p in policies[:1]]
+    entries += [("", "none: keep all activations; full: recompute every layer"
+                 + (f"; {_short_policy(sel)}: recompute {sel.split('-')[1]} of {layers} layers" if sel else ""))]
+    entries += [("act P", "activation memory of the sample per GPU, GiB, with policy P"),
+                ("a2a", "all-to-all time per layer (forward), ms; - on one GPU"),
+                ("fits", "fits the activation budget on d GPUs with full recompute")]
+    entries[1] = ("time P", entries[1][1].replace(f"policy {policies[0]}", "policy P"))
+    console.print(Text("Columns:", style="bold"))
+    console.print(legend(entries))

@@ -9,21 +9,26 @@ from typing import Any
 
 import typer
 
+from dcp_cli.progress import make_progress
+from dcp_cli.style import fail, fmt_pct, fmt_x
+
 
 def register(app: typer.Typer) -> None:
     """Add ``dcp epoch`` to the app."""
 
     @app.command("epoch")
     def epoch(
-        manifest: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSON Lines manifest."),
+        manifest: Path = typer.Argument(..., exists=True, dir_okay=False, metavar="MANIFEST",
+                                        help="JSON Lines manifest (make one with dcp manifest)."),
         cluster: str = typer.Option("h200x8", help="Cluster preset."),
-        cost_model: str = typer.Option("analytic-llama-7b-h200-sxm", help="Cost-model id (embedded)."),
+        cost_model: str = typer.Option("analytic-llama-7b-h200-sxm",
+                                       help="Cost-model id: embedded (dcp presets) or stored in --out."),
         cost_model_file: Path | None = typer.Option(None, exists=True, dir_okay=False,
                                                     help="A cost-model JSON file instead of an id."),
         out: Path = typer.Option(Path("plans.sqlite"), help="SQLite store (created or resumed)."),
         epoch_id: str | None = typer.Option(None, help="Epoch id (default <manifest stem>-s<seed>)."),
-        samples_per_step: int | None = typer.Option(None, help="Global batch: samples per step."),
-        tokens_per_step: int | None = typer.Option(None, help="Global batch: token budget per step."),
+        samples_per_step: int | None = typer.Option(None, min=1, help="Global batch: samples per step."),
+        tokens_per_step: int | None = typer.Option(None, min=1, help="Global batch: token budget per step."),
         seed: int = typer.Option(0, help="Shuffle seed; step seeds derive from it."),
         time_limit_s: float = typer.Option(
             2.0, help="Wall-clock safety cap per step (the search budget is deterministic)."),
@@ -31,43 +36,66 @@ def register(app: typer.Typer) -> None:
         max_steps: int | None = typer.Option(None, help="Stop after this many new steps (resumable)."),
         option: list[str] = typer.Option([], "--option", "-o",
                                          help="A PlannerConfig field as KEY=JSON (repeatable)."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     ) -> None:
         """Plan every step of an epoch (resumes an interrupted run of the same inputs)."""
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
         from api.jobs import prepare_epoch, run_epoch_job, same_request
         from api.pool import make_executor
         from api.registry import CostModelRegistry, resolve_cluster
         from api.store import PlanStore
+        from costmodel.presets import builtin_cost_model_files
         from costmodel.schema import CostModelFile
         from planner.epoch import BatchRule
         from planner.workload import read_manifest
 
+        # Every input is checked before the store is opened (or created).
+        if (samples_per_step is None) == (tokens_per_step is None):
+            fail("give the global batch rule: one of --samples-per-step N or --tokens-per-step N")
+        rule = BatchRule(samples_per_step=samples_per_step, tokens_per_step=tokens_per_step)
         try:
-            rule = BatchRule(samples_per_step=samples_per_step, tokens_per_step=tokens_per_step)
             spec = resolve_cluster(cluster)
+        except ValueError as exc:
+            fail(f"--cluster: {exc}")
+        try:
             samples = read_manifest(manifest)
         except ValueError as exc:
-            raise typer.BadParameter(str(exc)) from None
-        store = PlanStore.open(out)
-        registry = CostModelRegistry(store)
-        try:
-            if cost_model_file is not None:
-                model = CostModelFile.load(cost_model_file)
-                registry.add(model)
-            else:
-                model = registry.get(cost_model)
-        except (KeyError, ValueError) as exc:
-            raise typer.BadParameter(str(exc.args[0] if isinstance(exc, KeyError) else exc)) from None
+            fail(f"MANIFEST {exc}")
+        if not samples:
+            fail(f"MANIFEST {manifest} holds no samples")
         options: dict[str, Any] = {"time_limit_s": time_limit_s}
         for item in option:
             key, sep, value = item.partition("=")
             if not sep or not key:
-                raise typer.BadParameter(f"--option {item!r} is not KEY=VALUE")
+                fail(f"--option {item!r} is not KEY=VALUE")
             try:
                 options[key] = json.loads(value)
             except json.JSONDecodeError:
                 options[key] = value
+        model: CostModelFile | None = None
+        if cost_model_file is not None:
+            try:
+                model = CostModelFile.load(cost_model_file)
+            except ValueError as exc:
+                fail(f"--cost-model-file {cost_model_file}: {exc}")
+        else:
+            embedded = sorted(f.id for f in builtin_cost_model_files())
+            if cost_model not in embedded and not out.exists():
+                fail(f"--cost-model {cost_model!r} is not an embedded cost model (embedded: "
+                     f"{', '.join(embedded)}); for a fitted or uploaded one pass --cost-model-file")
+        store = PlanStore.open(out)
+        registry = CostModelRegistry(store)
+        try:
+            if model is not None:
+                registry.add(model)
+            else:
+                model = registry.get(cost_model)
+        except KeyError:
+            store.close()
+            fail(f"--cost-model {cost_model!r} is neither embedded nor stored in {out}; "
+                 "pass --cost-model-file")
+        except ValueError as exc:
+            store.close()
+            fail(f"--cost-model-file {cost_model_file}: {exc}")
         eid = epoch_id or f"{manifest.stem}-s{seed}"
         record = store.get_epoch(eid)
         if record is None:
@@ -76,18 +104,19 @@ def register(app: typer.Typer) -> None:
                                        cluster=spec, cost_model=model, options=options,
                                        manifest_source=str(manifest))
             except ValueError as exc:
-                raise typer.BadParameter(str(exc)) from None
+                store.close()
+                fail(str(exc))
         elif not same_request(record, rule=rule, seed=seed, cluster=spec, cost_model=model,
                               options=options, samples=samples):
-            raise typer.BadParameter(f"epoch {eid!r} in {out} was made from other inputs; "
-                                     "pass another --epoch-id or --out")
+            store.close()
+            fail(f"--epoch-id {eid!r} in {out} was made from other inputs; pass another --epoch-id or --out")
         elif record.state == "done":
+            store.close()
             typer.echo(f"epoch {eid}: all {record.steps_total} steps already stored in {out}")
             return
         executor = make_executor(workers)
         new_steps = 0
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeRemainingColumn()) as progress:
+        with make_progress(quiet=quiet) as progress:
             bar = progress.add_task(f"epoch {eid}", total=record.steps_total,
                                     completed=record.steps_done)
 
@@ -104,9 +133,11 @@ def register(app: typer.Typer) -> None:
                 executor.shutdown(wait=True, cancel_futures=True)
         summary = store.summary(eid)
         store.close()
-        typer.echo(f"epoch {final.id}: {final.state}, {final.steps_done}/{final.steps_total} steps "
-                   f"in {out}; mean gap {summary['mean_gap']}, mean speedup vs bucket "
-                   f"{summary['mean_speedup_vs_bucket']}")
+        gap, speedup = summary["mean_gap"], summary["mean_speedup_vs_bucket"]
+        typer.echo(f"epoch {final.id}: {final.state}, {final.steps_done}/{final.steps_total} steps in {out}"
+                   + (f"; mean gap to the lower bound {fmt_pct(gap)}" if gap is not None else "")
+                   + (f", mean predicted speedup over bucket parallel {fmt_x(speedup)}"
+                      if speedup is not None else ""))
         if final.state == "failed":
             typer.echo(f"error: {final.error}", err=True)
             raise typer.Exit(1)

@@ -44,9 +44,9 @@ def fmt_s(seconds: float) -> str:
 
 
 def fmt_gib(num_bytes: float) -> str:
-    """Bytes as GiB with 2 decimals (3 significant digits under 0.1 GiB)."""
+    """Bytes as GiB with 2 decimals (3 significant digits under 0.01 GiB)."""
     gib = num_bytes / GIB
-    return f"{gib:.2f}" if gib >= 0.1 else f"{gib:.3g}"
+    return f"{gib:.2f}" if gib >= 0.01 or gib == 0 else f"{gib:.3g}"
 
 
 def fmt_pct(fraction: float) -> str:

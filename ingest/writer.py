@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,10 +51,9 @@ def write_manifest_file(samples: Iterable[Sample], out: Path, *, overwrite: bool
     out.parent.mkdir(parents=True, exist_ok=True)
     stats = ManifestStats()
     seen: set[str] = set()
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    tmp = Path(tmp_name)
+    tmp = out.parent / f".{out.name}.{os.getpid()}.tmp"  # opened like any file: the umask applies
     try:
-        with os.fdopen(fd, "w") as fh:
+        with tmp.open("w") as fh:
             for sample in samples:
                 if sample.id in seen:
                     raise ValueError(f"sample id {sample.id!r} appears twice; ids must be unique "

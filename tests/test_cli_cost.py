@@ -41,3 +41,31 @@ def test_cost_bad_input() -> None:
     assert "unknown cluster preset 'nope'" in result.output
     result = runner.invoke(app, ["cost", "100", "--model", "stdit3-xl"])
     assert result.exit_code == 2
+
+
+def _header_names(output: str) -> set[str]:
+    """The legend's column names (the lines after 'Columns:')."""
+    legend = output.split("Columns:", 1)[1]
+    return {line.split("  ")[0].strip() for line in legend.splitlines() if line[:1].strip()}
+
+
+def test_cost_table_fits_80_columns_with_a_legend() -> None:
+    result = CliRunner(env={"COLUMNS": "80"}).invoke(
+        app, ["cost", "1024", "8192", "131072", "--model", "llama-7b", "--cluster", "h200x32"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "…" not in result.output  # no number cut off
+    assert "131,072 tokens" in result.output and "40,757" in result.output  # the d=1 time, whole
+    assert _header_names(result.output) >= {"d", "time P", "act P", "a2a", "fits"}
+    header = next(line for line in lines if line.split()[:1] == ["d"])
+    assert header.split() == ["d", "none", "sel16", "full", "none", "sel16", "full", "a2a", "fits"]
+
+
+def test_cost_rejects_non_positive_shapes_plainly() -> None:
+    for args in (["0"], ["0x4x4"], ["--", "-5"]):
+        result = runner.invoke(app, ["cost", *args])
+        assert result.exit_code == 2
+        text = " ".join(result.output.translate({ord("│"): " "}).split())  # rich boxes wrap
+        assert f"shape '{args[-1]}': tokens, frames, height and width must be positive" in text
+        assert "pydantic" not in text and "validation error" not in text
