@@ -13,8 +13,22 @@ Sources:
   [D23] Dao, "FlashAttention-2", 2023 (attention: 4*s^2*h forward FLOPs, halved when causal;
         backward 2.5x forward).
   [R20] Rajbhandari et al., "ZeRO", 2020 (mixed-precision Adam: 2+2+12 bytes per parameter).
-  [J23] Jacobs et al., "DeepSpeed Ulysses", 2023 (4 all-to-alls per attention: q, k, v in,
-        output back; the same again in backward).
+  [J23] Jacobs et al., "DeepSpeed Ulysses", 2023 (all-to-alls around attention: q, k, v in,
+        output back; the same again in backward). Our executor fuses q, k and v into one
+        all-to-all: 2 operations per attention per pass.
+  [H88] Hockney & Jesshope, "Parallel Computers 2", 1988 (half-performance length n_1/2: a
+        pipeline reaches half its peak rate at n_1/2 elements; time = (n + n_1/2) / peak).
+  [W09] Williams, Waterman & Patterson, "Roofline", CACM 2009. A GEMM of n tokens against a
+        bf16 weight matrix does 2*n FLOPs per weight and reads 2 bytes per weight: it is
+        memory-bound below n = peak FLOP/s / memory bandwidth (H100 SXM 295, H200 206, A100 156
+        tokens at spec numbers); compute time plus weight-read time is exactly the Hockney form
+        with n_1/2 = achieved FLOP/s / achieved bandwidth.
+  [D23b] FlashAttention-2 paper, Fig. 4-7 (A100, head dim 128, 16k tokens per batch): forward +
+        backward throughput rises from ~110 TFLOP/s at 512 tokens per sequence to ~190 at 16k; a
+        Hockney curve through those points has n_1/2 of about 400 tokens (non-causal) and more
+        for causal; FlashAttention-3 (Shah et al. 2024, H100) shows the same shape. We take 512.
+  [NV] NVIDIA CUDA best-practices guide: kernel launch latency of a few microseconds; every
+        kernel of a layer costs at least that, which dominates layers on few tokens.
 """
 
 from __future__ import annotations
@@ -53,8 +67,17 @@ class AnalyticConfig:
     """Latency of one collective inside a node."""
     inter_alpha_s: float = 30e-6
     """Latency of one collective across nodes."""
-    kernel_launch_s: float = 25e-6
-    """Fixed time per layer per pass (launches, small kernels) counted per micro-batch."""
+    min_kernel_s: float = 5e-6
+    """Floor of one kernel's launch and run [NV]."""
+    kernels_per_layer_forward_1d: int = 14
+    """Kernels in one forward call of a 1D layer (norms, QKV, rotary, attention, output, MLP, adds);
+    backward runs twice as many."""
+    kernels_per_layer_forward_2d: int = 48
+    """Kernels in one forward call of a 2D layer (two blocks with modulation, cross-attention, MLP)."""
+    hbm_efficiency: float = 0.8
+    """Achieved share of the memory bandwidth (sets the dense parts' half-performance length [W09])."""
+    attention_half_tokens: float = 512.0
+    """Half-performance length of attention over a sample's tokens per rank [D23b]."""
     microbatch_fixed_s: float = 1e-3
     """Fixed time per micro-batch outside the layers (data, loss, bookkeeping)."""
     fixed_working_bytes: float = 2e9
@@ -64,7 +87,7 @@ class AnalyticConfig:
 
     def __post_init__(self) -> None:
         for name in ("linear_flops_efficiency", "attention_flops_efficiency", "nvlink_efficiency",
-                     "network_efficiency"):
+                     "network_efficiency", "hbm_efficiency"):
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise ValueError(f"{name} must be in (0, 1], got {value}")
@@ -134,6 +157,19 @@ def activation_bytes_per_token_layer(model: ModelSpec) -> tuple[float, float]:
     return float(none), full
 
 
+def transient_bytes_per_token(model: ModelSpec) -> float:
+    """Working set per token while one layer runs backward, beyond the kept activations.
+
+    The gradients of the layer's largest intermediates live at once: 1D SwiGLU gate, up and
+    product gradients ``3*2f`` and the fp32 q, k, v gradient accumulators of flash attention
+    ``4*(h + 2*h_kv)``; 2D GELU ``2*2f`` and the same attention accumulators.
+    """
+    h, f = model.hidden, model.ffn_hidden
+    h_kv = h * model.kv_heads // model.num_heads
+    mlp = BF16_BYTES * (3 if model.mlp_kind == "swiglu" else 2) * f
+    return float(mlp + FP32_BYTES * (h + 2 * h_kv))
+
+
 def working_bytes_per_token(model: ModelSpec) -> float:
     """Per-token buffers outside the layers.
 
@@ -148,17 +184,25 @@ def working_bytes_per_token(model: ModelSpec) -> float:
     return comm + 2.0 * BF16_BYTES * h
 
 
-def alltoall_bytes_per_token_layer(model: ModelSpec) -> tuple[float, int]:
-    """(bytes per token, operations) of a layer's forward all-to-alls [J23].
+def alltoall_bytes_per_token_layer(model: ModelSpec, *, dtype_bytes: int = BF16_BYTES) -> tuple[float, int]:
+    """(bytes per token, operations) of one pass of a layer's all-to-alls, as the executor runs them.
 
-    Each attention moves q, k, v in and the output back: ``2*(2h + 2*h_kv)`` bytes per token
-    in 4 operations; a 2D layer has two self-attentions (spatial and temporal).
+    Each attention moves q, k, v in one fused operation (``h + 2*h_kv`` values per token) and
+    the output back in another (``h``): ``2h + 2*h_kv`` values per token in 2 operations
+    [J23]; a 2D layer has two self-attentions (spatial and temporal). Backward runs the same
+    operations reversed, a recompute runs them again.
     """
     h = model.hidden
     h_kv = h * model.kv_heads // model.num_heads
-    per_attention = BF16_BYTES * (2 * h + 2 * h_kv)
+    per_attention = dtype_bytes * (2 * h + 2 * h_kv)
     attentions = 1 if model.kind == "1d" else 2
-    return float(per_attention * attentions), 4 * attentions
+    return float(per_attention * attentions), 2 * attentions
+
+
+def linear_half_tokens(hardware: HardwareSpec, config: AnalyticConfig) -> float:
+    """Half-performance length of the dense parts: achieved FLOP/s over achieved bytes/s [W09]."""
+    flops = hardware.bf16_dense_flops * config.linear_flops_efficiency
+    return flops / (hardware.hbm_bandwidth_bytes_per_s * config.hbm_efficiency)
 
 
 def analytic_cost_model(
@@ -183,12 +227,16 @@ def analytic_cost_model(
     if model.kind == "2d" and model.cross_attention_tokens:
         # K and V projections of the text tokens in both blocks: 2 * (2*T*h*h) MACs.
         per_sample_fwd = 2 * 2.0 * 2 * model.cross_attention_tokens * model.hidden**2 / linear_rate
+    kernels = cfg.kernels_per_layer_forward_1d if model.kind == "1d" else cfg.kernels_per_layer_forward_2d
+    call_fwd = kernels * cfg.min_kernel_s
     if model.kind == "1d":
-        fwd = LayerTimeTerms(per_token=per_token_fwd, per_attn_pair=per_pair_fwd, per_sample=per_sample_fwd)
+        fwd = LayerTimeTerms(per_token=per_token_fwd, per_attn_pair=per_pair_fwd, per_sample=per_sample_fwd,
+                             per_call=call_fwd)
         bwd = LayerTimeTerms(
             per_token=2 * per_token_fwd,
             per_attn_pair=cfg.attention_bwd_over_fwd * per_pair_fwd,
             per_sample=2 * per_sample_fwd,
+            per_call=2 * call_fwd,
         )
         # Embedding lookup is free; output head 2*h*V FLOPs forward, 2x backward [N21].
         head_flops = 3 * 2.0 * model.hidden * model.vocab
@@ -198,12 +246,14 @@ def analytic_cost_model(
             per_spatial_pair=per_pair_fwd,
             per_temporal_pair=per_pair_fwd,
             per_sample=per_sample_fwd,
+            per_call=call_fwd,
         )
         bwd = LayerTimeTerms(
             per_token=2 * per_token_fwd,
             per_spatial_pair=cfg.attention_bwd_over_fwd * per_pair_fwd,
             per_temporal_pair=cfg.attention_bwd_over_fwd * per_pair_fwd,
             per_sample=2 * per_sample_fwd,
+            per_call=2 * call_fwd,
         )
         # Patch embedding in and final projection out (latent 4 channels, 2x2 patches).
         head_flops = 3 * 2.0 * 2 * model.hidden * 16
@@ -211,7 +261,9 @@ def analytic_cost_model(
         forward=fwd,
         backward=bwd,
         head_s_per_token=head_flops / linear_rate,
-        microbatch_overhead_s=cfg.microbatch_fixed_s + 3 * model.num_layers * cfg.kernel_launch_s,
+        microbatch_overhead_s=cfg.microbatch_fixed_s,
+        linear_half_tokens=linear_half_tokens(hardware, cfg),
+        attention_half_tokens=cfg.attention_half_tokens,
     )
     none_bytes, full_bytes = activation_bytes_per_token_layer(model)
     activation = ActivationCoefficients(
@@ -219,6 +271,7 @@ def analytic_cost_model(
         bytes_per_token_layer_full=full_bytes,
         working_bytes_per_token=working_bytes_per_token(model),
         fixed_working_bytes=cfg.fixed_working_bytes,
+        transient_bytes_per_token=transient_bytes_per_token(model),
     )
     a2a_bytes, a2a_ops = alltoall_bytes_per_token_layer(model)
     intra = hardware.nvlink_bytes_per_s_per_direction * cfg.nvlink_efficiency
@@ -248,6 +301,9 @@ def analytic_cost_model(
         notes=(
             "Analytic default from public specs: linear efficiency "
             f"{cfg.linear_flops_efficiency}, attention efficiency {cfg.attention_flops_efficiency}, "
+            f"dense half-performance length {linear_half_tokens(hardware, cfg):.0f} tokens per rank, "
+            f"attention half-performance length {cfg.attention_half_tokens:.0f}, "
+            f"{cfg.min_kernel_s * 1e6:.0f} us per kernel, "
             f"NVLink efficiency {cfg.nvlink_efficiency}, network efficiency {cfg.network_efficiency}."
         ),
     )

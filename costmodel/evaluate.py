@@ -5,9 +5,18 @@ recomputed in backward: ``k = 0`` is ``none``, ``k = L`` is ``full``, anything b
 selective. All sample-level functions accept numpy arrays (broadcasting) as well as scalars,
 so that planners can tabulate costs for whole batches at once.
 
-Memory of a micro-batch is additive over its samples (each sample's kept activations plus,
-when it recomputes, one layer of its activations rematerialised in backward): a safe upper
-bound of the true peak that keeps the planner's memory constraints linear.
+Time of a micro-batch = a fixed part that depends only on the group and on how many *calls*
+of each layer the executor makes (``microbatch_fixed_s``: every layer runs once per pass, twice
+where the micro-batch mixes checkpointed and plain samples at that layer, and once more in
+backward for the recompute) + a part additive over its samples (``sample_time_s``). The
+collectives follow what the executor issues: per attention one all-to-all in (q, k, v fused)
+and one out in forward, the same two in backward and again in a recompute, all timed by
+:func:`collective_time_s`, the one formula that ``costmodel.fit`` fits.
+
+Memory of a micro-batch is additive over its samples: each sample's kept activations, when it
+recomputes one layer of its activations rematerialised in backward (the recompute call runs on
+the checkpointed samples together), and the transient working set of a layer's backward per
+token: the peak the executor reaches.
 """
 
 from __future__ import annotations
@@ -15,11 +24,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from costmodel.schema import CostModelFile, LayerTimeTerms
+from costmodel.schema import CommCoefficients, CostModelFile, LayerTimeTerms
 from costmodel.specs import ClusterSpec, Sample
 
 FloatArray = NDArray[np.float64]
@@ -63,15 +73,100 @@ def nodes_spanned(*, first_rank: int, group_size: int, gpus_per_node: int) -> in
     return last // gpus_per_node - first_rank // gpus_per_node + 1
 
 
-def _layer_time(terms: LayerTimeTerms, tokens: FloatArray, frames: FloatArray, spatial: FloatArray,
-                is_2d: bool, group_size: float) -> FloatArray:
+Collective = Literal["alltoall", "allreduce", "allgather"]
+"""``allgather`` (parameters after a sharded optimizer step) is timed with the all-reduce links."""
+
+
+def latency_steps(op: Collective, group_size: int) -> float:
+    """Latency terms of one operation: 1 for an all-to-all, ``2*(d-1)`` for a ring all-reduce,
+    ``d-1`` for a ring all-gather."""
+    if op == "alltoall":
+        return 1.0
+    return float(group_size - 1) * (2.0 if op == "allreduce" else 1.0)
+
+
+def wire_bytes(op: Collective, bytes_per_rank: ArrayLike, group_size: int) -> FloatArray:
+    """Bytes each rank sends in one operation on ``bytes_per_rank`` bytes: ``(d-1)/d`` of them for
+    an all-to-all and an all-gather, twice that for a ring all-reduce."""
+    share = (group_size - 1) / group_size * (2.0 if op == "allreduce" else 1.0)
+    return np.asarray(np.asarray(bytes_per_rank, dtype=np.float64) * share, dtype=np.float64)
+
+
+def collective_cost(comm: CommCoefficients, op: Collective, *, group_size: int, num_nodes: int
+                    ) -> tuple[float, float]:
+    """``(latency seconds, seconds per wire byte)`` of one operation.
+
+    A fit measured for exactly this group size and node count is used as measured. Otherwise
+    the time comes from raw links: inside a node the intra link; across ``n`` nodes an
+    all-to-all keeps ``(d/n - 1)/(d - 1)`` of what it sends inside the node and sends the rest
+    over the network, both in parallel (the slower sets the time); a ring is as slow as its
+    network hop. A measured inter-node fit stands in for the raw network link scaled by its own
+    network share (exact on the configuration it was measured on).
+    """
+    link_kind: Literal["alltoall", "allreduce"] = "alltoall" if op == "alltoall" else "allreduce"
+    steps = latency_steps(op, group_size)
+    exact = comm.exact_link(link_kind, group_size=group_size, num_nodes=num_nodes)
+    if exact is not None:
+        return exact.alpha_s * steps, 1.0 / exact.bytes_per_s
+    intra = comm.link(link_kind, placement="intra", group_size=group_size)
+    if num_nodes <= 1:
+        return intra.alpha_s * steps, 1.0 / intra.bytes_per_s
+    inter = comm.link(link_kind, placement="inter", group_size=group_size)
+    net_bytes_per_s = inter.bytes_per_s
+    if inter.group_size is not None:
+        measured_nodes = inter.num_nodes or max(2, num_nodes)
+        net_bytes_per_s *= _network_share(op, inter.group_size, measured_nodes)
+    in_share = 1.0 if op != "alltoall" else (group_size / num_nodes - 1) / (group_size - 1)
+    out_share = _network_share(op, group_size, num_nodes)
+    per_byte = max(in_share / intra.bytes_per_s, out_share / net_bytes_per_s)
+    return inter.alpha_s * steps, per_byte
+
+
+def _network_share(op: Collective, group_size: int, num_nodes: int) -> float:
+    """Share of the wire bytes that cross the network (all-to-all) or 1 (a ring's bottleneck)."""
+    if op != "alltoall" or num_nodes <= 1:
+        return 1.0 if num_nodes > 1 else 0.0
+    return 1.0 - (group_size / num_nodes - 1) / (group_size - 1)
+
+
+def collective_time_s(comm: CommCoefficients, op: Collective, bytes_per_rank: ArrayLike, *,
+                      group_size: int, num_nodes: int) -> FloatArray:
+    """Seconds of one operation where each rank holds ``bytes_per_rank`` bytes (0 for one rank).
+
+    This is the single definition of a collective's time: ``costmodel.fit`` fits it and every
+    evaluation uses it.
+    """
+    data = np.asarray(bytes_per_rank, dtype=np.float64)
+    if group_size <= 1:
+        return np.zeros_like(data)
+    alpha, per_byte = collective_cost(comm, op, group_size=group_size, num_nodes=num_nodes)
+    return np.asarray(alpha + wire_bytes(op, data, group_size) * per_byte, dtype=np.float64)
+
+
+def _attention_s(terms: LayerTimeTerms, tokens: FloatArray, frames: FloatArray, spatial: FloatArray,
+                 *, is_2d: bool, group_size: float, half_tokens: float) -> FloatArray:
+    """Attention seconds of one pass on one rank: pairs/d over the efficiency ``n/(n + n_half)``
+    of the sample's ``n = s/d`` tokens per rank, i.e. ``pairs/d + n_half * pairs/s``."""
     if is_2d:
-        split = (terms.per_token * tokens
-                 + terms.per_spatial_pair * frames * spatial * spatial
+        pairs = (terms.per_spatial_pair * frames * spatial * spatial
                  + terms.per_temporal_pair * spatial * frames * frames)
     else:
-        split = terms.per_token * tokens + terms.per_attn_pair * tokens * tokens
-    return split / group_size + terms.per_sample
+        pairs = terms.per_attn_pair * tokens * tokens
+    return np.asarray(pairs / group_size + half_tokens * pairs / tokens, dtype=np.float64)
+
+
+def _sample_pass_s(terms: LayerTimeTerms, tokens: FloatArray, frames: FloatArray, spatial: FloatArray,
+                   *, is_2d: bool, group_size: float, half_tokens: float) -> FloatArray:
+    """Part of one layer pass additive over samples (dense per token, attention, per sample)."""
+    attention = _attention_s(terms, tokens, frames, spatial, is_2d=is_2d, group_size=group_size,
+                             half_tokens=half_tokens)
+    return np.asarray(terms.per_token * tokens / group_size + attention + terms.per_sample,
+                      dtype=np.float64)
+
+
+SUPPORTED_STATE_SHARDING = ("replicated", "zero1")
+"""Model-state layouts the executor runs: gradients replicated and summed by one all-reduce per
+step; optimizer states replicated or sharded (ZeRO-1, e.g. torch's ZeroRedundancyOptimizer)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +176,22 @@ class CostModel:
     Attributes:
         file: The coefficients.
         cluster: The world (ranks per node, memory, state sharding).
+
+    Raises:
+        ValueError: for a state sharding the executor does not run (ZeRO-2/3 shard gradients,
+            the executor keeps them whole until its one all-reduce).
     """
 
     file: CostModelFile
     cluster: ClusterSpec
+
+    def __post_init__(self) -> None:
+        if self.cluster.state_sharding not in SUPPORTED_STATE_SHARDING:
+            raise ValueError(
+                f"state_sharding={self.cluster.state_sharding!r} is not what the executor runs: it "
+                "keeps full gradients over the micro-batches and sums them with one all-reduce per "
+                f"step; use one of {list(SUPPORTED_STATE_SHARDING)} (zero1 = optimizer states "
+                "sharded, e.g. torch ZeroRedundancyOptimizer)")
 
     @property
     def num_layers(self) -> int:
@@ -108,24 +215,20 @@ class CostModel:
     # ----------------------------------------------------------------- time
     def alltoall_time_s(self, bytes_per_rank: ArrayLike, *, group_size: int, num_nodes: int | None = None
                         ) -> FloatArray:
-        """Time of one all-to-all where each rank holds ``bytes_per_rank``.
+        """Time of one all-to-all where each rank holds ``bytes_per_rank`` (:func:`collective_time_s`)."""
+        nodes = self.default_nodes(group_size) if num_nodes is None else num_nodes
+        return collective_time_s(self.file.comm, "alltoall", bytes_per_rank, group_size=group_size,
+                                 num_nodes=nodes)
 
-        A rank keeps ``1/d`` of its data and sends the rest; with the group spread evenly over
-        ``n`` nodes, ``(d/n - 1)/(d - 1)`` of what it sends stays inside the node. Intra- and
-        inter-node traffic proceed in parallel; the slower one sets the time.
-        """
-        data = np.asarray(bytes_per_rank, dtype=np.float64)
-        if group_size == 1:
-            return np.zeros_like(data)
-        n = self.default_nodes(group_size) if num_nodes is None else num_nodes
-        sent = data * (group_size - 1) / group_size
-        intra_share = (group_size / n - 1) / (group_size - 1)
-        intra = self.file.comm.link("alltoall", placement="intra", group_size=group_size)
-        time = intra.alpha_s + sent * intra_share / intra.bytes_per_s
-        if n > 1:
-            inter = self.file.comm.link("alltoall", placement="inter", group_size=group_size)
-            time = np.maximum(time, inter.alpha_s + sent * (1 - intra_share) / inter.bytes_per_s)
-        return np.asarray(time, dtype=np.float64)
+    def _alltoall_per_pass(self, group_size: int, num_nodes: int | None) -> tuple[float, float]:
+        """(latency seconds per layer call per pass, seconds per token-per-rank per pass)."""
+        if group_size <= 1:
+            return 0.0, 0.0
+        comm = self.file.comm
+        nodes = self.default_nodes(group_size) if num_nodes is None else num_nodes
+        alpha, per_byte = collective_cost(comm, "alltoall", group_size=group_size, num_nodes=nodes)
+        share = (group_size - 1) / group_size
+        return comm.alltoall_ops_per_layer * alpha, comm.alltoall_bytes_per_token_layer * share * per_byte
 
     def sample_time_s(
         self,
@@ -137,7 +240,7 @@ class CostModel:
         spatial: ArrayLike | None = None,
         num_nodes: int | None = None,
     ) -> FloatArray:
-        """Forward+backward time of samples on one group, excluding the micro-batch overhead.
+        """The part of a micro-batch's time that each sample adds (see :meth:`microbatch_fixed_s`).
 
         Args:
             tokens: Tokens per sample.
@@ -155,22 +258,54 @@ class CostModel:
         hw = s / f if spatial is None else np.asarray(spatial, dtype=np.float64)
         k = np.asarray(recompute_layers, dtype=np.float64)
         c = self.file.compute
-        fwd = _layer_time(c.forward, s, f, hw, self.is_2d, group_size)
-        bwd = _layer_time(c.backward, s, f, hw, self.is_2d, group_size)
+        kw = {"is_2d": self.is_2d, "group_size": float(group_size), "half_tokens": c.attention_half_tokens}
+        fwd = _sample_pass_s(c.forward, s, f, hw, **kw)  # type: ignore[arg-type]
+        bwd = _sample_pass_s(c.backward, s, f, hw, **kw)  # type: ignore[arg-type]
         layers = self.num_layers
-        compute = layers * (fwd + bwd) + k * fwd + c.head_s_per_token * s / group_size
-        comm = self.file.comm
-        per_op_bytes = comm.alltoall_bytes_per_token_layer * s / group_size / max(comm.alltoall_ops_per_layer, 1)
-        layer_comm = comm.alltoall_ops_per_layer * self.alltoall_time_s(
-            per_op_bytes, group_size=group_size, num_nodes=num_nodes
-        )
-        # Forward and backward each run the layer's all-to-alls; a recomputed layer repeats them.
-        total = compute + (2 * layers + k) * layer_comm
+        _, comm_per_token = self._alltoall_per_pass(group_size, num_nodes)
+        per_rank = s / group_size
+        total = (layers * (fwd + bwd) + k * fwd + c.head_s_per_token * per_rank
+                 + (2 * layers + k) * comm_per_token * per_rank)
         return np.asarray(total, dtype=np.float64)
+
+    def layer_call_s(self, *, group_size: int, num_nodes: int | None = None) -> tuple[float, float]:
+        """Fixed seconds of one call of a layer: ``(forward, backward)``.
+
+        Each is the call's fixed work (``per_call``), the dense parts' efficiency term
+        ``per_token * linear_half_tokens`` and the latency of its all-to-alls.
+        """
+        c = self.file.compute
+        alpha, _ = self._alltoall_per_pass(group_size, num_nodes)
+        fwd = c.forward.per_call + c.forward.per_token * c.linear_half_tokens + alpha
+        bwd = c.backward.per_call + c.backward.per_token * c.linear_half_tokens + alpha
+        return fwd, bwd
+
+    def layer_calls(self, recompute_layers: Sequence[int] | NDArray[np.int64]) -> tuple[int, int]:
+        """``(forward+backward calls, recompute calls)`` per micro-batch with these policies.
+
+        Every layer runs once per pass; a layer where some samples are checkpointed and others
+        are not runs twice (the executor calls it on each subset); each of the first ``max(k)``
+        layers reruns its forward once in backward.
+        """
+        if len(recompute_layers) == 0:
+            return 0, 0
+        hi, lo = int(max(recompute_layers)), int(min(recompute_layers))
+        return self.num_layers + hi - lo, hi
+
+    def microbatch_fixed_s(self, *, group_size: int, num_nodes: int | None = None,
+                           recompute_layers: Sequence[int] | NDArray[np.int64] = (0,)) -> float:
+        """The part of a micro-batch's time that does not grow with its samples.
+
+        ``microbatch_overhead_s`` plus the fixed seconds of every layer call
+        (:meth:`layer_call_s`, :meth:`layer_calls`).
+        """
+        fwd, bwd = self.layer_call_s(group_size=group_size, num_nodes=num_nodes)
+        calls, recompute = self.layer_calls(recompute_layers)
+        return self.file.compute.microbatch_overhead_s + calls * (fwd + bwd) + recompute * fwd
 
     def microbatch_time_s(self, samples: Sequence[Sample], *, group_size: int,
                           recompute_layers: Sequence[int], num_nodes: int | None = None) -> float:
-        """Time of one micro-batch: fixed overhead plus its samples."""
+        """Time of one micro-batch: its fixed part plus its samples."""
         if len(samples) != len(recompute_layers):
             raise ValueError(f"{len(samples)} samples but {len(recompute_layers)} policies")
         if not samples:
@@ -180,49 +315,82 @@ class CostModel:
             frames=[s.num_frames for s in samples], spatial=[s.spatial_tokens for s in samples],
             num_nodes=num_nodes,
         )
-        return float(self.file.compute.microbatch_overhead_s + times.sum())
+        fixed = self.microbatch_fixed_s(group_size=group_size, num_nodes=num_nodes,
+                                        recompute_layers=list(recompute_layers))
+        return float(fixed + times.sum())
+
+    def microbatch_breakdown_s(self, samples: Sequence[Sample], *, group_size: int,
+                               recompute_layers: Sequence[int], num_nodes: int | None = None
+                               ) -> dict[str, float]:
+        """Seconds of one micro-batch by kind: ``compute``, ``recompute``, ``alltoall``, ``fixed``.
+
+        The parts add up to :meth:`microbatch_time_s`; all-to-all latency and bytes (recompute's
+        included) are under ``alltoall``, the fixed part less those latencies under ``fixed``.
+        """
+        ks = [int(k) for k in recompute_layers]
+        total = self.microbatch_time_s(samples, group_size=group_size, recompute_layers=ks,
+                                       num_nodes=num_nodes)
+        if not samples:
+            return {"compute": 0.0, "recompute": 0.0, "alltoall": 0.0, "fixed": 0.0}
+        s = np.array([x.tokens for x in samples], dtype=np.float64)
+        f = np.array([x.num_frames for x in samples], dtype=np.float64)
+        hw = np.array([x.spatial_tokens for x in samples], dtype=np.float64)
+        k = np.array(ks, dtype=np.float64)
+        c = self.file.compute
+        fwd = _sample_pass_s(c.forward, s, f, hw, is_2d=self.is_2d, group_size=float(group_size),
+                             half_tokens=c.attention_half_tokens)
+        alpha, per_token = self._alltoall_per_pass(group_size, num_nodes)
+        calls, recompute_calls = self.layer_calls(ks)
+        per_rank = s / group_size
+        alltoall = float(((2 * self.num_layers + k) * per_token * per_rank).sum()
+                         + (2 * calls + recompute_calls) * alpha)
+        fwd_call, _ = self.layer_call_s(group_size=group_size, num_nodes=num_nodes)
+        recompute = float((k * fwd).sum() + recompute_calls * (fwd_call - alpha))
+        fixed = self.file.compute.microbatch_overhead_s
+        compute = total - alltoall - recompute - fixed
+        return {"compute": compute, "recompute": recompute, "alltoall": alltoall, "fixed": fixed}
 
     def grad_sync_time_s(self) -> float:
-        """One gradient all-reduce (or reduce-scatter + all-gather) over the whole world.
+        """Gradient sync of one step over the whole world, as the executor runs it.
 
-        Ring algorithm: each rank sends ``2*(N-1)/N`` of the gradient bytes; across nodes the
-        network is the bottleneck.
+        One ring all-reduce of the gradients (``2*(N-1)`` latency terms, ``2*(N-1)/N`` of the
+        bytes sent per rank); with ZeRO-1 also the all-gather of the updated parameters.
         """
         n = self.cluster.num_gpus
         if n == 1:
             return 0.0
-        placement = "inter" if self.cluster.num_nodes > 1 else "intra"
-        link = self.file.comm.link("allreduce", placement=placement, group_size=n)
-        grad_bytes = self.file.num_params * self.file.comm.grad_bytes_per_param
-        return link.alpha_s + 2 * (n - 1) / n * grad_bytes / link.bytes_per_s
+        comm = self.file.comm
+        grad_bytes = self.file.num_params * comm.grad_bytes_per_param
+        nodes = self.cluster.num_nodes
+        total = float(collective_time_s(comm, "allreduce", grad_bytes, group_size=n, num_nodes=nodes))
+        if self.cluster.state_sharding == "zero1":
+            total += float(collective_time_s(comm, "allgather", grad_bytes, group_size=n, num_nodes=nodes))
+        return total
 
     # --------------------------------------------------------------- memory
     def model_state_bytes(self) -> float:
-        """Model states per rank: bf16 params and grads, fp32 master + Adam moments [R20]."""
+        """Model states per rank: bf16 params and grads (kept whole by the executor), fp32 master
+        weights and Adam moments replicated or sharded over the world (ZeRO-1) [R20]."""
         p = float(self.file.num_params)
         n = self.cluster.num_gpus
-        sharding = self.cluster.state_sharding
-        if sharding == "replicated":
+        if self.cluster.state_sharding == "replicated":
             return 16 * p
-        if sharding == "zero1":
-            return 4 * p + 12 * p / n
-        if sharding == "zero2":
-            return 2 * p + 14 * p / n
-        return 16 * p / n
+        return 4 * p + 12 * p / n
 
     def activation_bytes(self, tokens: ArrayLike, *, group_size: int, recompute_layers: ArrayLike = 0
                          ) -> FloatArray:
         """Activation bytes one rank holds for samples under a policy (additive per sample).
 
-        ``s/d * ((L-k)*none + k*full + working)``, plus one layer of ``none`` activations
-        rematerialised in backward when ``k > 0``.
+        ``s/d * ((L-k)*none + k*full + working + transient)``, plus one layer of ``none``
+        activations rematerialised in backward when ``k > 0``.
         """
         s = np.asarray(tokens, dtype=np.float64)
         k = np.asarray(recompute_layers, dtype=np.float64)
         a = self.file.activation
         layers = self.num_layers
         per_token = ((layers - k) * a.bytes_per_token_layer_none + k * a.bytes_per_token_layer_full
-                     + a.working_bytes_per_token + np.where(k > 0, a.bytes_per_token_layer_none, 0.0))
+                     + a.working_bytes_per_token + a.transient_bytes_per_token
+                     + np.where(k > 0, a.bytes_per_token_layer_none, 0.0))
         return np.asarray(s / group_size * per_token, dtype=np.float64)
 
     def fixed_bytes(self) -> float:

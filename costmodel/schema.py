@@ -3,15 +3,23 @@
 A leaf module. One file describes one model shape on one accelerator kind; the cluster
 (world size, nodes, sharding) is applied when the file is evaluated (``costmodel.evaluate``).
 
-Functional forms (per transformer layer, on one GPU; divide by the SP group size ``d``):
+Functional forms, per transformer layer, per pass (forward or backward) and per *call* of the
+layer on one rank of a group of ``d`` (``costmodel.evaluate`` is the one implementation):
 
-* forward time  ``= per_token*s + per_attn_pair*P + per_spatial_pair*Ps + per_temporal_pair*Pt``
-  plus ``per_sample`` (not divided by ``d``), where for a 1D sample of ``s`` tokens ``P = s^2``
-  and for a 2D sample of ``f`` frames of ``hw`` tokens ``Ps = f*(hw)^2``, ``Pt = hw*f^2``;
-* backward time: the same form with its own coefficients;
-* a layer recomputed under checkpointing costs one more forward;
-* activation bytes per token per layer: ``none`` (all kept) or ``full`` (block input only);
-* all-to-all: alpha-beta per placement (intra-node, inter-node), optionally per group size.
+* a call runs the layer on a set of samples (a micro-batch, or the part of it that shares a
+  checkpoint flag at that layer); ``n = sum(s_i)/d`` are the call's tokens per rank;
+* dense parts (GEMMs, norms, MLP): ``per_token * (n + linear_half_tokens)``: work over a
+  Hockney efficiency ``n / (n + n_half)`` (half-performance length; Hockney & Jesshope 1988),
+  which makes short calls run far below peak;
+* attention of sample ``i``: ``pairs_i/d * (1 + attention_half_tokens / (s_i/d))`` times the
+  pair coefficient, with ``pairs = s^2`` (1D, ``per_attn_pair``) or ``f*(hw)^2`` spatial and
+  ``hw*f^2`` temporal (2D): the same efficiency curve over the sample's tokens per rank;
+* ``per_sample`` per sample (not divided by ``d``) and ``per_call`` per call (launches);
+* a layer recomputed under checkpointing costs one more forward call;
+* activation bytes per token per layer: ``none`` (all kept) or ``full`` (block input only),
+  plus a transient working set per token of the micro-batch while a layer runs backward;
+* collectives: ``alpha + wire_bytes / bytes_per_s`` per operation, one fit per placement, group
+  size and node count (see :class:`LinkFit`), the same formula for fitting and evaluation.
 """
 
 from __future__ import annotations
@@ -25,11 +33,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from costmodel.specs import ModelSpec
 
-COST_MODEL_SCHEMA_VERSION = 1
+COST_MODEL_SCHEMA_VERSION = 2
+SUPPORTED_SCHEMA_VERSIONS = (1, 2)
+"""Version 1 files (before efficiency curves and executor-true collectives) are upgraded on load."""
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class LayerTimeTerms(_Frozen):
@@ -40,6 +50,7 @@ class LayerTimeTerms(_Frozen):
     per_spatial_pair: float = Field(default=0.0, ge=0, description="s per f*(hw)^2 pair (2D).")
     per_temporal_pair: float = Field(default=0.0, ge=0, description="s per hw*f^2 pair (2D).")
     per_sample: float = Field(default=0.0, ge=0, description="s per sample, not split by d.")
+    per_call: float = Field(default=0.0, ge=0, description="s per call of the layer (launches, fixed work).")
 
 
 class ComputeCoefficients(_Frozen):
@@ -51,7 +62,15 @@ class ComputeCoefficients(_Frozen):
         default=0.0, ge=0, description="Embedding + output head + loss, forward+backward, per token."
     )
     microbatch_overhead_s: float = Field(
-        default=0.0, ge=0, description="Fixed cost of one micro-batch (launches, loss, bookkeeping)."
+        default=0.0, ge=0, description="Fixed cost of one micro-batch outside the layers (loss, bookkeeping)."
+    )
+    linear_half_tokens: float = Field(
+        default=0.0, ge=0,
+        description="Half-performance length of the dense parts over a call's tokens per rank.",
+    )
+    attention_half_tokens: float = Field(
+        default=0.0, ge=0,
+        description="Half-performance length of attention over a sample's tokens per rank.",
     )
 
 
@@ -66,6 +85,10 @@ class ActivationCoefficients(_Frozen):
     fixed_working_bytes: float = Field(
         default=0.0, ge=0, description="Per-rank working memory independent of the batch."
     )
+    transient_bytes_per_token: float = Field(
+        default=0.0, ge=0,
+        description="Working set of one layer's backward per token per rank of the micro-batch.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ActivationCoefficients:
@@ -78,11 +101,20 @@ class ActivationCoefficients(_Frozen):
 
 
 class LinkFit(_Frozen):
-    """Alpha-beta fit of one collective for one placement (and optionally one group size)."""
+    """Alpha-beta fit of one collective for one placement, optionally one group size and node count.
+
+    Time of one operation ``= alpha_s * latency_steps + wire_bytes / bytes_per_s`` where
+    ``wire_bytes`` is what each rank sends (``costmodel.evaluate.wire_bytes``) and
+    ``latency_steps`` is 1 for an all-to-all and ``2*(d-1)`` for a ring all-reduce. A fit with a
+    ``group_size`` (and ``num_nodes``) holds the *effective* bandwidth of exactly that
+    configuration (what was measured). A fit without one is a raw per-GPU link: inside a node the
+    NVLink share, across nodes the network, combined by the node split of the group.
+    """
 
     placement: Literal["intra", "inter"] = Field(description="intra: inside a node; inter: across nodes.")
-    group_size: int | None = Field(default=None, gt=1, description="Group size it was fitted for; None = any.")
-    alpha_s: float = Field(ge=0, description="Latency per operation in seconds.")
+    group_size: int | None = Field(default=None, gt=1, description="Group size it was fitted for; None = raw link.")
+    num_nodes: int | None = Field(default=None, gt=0, description="Nodes the fitted group spanned; None = any.")
+    alpha_s: float = Field(ge=0, description="Latency per operation (per ring step for all-reduce), seconds.")
     bytes_per_s: float = Field(gt=0, description="Bandwidth per rank in bytes per second.")
 
 
@@ -90,20 +122,37 @@ class CommCoefficients(_Frozen):
     """Communication coefficients."""
 
     alltoall_bytes_per_token_layer: float = Field(
-        ge=0, description="Bytes each rank sends+keeps in a layer's forward all-to-alls, per token."
+        ge=0, description="Bytes each rank holds, per token, in one pass of a layer's all-to-alls."
     )
-    alltoall_ops_per_layer: int = Field(ge=0, description="All-to-all operations in a layer's forward.")
+    alltoall_ops_per_layer: int = Field(
+        ge=0, description="All-to-all operations per call of a layer per pass (executor: 2 per attention)."
+    )
     alltoall: list[LinkFit] = Field(min_length=1, description="All-to-all alpha-beta fits.")
     allreduce: list[LinkFit] = Field(min_length=1, description="All-reduce alpha-beta fits.")
     grad_bytes_per_param: float = Field(default=2.0, gt=0, description="Gradient bytes per parameter.")
 
+    def fits_for(self, kind: Literal["alltoall", "allreduce"]) -> list[LinkFit]:
+        """The fits of one collective."""
+        return self.alltoall if kind == "alltoall" else self.allreduce
+
+    def exact_link(self, kind: Literal["alltoall", "allreduce"], *, group_size: int, num_nodes: int
+                   ) -> LinkFit | None:
+        """The fit measured for exactly this group size and node count, if any."""
+        placement = "intra" if num_nodes == 1 else "inter"
+        for f in self.fits_for(kind):
+            if (f.placement == placement and f.group_size == group_size
+                    and f.num_nodes in (None, num_nodes)):
+                return f
+        return None
+
     def link(self, kind: Literal["alltoall", "allreduce"], *, placement: str, group_size: int) -> LinkFit:
-        """The fit for this placement and group size: exact size first, then a size-free fit.
+        """The fit for this placement and group size: exact size first, then a raw link, then the
+        nearest measured size.
 
         Raises:
             ValueError: when no fit covers the placement.
         """
-        fits = self.alltoall if kind == "alltoall" else self.allreduce
+        fits = self.fits_for(kind)
         exact = [f for f in fits if f.placement == placement and f.group_size == group_size]
         if exact:
             return exact[0]
@@ -139,14 +188,28 @@ class CostModelFile(_Frozen):
     fit_quality: dict[str, TermFit] = Field(default_factory=dict, description="Per term, for fitted models.")
     notes: str = Field(default="", description="Provenance details (profile file, sources).")
 
-    @model_validator(mode="after")
-    def _check_version(self) -> CostModelFile:
-        if self.schema_version != COST_MODEL_SCHEMA_VERSION:
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: object) -> object:
+        """Read version 1: the same coefficients, with the executor's all-to-all count per layer
+        (2 per attention: q, k, v fused in, output back) instead of 4, and no efficiency curve."""
+        if not isinstance(data, dict):
+            return data
+        version = data.get("schema_version", COST_MODEL_SCHEMA_VERSION)
+        if version not in SUPPORTED_SCHEMA_VERSIONS:
             raise ValueError(
-                f"schema_version={self.schema_version} is not supported "
-                f"(expected {COST_MODEL_SCHEMA_VERSION})"
+                f"schema_version={version!r} is not supported (expected one of "
+                f"{list(SUPPORTED_SCHEMA_VERSIONS)})"
             )
-        return self
+        if version == 1:
+            model = data.get("model") or {}
+            kind = model.get("kind") if isinstance(model, dict) else getattr(model, "kind", None)
+            comm = dict(data.get("comm") or {})
+            comm["alltoall_ops_per_layer"] = 4 if kind == "2d" else 2
+            notes = str(data.get("notes", ""))
+            data = {**data, "schema_version": COST_MODEL_SCHEMA_VERSION, "comm": comm,
+                    "notes": (notes + "; " if notes else "") + "upgraded from schema_version 1"}
+        return data
 
     def digest(self) -> str:
         """SHA-256 of the canonical JSON: identifies the exact coefficients."""

@@ -15,7 +15,7 @@ SCHEMA_VERSION = 1
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class Sample(_Frozen):
@@ -156,9 +156,10 @@ class ClusterSpec(_Frozen):
         "fragmentation and out-of-memory deadlocks; DCP used 0.65-0.7).",
     )
     state_sharding: StateSharding = Field(
-        default="zero2",
-        description="How model states are sharded over the world: replicated (DDP), "
-        "zero1 (optimizer), zero2 (+grads), zero3 (+params).",
+        default="zero1",
+        description="How model states are held: replicated (plain optimizer), zero1 (optimizer "
+        "states sharded, e.g. ZeroRedundancyOptimizer); zero2/zero3 are refused until the executor "
+        "shards gradients.",
     )
 
     @model_validator(mode="after")

@@ -78,7 +78,6 @@ def group_costs(group: DraftGroup, arrays: BatchArrays, cost_model: CostModel) -
 def draft_costs(draft: Draft, arrays: BatchArrays, cost_model: CostModel) -> list[GroupCosts]:
     """Exact costs of every group of a draft (one cost-model call per size and node span)."""
     gpn = cost_model.cluster.gpus_per_node
-    overhead = cost_model.file.compute.microbatch_overhead_s
     fixed = cost_model.fixed_bytes()
     buckets: dict[tuple[int, int], list[int]] = {}
     for gi, g in enumerate(draft):
@@ -103,7 +102,11 @@ def draft_costs(draft: Draft, arrays: BatchArrays, cost_model: CostModel) -> lis
         acts = np.asarray(cost_model.activation_bytes(arrays.tokens[idx], group_size=size,
                                                       recompute_layers=ks), dtype=np.float64)
         starts = np.asarray(bounds, dtype=np.int64)
-        mb_times = (overhead + np.add.reduceat(times, starts)).tolist()
+        ends = [*bounds[1:], len(k_list)]
+        fixed_s = np.array([cost_model.microbatch_fixed_s(group_size=size, num_nodes=nodes,
+                                                          recompute_layers=ks[a:b])
+                            for a, b in zip(bounds, ends, strict=True)], dtype=np.float64)
+        mb_times = (fixed_s + np.add.reduceat(times, starts)).tolist()
         mb_peaks = (fixed + np.add.reduceat(acts, starts)).tolist()
         pos = first_mb = 0
         for gi in members:

@@ -107,7 +107,12 @@ class CostTable:
         self.sizes = list(sizes)
         self._col_of = {d: j for j, d in enumerate(self.sizes)}
         self.num_layers = cost_model.num_layers
-        self.overhead_s = cost_model.file.compute.microbatch_overhead_s
+        # Fixed seconds of a micro-batch with one policy throughout, per size (aligned placement);
+        # the search uses the smallest (a lower value keeps its bounds valid), the plan assembler
+        # the exact figure of each micro-batch (its placement and mix of policies).
+        self.overhead_s_by_size = np.array(
+            [cost_model.microbatch_fixed_s(group_size=d) for d in self.sizes], dtype=np.float64)
+        self.overhead_s = float(self.overhead_s_by_size.min()) if self.sizes else 0.0
         self.grad_sync_s = cost_model.grad_sync_time_s()
         budget = cost_model.activation_budget_bytes()
         self.budget_bytes = budget * (1.0 - memory_safety_fraction) if budget > 0 else budget

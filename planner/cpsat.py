@@ -121,7 +121,6 @@ def build_exact_model(table: CostTable, placed: list[tuple[int, int]]) -> _Exact
     n, layers = len(samples), table.num_layers
     gpn = cm.cluster.gpus_per_node
     budget = math.floor(table.budget_bytes)
-    o = _to_units(table.overhead_s)
     tokens = np.array([s.tokens for s in samples], dtype=np.float64)
     frames = np.array([s.num_frames for s in samples], dtype=np.float64)
     spatial = np.array([s.spatial_tokens for s in samples], dtype=np.float64)
@@ -146,10 +145,18 @@ def build_exact_model(table: CostTable, placed: list[tuple[int, int]]) -> _Exact
         al = cm.activation_bytes(tokens, group_size=d, recompute_layers=layers)
         slope = (a1 - al) / max(layers - 1, 1)  # bytes saved per further recomputed layer
         jump = a1 + slope - a0  # act(k) = a0 + z*jump - k*slope for every k in 0..L
+        # A used slot costs its fixed part with one policy throughout, plus one forward+backward
+        # call per layer where its policies differ and one recompute call per recomputed layer.
+        o = _to_units(cm.microbatch_fixed_s(group_size=d, num_nodes=nodes))
+        call_f, call_b = cm.layer_call_s(group_size=d, num_nodes=nodes)
+        mixed_units, recompute_units = _to_units(call_f + call_b), _to_units(call_f)
         time_terms = []
         used_prev: cp_model.IntVar | None = None
         for m in range(n):
             used = model.new_bool_var(f"u[{g},{m}]")  # micro-batch slot m of g is used
+            hi = model.new_int_var(0, layers, f"hi[{g},{m}]")  # >= the slot's largest k
+            lo = model.new_int_var(0, layers, f"lo[{g},{m}]")  # <= the slot's smallest k
+            model.add(lo <= layers * used)
             mem_terms = []
             members = []
             for i in range(m, n):  # symmetry: slot m holds samples with index >= m only
@@ -168,6 +175,8 @@ def build_exact_model(table: CostTable, placed: list[tuple[int, int]]) -> _Exact
                               -math.floor(max(slope[i], 0.0)) * ky]
                 rec = (tl[i] - t0[i]) / max(layers, 1)
                 time_terms += [_to_units(t0[i]) * var, _to_units(rec) * ky]
+                model.add(hi >= ky)
+                model.add(lo <= k[i]).only_enforce_if(var)
                 model.add_implication(var, used)
                 horizon += _to_units(tl[i])
             if not members:
@@ -175,11 +184,11 @@ def build_exact_model(table: CostTable, placed: list[tuple[int, int]]) -> _Exact
             else:
                 model.add(sum(members) >= used)
                 model.add(sum(mem_terms) <= budget)
-            time_terms.append(o * used)
+            time_terms += [o * used, mixed_units * hi - mixed_units * lo, recompute_units * hi]
             if used_prev is not None:
                 model.add(used <= used_prev)  # used slots come first
             used_prev = used
-            horizon += o
+            horizon += o + (mixed_units + recompute_units) * layers
         loads.append(time_terms)
     for i in range(n):
         choices = [v for (j, _, _), v in y.items() if j == i]

@@ -39,19 +39,39 @@ def test_llama7b_times_by_hand() -> None:
     cm = CostModel(file=analytic_cost_model(load_model("llama-7b"), load_hardware("h200-sxm")),
                    cluster=load_cluster("h200x8"))
     s, layers = 8192, 32
-    fwd = 404_750_336 * s / (H200_PEAK * 0.6) + 8192 * s * s / (H200_PEAK * 0.5)
-    bwd = 2 * 404_750_336 * s / (H200_PEAK * 0.6) + 2.5 * 8192 * s * s / (H200_PEAK * 0.5)
-    head = 3 * 2 * 4096 * 32000 * s / (H200_PEAK * 0.6)
+    lin, attn = H200_PEAK * 0.6, H200_PEAK * 0.5
+    # attention: pairs/d over the efficiency n/(n + 512) of n = s/d tokens per rank
+    fwd = 404_750_336 * s / lin + 8192 * (s * s + 512 * s) / attn
+    bwd = 2 * 404_750_336 * s / lin + 2.5 * 8192 * (s * s + 512 * s) / attn
+    head = 3 * 2 * 4096 * 32000 * s / lin
     expected = layers * (fwd + bwd) + head
     assert float(cm.sample_time_s(s, group_size=1)) == pytest.approx(expected, rel=1e-12)
     # full checkpointing adds one forward per layer
     assert float(cm.sample_time_s(s, group_size=1, recompute_layers=layers)) == pytest.approx(
         expected + layers * fwd, rel=1e-12)
-    # d=2 inside a node: compute halves; 4 all-to-alls per layer, forward and backward
-    a2a_bytes = 2 * (2 * 4096 + 2 * 4096) * s / 2 / 4  # per op per rank
-    a2a = 10e-6 + a2a_bytes * 0.5 / (450e9 * 0.7)
-    expected_d2 = layers * (fwd + bwd) / 2 + head / 2 + 2 * layers * 4 * a2a
+    # fixed part of a micro-batch: 1 ms, per layer call 14 kernels x 5 us forward (twice in
+    # backward) and the dense parts' half-performance length 0.6*989e12 / (0.8*4.8e12) tokens
+    half = 0.6 * 989e12 / (0.8 * 4.8e12)
+    call_fwd = 70e-6 + 404_750_336 / lin * half
+    call_bwd = 140e-6 + 2 * 404_750_336 / lin * half
+    assert cm.microbatch_fixed_s(group_size=1) == pytest.approx(1e-3 + layers * (call_fwd + call_bwd))
+    # full checkpointing: one recompute call per layer; mixed policies k=0 and k=32: every layer
+    # runs twice (once per subset) in both passes
+    assert cm.microbatch_fixed_s(group_size=1, recompute_layers=[32]) == pytest.approx(
+        1e-3 + layers * (call_fwd + call_bwd) + layers * call_fwd)
+    assert cm.microbatch_fixed_s(group_size=1, recompute_layers=[0, 32]) == pytest.approx(
+        1e-3 + 2 * layers * (call_fwd + call_bwd) + layers * call_fwd)
+    # d=2 inside a node: per-token compute halves, the attention efficiency term does not; the
+    # executor's 2 all-to-alls per layer per pass (q,k,v fused; output) move 2*(2h+2h) bytes per
+    # token, (d-1)/d of them sent, at 0.7 * 450 GB/s
+    fwd2 = 404_750_336 * s / 2 / lin + 8192 * (s * s / 2 + 512 * s) / attn
+    bwd2 = 2 * 404_750_336 * s / 2 / lin + 2.5 * 8192 * (s * s / 2 + 512 * s) / attn
+    a2a_bytes = 2 * (2 * 4096 + 2 * 4096) * s / 2 * 0.5
+    per_pass = a2a_bytes / (450e9 * 0.7)
+    expected_d2 = layers * (fwd2 + bwd2) + head / 2 + 2 * layers * per_pass
     assert float(cm.sample_time_s(s, group_size=2)) == pytest.approx(expected_d2, rel=1e-12)
+    assert cm.microbatch_fixed_s(group_size=2) == pytest.approx(
+        1e-3 + layers * (call_fwd + call_bwd + 2 * 2 * 10e-6))
 
 
 def test_stdit3_flops_and_bytes_by_hand() -> None:
@@ -75,10 +95,11 @@ def test_stdit3_spatial_temporal_terms() -> None:
     c = cm.file.compute
     rate_attn = H200_PEAK * 0.5
     assert c.forward.per_spatial_pair == pytest.approx(4 * 1152 / rate_attn)
-    fwd = (c.forward.per_token * s + c.forward.per_spatial_pair * f * hw * hw
-           + c.forward.per_temporal_pair * hw * f * f + c.forward.per_sample)
-    bwd = (c.backward.per_token * s + c.backward.per_spatial_pair * f * hw * hw
-           + c.backward.per_temporal_pair * hw * f * f + c.backward.per_sample)
+    eff = 1 + 512 / s  # attention efficiency n/(n + 512) at n = s tokens per rank
+    fwd = (c.forward.per_token * s + (c.forward.per_spatial_pair * f * hw * hw
+           + c.forward.per_temporal_pair * hw * f * f) * eff + c.forward.per_sample)
+    bwd = (c.backward.per_token * s + (c.backward.per_spatial_pair * f * hw * hw
+           + c.backward.per_temporal_pair * hw * f * f) * eff + c.backward.per_sample)
     expected = 28 * (fwd + bwd) + c.head_s_per_token * s
     got = float(cm.sample_time_s(s, group_size=1, frames=f, spatial=hw))
     assert got == pytest.approx(expected, rel=1e-12)
@@ -88,18 +109,30 @@ def test_stdit3_spatial_temporal_terms() -> None:
 
 def test_model_states_follow_sharding() -> None:
     p = 6_738_415_616
-    for sharding, expected in [("replicated", 16 * p), ("zero1", 4 * p + 12 * p / 32),
-                               ("zero2", 2 * p + 14 * p / 32), ("zero3", 16 * p / 32)]:
+    for sharding, expected in [("replicated", 16 * p), ("zero1", 4 * p + 12 * p / 32)]:
         cluster = load_cluster("h200x32", state_sharding=sharding)
         cm = CostModel(file=analytic_cost_model(load_model("llama-7b"), cluster.hardware), cluster=cluster)
         assert cm.model_state_bytes() == pytest.approx(expected)
 
 
+def test_sharded_gradients_are_refused_until_the_executor_runs_them() -> None:
+    for sharding in ("zero2", "zero3"):
+        cluster = load_cluster("h200x32", state_sharding=sharding)
+        with pytest.raises(ValueError, match=f"state_sharding='{sharding}' is not what the executor runs"):
+            CostModel(file=analytic_cost_model(load_model("llama-7b"), cluster.hardware), cluster=cluster)
+
+
 def test_grad_sync_ring_over_network() -> None:
-    cluster = load_cluster("h200x32")
-    cm = CostModel(file=analytic_cost_model(load_model("llama-7b"), cluster.hardware), cluster=cluster)
-    expected = 30e-6 + 2 * 31 / 32 * 6_738_415_616 * 2 / (50e9 * 0.8)
-    assert cm.grad_sync_time_s() == pytest.approx(expected)
+    grad_bytes = 6_738_415_616 * 2
+    net = 50e9 * 0.8
+    # ring all-reduce: 2*(N-1) latency steps, 2*(N-1)/N of the bytes; ZeRO-1 (the default) also
+    # all-gathers the updated parameters: N-1 steps, (N-1)/N of the bytes
+    allreduce = 2 * 31 * 30e-6 + 2 * 31 / 32 * grad_bytes / net
+    allgather = 31 * 30e-6 + 31 / 32 * grad_bytes / net
+    for sharding, expected in [("replicated", allreduce), ("zero1", allreduce + allgather)]:
+        cluster = load_cluster("h200x32", state_sharding=sharding)
+        cm = CostModel(file=analytic_cost_model(load_model("llama-7b"), cluster.hardware), cluster=cluster)
+        assert cm.grad_sync_time_s() == pytest.approx(expected)
 
 
 def test_cross_node_alltoall_is_slower() -> None:

@@ -62,20 +62,33 @@ def optimum_step_time_s(samples: Sequence[Sample], cost_model: CostModel, sizes:
     def block_time(mask: int, d: int, nodes: int) -> float:
         """Best time of one micro-batch holding the samples of ``mask`` (every policy tried).
 
-        A micro-batch costs the fixed overhead plus its samples' times; its peak is the fixed
-        bytes plus its samples' activations (``CostModel.microbatch_time_s`` / ``_peak_bytes``).
+        A micro-batch costs its samples' times plus the fixed overhead and one call of every
+        layer per pass, two where its policies differ at that layer and one more forward per
+        recomputed layer; its peak is the fixed bytes plus its samples' activations
+        (``CostModel.microbatch_time_s`` / ``_peak_bytes``).
         """
         members = [i for i in range(n) if mask >> i & 1]
         total_t = np.zeros(())
         total_a = np.zeros(())
+        k_max = np.zeros((), dtype=np.int64)
+        k_min = np.full((), layers, dtype=np.int64)
         for i in members:  # outer sums over every combination of policies
             t, a = sample_costs(i, d, nodes)
             total_t = np.add.outer(total_t, t)
             total_a = np.add.outer(total_a, a)
+            k_max = np.maximum.outer(k_max, ks)
+            k_min = np.minimum.outer(k_min, ks)
+        call_f, call_b = cost_model.layer_call_s(group_size=d, num_nodes=nodes)
+        mixed_layers = np.array([sum(1 for lay in range(layers) if lo <= lay < hi)
+                                 for lo, hi in zip(k_min.ravel(), k_max.ravel(), strict=True)]
+                                ).reshape(k_max.shape)
+        fixed = (cost_model.file.compute.microbatch_overhead_s
+                 + (layers + mixed_layers) * (call_f + call_b) + k_max * call_f)
+        total_t = total_t + fixed
         ok = cost_model.fixed_bytes() + total_a <= cap
         if not ok.any():
             return float("inf")
-        return float(cost_model.file.compute.microbatch_overhead_s + total_t[ok].min())
+        return float(total_t[ok].min())
 
     @cache
     def group_time(mask: int, d: int, nodes: int) -> float:

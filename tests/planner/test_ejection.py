@@ -77,10 +77,10 @@ def test_plans_with_ejections_are_valid_deterministic_and_no_worse() -> None:
 
 @pytest.mark.timeout(120)
 def test_resize_improves_where_the_fixed_multiset_search_is_stuck() -> None:
-    # Step 9: moves and swaps between the fixed groups 4x4 + 4x2 + 8x1 converge; splitting
-    # 2-rank groups into 1-rank groups (and re-placing their samples) is better. Ejections
-    # off on both sides, so only the resize moves differ.
-    _, cluster, cmf, samples = _video_short_step5(step=9)
+    # Step 36: moves and swaps between the fixed groups 4x4 + 4x2 + 8x1 converge; resizing
+    # groups (and re-placing their samples) is better. Ejections off on both sides, so only
+    # the resize moves differ.
+    _, cluster, cmf, samples = _video_short_step5(step=36)
     table = prepare(samples, cluster=cluster, cost_model=cmf, config=PlannerConfig()).table
     order = _order(table)
     groups = lpt(table, [4] * 4 + [2] * 4 + [1] * 8, order,

@@ -56,7 +56,7 @@ def tiny_cluster(*, num_gpus: int = 4, gpus_per_node: int = 2, hbm_bytes: float 
     hw = TINY_HW.model_copy(update={"hbm_bytes": hbm_bytes})
     return ClusterSpec(name=f"tiny{num_gpus}", hardware=hw, num_gpus=num_gpus,
                        gpus_per_node=gpus_per_node, memory_cap_fraction=1.0,
-                       state_sharding="zero3")
+                       state_sharding="zero1")
 
 
 def samples_of(tokens: list[int], prefix: str = "s") -> list[Sample]:
