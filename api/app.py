@@ -13,6 +13,7 @@ import gc
 import logging
 import os
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -36,6 +37,9 @@ logger = logging.getLogger(__name__)
 
 API_VERSION = "1"
 
+STORE_THREADS = 64
+"""Threads of the event loop's default executor (store reads and writes, large-body parsing)."""
+
 
 def warm_worker() -> int:
     """Import the planner in a pool worker (so the first plan does not pay for it)."""
@@ -50,6 +54,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Store calls run on threads: enough of them that requests waiting on a locked store
+        # (up to DCP_STORE_BUSY_TIMEOUT_S each) cannot starve the other reads.
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(max_workers=STORE_THREADS, thread_name_prefix="dcp-store"))
         lease = StoreLease(settings.db_path).acquire() if settings.store_lease else None
         store = PlanStore.open(settings.db_path, busy_timeout_s=settings.store_busy_timeout_s)
         registry = CostModelRegistry(store)

@@ -33,5 +33,15 @@ def register(app: typer.Typer) -> None:
             settings = Settings(**overrides)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
+        if settings.store_lease:
+            # A clear refusal before uvicorn starts (the app takes the lease for good at start-up).
+            from api.faults import StoreLockedError
+            from api.lease import StoreLease
+
+            try:
+                StoreLease(settings.db_path).acquire().release()
+            except StoreLockedError as exc:
+                typer.echo(f"error: {exc}", err=True)
+                raise typer.Exit(2) from None
         uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
                     log_level=log_level, timeout_graceful_shutdown=10)

@@ -58,8 +58,10 @@ def free_port() -> int:
 class Server:
     """``dcp serve`` in a subprocess (own session, so kill -9 takes its pool workers too)."""
 
-    def __init__(self, tmp_path: Path, *, workers: int = 1, token: str | None = TOKEN) -> None:
+    def __init__(self, tmp_path: Path, *, workers: int = 1, token: str | None = TOKEN,
+                 env: dict[str, str] | None = None) -> None:
         self.tmp_path = tmp_path
+        self.extra_env = env or {}
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.workers = workers
@@ -73,6 +75,7 @@ class Server:
                "DCP_WRITE_BATCH_STEPS": "4", "DCP_MAX_BODY_BYTES": "1000000"}
         if self.token:
             env["DCP_AUTH_TOKEN"] = self.token
+        env.update(self.extra_env)
         (self.tmp_path / "data").mkdir(exist_ok=True)
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
@@ -90,6 +93,11 @@ class Server:
                 pass
             time.sleep(0.1)
         raise RuntimeError(f"server not ready: {self.log.read_text()[-2000:]}")
+
+    def children(self) -> list[int]:
+        """Pids of the server's child processes (pool workers, resource tracker)."""
+        assert self.proc is not None
+        return child_pids(self.proc.pid)
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         headers = {**AUTH, **kwargs.pop("headers", {})} if self.token else kwargs.pop("headers", {})
@@ -119,6 +127,29 @@ class Server:
                 self.proc.wait(timeout=15)
         if self.proc is not None:
             self._reap()
+
+
+def child_pids(parent: int) -> list[int]:
+    """Pids whose parent is ``parent`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+                found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
 @pytest.fixture
