@@ -15,6 +15,7 @@ from dcp_cli import cost, serve
 from dcp_cli import epoch as epoch_cmd
 from dcp_cli import manifest as manifest_cmd
 from dcp_cli import plan as plan_cmd
+from dcp_cli import presets as presets_cmd
 from dcp_cli import profile as profile_cmds
 
 app = typer.Typer(
@@ -35,7 +36,7 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
     )
 
 
-for _module in (manifest_cmd, epoch_cmd, plan_cmd, cost, profile_cmds, serve):
+for _module in (presets_cmd, manifest_cmd, epoch_cmd, plan_cmd, cost, profile_cmds, serve):
     _module.register(app)
 
 if __name__ == "__main__":

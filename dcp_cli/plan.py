@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import typer
-from rich.console import Console
+from rich import box
 from rich.table import Table
+
+from dcp_cli.progress import progress_bar
+from dcp_cli.style import console, fmt_pct, fmt_s, fmt_x, print_table
 
 
 def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size: int,
-              budget_s: float) -> list[dict[str, Any]]:
+              budget_s: float, progress: Callable[[int, int | None], None] | None = None
+              ) -> list[dict[str, Any]]:
     """One row per step: the plan's and every baseline's predicted step time, gap, latency."""
     from costmodel.presets import default_cost_model_file, load_cluster
     from planner.config import PlannerConfig
@@ -45,6 +50,8 @@ def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size:
             "group_sizes": sorted((g.size for g in plan.groups), reverse=True),
             "digest": plan.content_digest(),
         })
+        if progress is not None:
+            progress(step + 1, steps)
     return rows
 
 
@@ -79,12 +86,14 @@ def register(app: typer.Typer) -> None:
         budget_ms: float = typer.Option(50.0, "--budget-ms", min=1.0,
                                         help="Planner budget per step (work limits scale)."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     ) -> None:
         """Plan K sampled batches; per step and in total: predicted step time of the plan and
         each baseline, speedups, gap to the lower bound, solver status and latency."""
         try:
-            rows = plan_rows(workload=workload, cluster=cluster, steps=steps, seed=seed,
-                             batch_size=batch_size, budget_s=budget_ms / 1000.0)
+            with progress_bar(f"planning {steps} steps", quiet=quiet, total=steps) as update:
+                rows = plan_rows(workload=workload, cluster=cluster, steps=steps, seed=seed,
+                                 batch_size=batch_size, budget_s=budget_ms / 1000.0, progress=update)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         summary = totals(rows)
@@ -92,25 +101,61 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps({"workload": workload, "cluster": cluster, "seed": seed,
                                    "steps": rows, "total": summary}, indent=1))
             return
-        names = sorted(summary["baselines_s"])
-        table = Table(title=f"dcp plan: {workload} on {cluster}, {batch_size} samples per step")
-        for col in ["step", "plan s", *[f"x{n}" for n in names], "gap", "bound", "status",
-                    "ms", "groups"]:
-            table.add_column(col, justify="right" if col not in ("bound", "status") else "left")
-        for r in rows:
-            counts: dict[int, int] = {}
-            for d in r["group_sizes"]:
-                counts[d] = counts.get(d, 0) + 1
-            shown = " ".join(f"{d}x{c}" if c > 1 else str(d) for d, c in counts.items())
-            table.add_row(str(r["step"]), f"{r['step_time_s']:.4f}",
-                          *[f"{r['speedups'][n]:.2f}" if n in r["speedups"] else "-"
-                            for n in names],
-                          f"{r['gap']:.2%}", r["bound_kind"], r["status"],
-                          f"{r['latency_s'] * 1e3:.1f}", shown)
-        table.add_row("total", f"{summary['step_time_s']:.4f}",
-                      *[f"{summary['speedups'][n]:.2f}" for n in names],
-                      f"{summary['gap_mean']:.2%}", "mean", "",
-                      f"{summary['latency_mean_s'] * 1e3:.1f}", "", style="bold")
-        console = Console()
-        console.width = max(console.width, 150)  # the table is wide; let it wrap, not squeeze
-        console.print(table)
+        print_plan_tables(rows, summary, title=f"dcp plan: {workload} on {cluster}, "
+                                               f"{batch_size} samples per step")
+
+
+BASELINES: dict[str, str] = {
+    "bucket": "bucket parallel: one fixed SP size (smallest that fits the longest sample), "
+              "round-robin, full recompute",
+    "bucket_sp4": "bucket parallel at SP size 4, as published with DCP",
+    "packed": "static best: the same fixed size, samples packed and balanced by tokens",
+    "greedy": "Megatron-style dynamic CP: power-of-two size per sample, least-loaded group",
+    "naive": "SP 1, samples dealt round-robin (sensitivity only)",
+}
+"""What each baseline of ``plan.baselines_s`` is (``planner/baselines.py``)."""
+
+
+def _groups(sizes: list[int]) -> str:
+    counts: dict[int, int] = {}
+    for d in sizes:
+        counts[d] = counts.get(d, 0) + 1
+    return " ".join(f"{d}x{c}" if c > 1 else str(d) for d, c in counts.items())
+
+
+def print_plan_tables(rows: list[dict[str, Any]], summary: dict[str, Any], *, title: str) -> None:
+    """The steps table and the baselines table (each within 80 columns), with legends."""
+    out = console()
+    steps = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
+    for col in ("step", "plan s", "gap", "bound", "status", "ms", "groups"):
+        steps.add_column(col, justify="left" if col in ("bound", "status", "groups") else "right",
+                         no_wrap=col != "groups")
+    for r in rows:
+        steps.add_row(str(r["step"]), fmt_s(r["step_time_s"]), fmt_pct(r["gap"]),
+                      r["bound_kind"], r["status"], f"{r['latency_s'] * 1e3:.1f}", _groups(r["group_sizes"]))
+    steps.add_row("all", fmt_s(summary["step_time_s"]), fmt_pct(summary["gap_mean"]), "mean", "",
+                  f"{summary['latency_mean_s'] * 1e3:.1f}", "", style="bold")
+    print_table(steps, [
+        ("step", "step index (each step is a fresh batch drawn from the workload)"),
+        ("plan s", "the plan's predicted step time, seconds (all: sum over steps)"),
+        ("gap", "plan s / lower bound - 1: how far the plan may be from the best possible "
+                "(all: mean over steps; --json has the bound in seconds)"),
+        ("bound", "the tightest lower bound: longest, area, deadline-area, largest-choice, cpsat-optimal"),
+        ("status", "solver outcome: OPTIMAL, FEASIBLE, HEURISTIC, or BASELINE (a baseline was best)"),
+        ("ms", "planning time, milliseconds (all: mean)"),
+        ("groups", "SP group sizes, DxCOUNT (8x2 = two groups of 8 GPUs)"),
+    ], out=out)
+    names = sorted(summary["baselines_s"])
+    base = Table(title="Speedup over each baseline", box=box.SIMPLE_HEAD, title_justify="left")
+    for col in ("baseline", "total s", "speedup", "min", "max"):
+        base.add_column(col, justify="left" if col == "baseline" else "right")
+    for n in names:
+        per_step = [r["speedups"][n] for r in rows if n in r["speedups"]]
+        base.add_row(n, fmt_s(summary["baselines_s"][n]), fmt_x(summary["speedups"][n]),
+                     fmt_x(min(per_step)), fmt_x(max(per_step)))
+    print_table(base, [
+        ("baseline", "see below"), ("total s", "the baseline's predicted time over all steps, seconds"),
+        ("speedup", "total s / the plans' total: the throughput gain of the plans over the run"),
+        ("min, max", "the lowest and highest per-step speedup"),
+        *[(n, BASELINES.get(n, "")) for n in names],
+    ], out=out)

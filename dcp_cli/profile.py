@@ -23,6 +23,8 @@ from rich.table import Table
 
 from costmodel.fit import FitConfig, FitRefusedError, fit_profiles
 from costmodel.profiling.format import dump_line, read_profile
+from dcp_cli.progress import progress_bar
+from dcp_cli.style import fail
 
 
 def _ints(text: str, name: str) -> tuple[int, ...]:
@@ -33,9 +35,18 @@ def _ints(text: str, name: str) -> tuple[int, ...]:
     return values
 
 
-def _progress() -> Progress:
+def _progress(quiet: bool = False) -> Progress:
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=Console(stderr=True), transient=False)
+                    TimeElapsedColumn(), console=Console(stderr=True), transient=False, disable=quiet)
+
+
+def _torch(command: str) -> Any:
+    """torch, or a usage error that says how to install it."""
+    try:
+        import torch
+    except ImportError:
+        fail(f"dcp {command} measures torch blocks and needs torch: pip install 'dcp-planner[torch]'")
+    return torch
 
 
 def fit_table(result: Any, console: Console) -> None:
@@ -80,9 +91,10 @@ def register(app: typer.Typer) -> None:
             "wall", help="CPU timer: wall (perf_counter) or thread (CPU time of the one torch "
                          "thread; robust on a shared machine, needs --threads 1)."),
         seed: int = typer.Option(0, help="Seed of weights, inputs and packings."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     ) -> None:
         """Profile real transformer blocks: time and activation bytes per micro-batch and policy."""
-        import torch
+        torch = _torch("profile")
 
         from costmodel.presets import load_model
         from costmodel.profiling.format import narrowed
@@ -121,7 +133,7 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         out.parent.mkdir(parents=True, exist_ok=True)
-        with out.open("w") as fh, _progress() as bar:
+        with out.open("w") as fh, _progress(quiet) as bar:
             fh.write(dump_line(header) + "\n")
             task = bar.add_task(f"profile {shape.name}", total=None)
 
@@ -146,11 +158,12 @@ def register(app: typer.Typer) -> None:
         ops: str = typer.Option("alltoall,allreduce", help="Collectives to measure."),
         warmup: int = typer.Option(3, help="Untimed operations per point."),
         repeats: int = typer.Option(10, help="Timed operations per point."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     ) -> None:
         """Measure all-to-all and all-reduce per group size and message size (run under torchrun)."""
         import platform
 
-        import torch
+        torch = _torch("profile-comm")
         import torch.distributed as dist
 
         from costmodel.profiling.comm import CommSweepConfig, run_comm_sweep
@@ -179,7 +192,7 @@ def register(app: typer.Typer) -> None:
             else:
                 device = torch.device("cpu")
             if rank == 0:
-                with _progress() as bar:
+                with _progress(quiet) as bar:
                     task = bar.add_task("profile-comm", total=None)
                     records = run_comm_sweep(config, device=device, progress=lambda d, t, s: bar.update(
                         task, completed=d, total=t, description=s))
@@ -214,6 +227,7 @@ def register(app: typer.Typer) -> None:
         comm_from: str = typer.Option(
             "", help="Hardware preset whose analytic links fill in unmeasured collectives."),
         as_json: bool = typer.Option(False, "--json", help="Print the fit quality as JSON."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or table."),
     ) -> None:
         """Fit a cost-model file to profiles; refuse it when a term's held-out MAPE is too high."""
         if time_statistic not in ("median", "min"):
@@ -223,8 +237,13 @@ def register(app: typer.Typer) -> None:
                                time_statistic=time_statistic,  # type: ignore[arg-type]
                                seed=seed, model_id=model_id or None,
                                comm_fallback_hardware=comm_from or None)
-            parsed = [read_profile(p) for p in profiles]
-            result = fit_profiles(parsed, config)
+            with progress_bar("fitting", quiet=quiet) as update:
+                parsed = []
+                for i, path in enumerate(profiles):
+                    update(i, len(profiles) + 1)
+                    parsed.append(read_profile(path))
+                update(len(profiles), len(profiles) + 1)
+                result = fit_profiles(parsed, config)
         except FitRefusedError as exc:
             typer.echo(str(exc), err=True)
             raise typer.Exit(1) from None
@@ -234,6 +253,6 @@ def register(app: typer.Typer) -> None:
         result.file.save(out)
         if as_json:
             typer.echo(json.dumps({n: t.model_dump() for n, t in result.file.fit_quality.items()}))
-        else:
+        elif not quiet:
             fit_table(result, Console())
         typer.echo(f"wrote {out}")

@@ -37,10 +37,8 @@ def fmt_ms(seconds: float) -> str:
 
 
 def fmt_s(seconds: float) -> str:
-    """Seconds with 4 significant digits: ``0.1234``, ``12.35``, ``1,234``."""
-    if seconds >= 1000:
-        return f"{seconds:,.0f}"
-    return f"{seconds:.4g}" if seconds >= 0.001 else f"{seconds:.2e}"
+    """Seconds with 3 decimals (``0.988``, ``11.680``), 1 from 100 s on (``1,234.5``)."""
+    return f"{seconds:,.1f}" if seconds >= 100 else f"{seconds:.3f}"
 
 
 def fmt_gib(num_bytes: float) -> str:
