@@ -1,9 +1,10 @@
 """Shared set-up of the example training scripts (not part of the executor integration).
 
-In production an operator starts the epoch job once (``dcp epoch start``); the examples do it
-from rank 0 so that one command shows the whole loop: derive an analytic cost model of the
-reference model actually trained (so that checkpoint policies ``0..L`` refer to its layers),
-upload it, and start an epoch job for a 4-rank CPU "cluster".
+In production an operator starts the epoch job once (``POST /v1/epochs``, or ``dcp epoch``
+offline into the store the service serves); the examples do it from rank 0 so that one
+command shows the whole loop: derive an analytic cost model of the reference model actually
+trained (so that checkpoint policies ``0..L`` refer to its layers), upload it, and start an
+epoch job for a CPU "cluster" of the world size.
 """
 
 from __future__ import annotations
