@@ -13,9 +13,12 @@ Routers opt in with ``APIRouter(route_class=StrictJSONRoute)``.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import math
-from collections.abc import Callable, Coroutine
+import threading
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fastapi import HTTPException, Request, Response, status
@@ -25,6 +28,10 @@ MAX_JSON_INT = 2**63 - 1
 """Largest integer magnitude accepted anywhere in a body (SQLite's INTEGER range)."""
 MAX_JSON_DEPTH = 64
 """Deepest nesting of objects and arrays accepted."""
+MAX_CONTAINER_ITEMS = 16384
+"""Most items of one array or object (``api.schemas.MAX_SAMPLES_PER_REQUEST``): a request model
+validates a list in full before it checks its length, on the event loop, so a longer list is
+refused here, on the parsing thread."""
 INLINE_PARSE_BYTES = 64 * 1024
 """Bodies up to this size are parsed on the event loop (a thread hop costs more)."""
 MAX_ECHO_CHARS = 80
@@ -79,6 +86,8 @@ def _find_bad(value: Any, loc: list[str | int], depth: int) -> tuple[list[str | 
         return None
     if depth > MAX_JSON_DEPTH and isinstance(value, dict | list):
         return loc, f"nesting deeper than {MAX_JSON_DEPTH} levels"
+    if isinstance(value, dict | list) and len(value) > MAX_CONTAINER_ITEMS:
+        return loc, f"{len(value)} items exceed the limit of {MAX_CONTAINER_ITEMS} per array or object"
     if isinstance(value, dict):
         for key, item in value.items():
             try:
@@ -96,6 +105,50 @@ def _find_bad(value: Any, loc: list[str | int], depth: int) -> tuple[list[str | 
     return None
 
 
+_gc_lock = threading.Lock()
+_gc_pauses = 0
+_gc_was_enabled = True
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic GC while a body is parsed: a JSON value has no cycles, and a full collection
+    over a large body's objects would hold the GIL (and so the event loop) for tens of ms."""
+    global _gc_pauses, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pauses == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_was_enabled:
+                gc.enable()
+
+
+DISPOSE_SLICE = 2048
+"""Items freed at a time when a large rejected body is dropped."""
+
+
+def _dispose(value: Any) -> None:
+    """Free a (large) parsed value a slice at a time: freeing a list of a million objects in one
+    go is C code that holds the GIL for tens of ms; between slices other threads run."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            while item:
+                chunk = item[-DISPOSE_SLICE:]
+                del item[-DISPOSE_SLICE:]
+                stack.extend(c for c in chunk if isinstance(c, list | dict) and len(c) > DISPOSE_SLICE)
+                del chunk
+
+
 def strict_loads(body: bytes) -> Any:
     """Parse a JSON request body, rejecting what the service cannot represent.
 
@@ -106,17 +159,20 @@ def strict_loads(body: bytes) -> Any:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise _invalid(["body"], f"body is not UTF-8 (byte {exc.start})", "json_invalid") from None
-    try:
-        value = json.loads(text, parse_float=_parse_float, parse_int=_parse_int,
-                           parse_constant=_parse_constant)
-    except json.JSONDecodeError as exc:
-        raise _invalid(["body", exc.pos], f"JSON decode error: {exc.msg}", "json_invalid") from None
-    except RecursionError:
-        raise _invalid(["body"], "JSON nesting too deep", "json_invalid") from None
-    found = _find_bad(value, ["body"], 0)
-    if found is not None:
-        loc, reason = found
-        raise _invalid([excerpt(p) if isinstance(p, str) else p for p in loc], reason, "value_error")
+    with _gc_paused():
+        try:
+            value = json.loads(text, parse_float=_parse_float, parse_int=_parse_int,
+                               parse_constant=_parse_constant)
+        except json.JSONDecodeError as exc:
+            raise _invalid(["body", exc.pos], f"JSON decode error: {exc.msg}", "json_invalid") from None
+        except RecursionError:
+            raise _invalid(["body"], "JSON nesting too deep", "json_invalid") from None
+        del text
+        found = _find_bad(value, ["body"], 0)
+        if found is not None:
+            _dispose(value)
+            loc, reason = found
+            raise _invalid([excerpt(p) if isinstance(p, str) else p for p in loc], reason, "value_error")
     return value
 
 
