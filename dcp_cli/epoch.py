@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ def register(app: typer.Typer) -> None:
         max_steps: int | None = typer.Option(None, help="Stop after this many new steps (resumable)."),
         option: list[str] = typer.Option([], "--option", "-o",
                                          help="A PlannerConfig field as KEY=JSON (repeatable)."),
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or log lines."),
     ) -> None:
         """Plan every step of an epoch (resumes an interrupted run of the same inputs)."""
         from api.jobs import prepare_epoch, run_epoch_job, same_request
@@ -48,6 +49,8 @@ def register(app: typer.Typer) -> None:
         from planner.epoch import BatchRule
         from planner.workload import read_manifest
 
+        if quiet:
+            logging.getLogger().setLevel(logging.WARNING)
         # Every input is checked before the store is opened (or created).
         if (samples_per_step is None) == (tokens_per_step is None):
             fail("give the global batch rule: one of --samples-per-step N or --tokens-per-step N")
