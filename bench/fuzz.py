@@ -1,0 +1,170 @@
+"""Fuzz the planner service with schemathesis against a live ``dcp serve`` on loopback.
+
+Run::
+
+    .venv/bin/python bench/fuzz.py                          # 2 x 15 min (open, then with a token)
+    .venv/bin/python bench/fuzz.py --max-time-s 45 --out /tmp/fuzz.json   # what the test suite runs
+
+For each mode (``open``: no token configured; ``token``: ``DCP_AUTH_TOKEN`` set and every
+request sending it) a fresh server is started on its own SQLite file, ``schemathesis run`` is
+pointed at its ``/openapi.json`` with the response checks ``not_a_server_error``,
+``status_code_conformance``, ``content_type_conformance``, ``response_headers_conformance`` and
+``response_schema_conformance`` (all phases: examples, coverage, fuzzing, stateful), and then
+the server's own Prometheus counters give the requests it answered by status code. A mode
+passes when schemathesis reports no failure, the server answered no 5xx, and its log holds no
+traceback. Writes a JSON summary (``--out``) and prints a table; the exit code is 1 when a
+mode fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+logger = logging.getLogger("bench.fuzz")
+
+ROOT = Path(__file__).resolve().parent.parent
+CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,"
+          "response_headers_conformance,response_schema_conformance")
+TOKEN = "fuzz-token"
+_COUNT = re.compile(r'^dcp_http_request_duration_seconds_count\{[^}]*status="(\d+)"[^}]*\} ([0-9.e+]+)$')
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_server(workdir: Path, *, token: str | None, workers: int) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    (workdir / "data").mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "DCP_DB_PATH": str(workdir / "plans.sqlite"), "DCP_DATA_DIR": str(workdir / "data"),
+           "DCP_NUM_WORKERS": str(workers), "DCP_MAX_BODY_BYTES": "1000000", "DCP_PLAN_TIME_LIMIT_S": "0.5"}
+    env.pop("DCP_AUTH_TOKEN", None)
+    if token:
+        env["DCP_AUTH_TOKEN"] = token
+    log = (workdir / "server.log").open("ab")
+    proc = subprocess.Popen([sys.executable, "-m", "dcp_cli.main", "serve", "--port", str(port),
+                             "--log-level", "warning"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            cwd=workdir, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {(workdir / 'server.log').read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1.0).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError("server not ready")
+
+
+def _status_counts(url: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        match = _COUNT.match(line)
+        if match:
+            counts[match.group(1)] = counts.get(match.group(1), 0) + int(float(match.group(2)))
+    return dict(sorted(counts.items()))
+
+
+def _parse_summary(text: str) -> dict[str, int]:
+    """``N generated, N passed, M failed, K errored`` from schemathesis' summary."""
+    found: dict[str, int] = {}
+    block = text[text.rfind("Test cases:"):] if "Test cases:" in text else ""
+    for number, word in re.findall(r"(\d+) (generated|passed|failed|errored|skipped)", block):
+        found[word] = int(number)
+    return found
+
+
+def run_mode(mode: str, *, max_time_s: int, workers: int, seed: int, threads: int,
+             workdir: Path) -> dict[str, Any]:
+    """Fuzz one fresh server; the summary of the run."""
+    token = TOKEN if mode == "token" else None
+    proc, url = _start_server(workdir, token=token, workers=workers)
+    # The start-up polls of /readyz (503 until the pool is warm) are not part of the run.
+    before = _status_counts(url)
+    load_before = os.getloadavg()
+    start = time.monotonic()
+    try:
+        cmd = [str(Path(sys.executable).with_name("schemathesis")), "run", f"{url}/openapi.json",
+               "--max-time", str(max_time_s), "--checks", CHECKS, "--seed", str(seed), "-w", str(threads),
+               "--no-color", "--request-timeout", "120", "--suppress-health-check", "all"]
+        if token:
+            cmd += ["-H", f"Authorization: Bearer {token}"]
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir,
+                                timeout=max_time_s * 3 + 300)
+        elapsed_s = time.monotonic() - start
+        after = _status_counts(url)
+        after["200"] -= 1  # the /metrics read of `before`
+        counts = {code: n - before.get(code, 0) for code, n in after.items() if n - before.get(code, 0)}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+    (workdir / "schemathesis.txt").write_text(result.stdout + result.stderr)
+    server_log = (workdir / "server.log").read_text(errors="replace")
+    summary = _parse_summary(result.stdout)
+    num_5xx = sum(n for code, n in counts.items() if code.startswith("5"))
+    tracebacks = server_log.count("Traceback")
+    return {
+        "mode": mode, "max_time_s": max_time_s, "elapsed_s": round(elapsed_s, 1), "seed": seed,
+        "schemathesis_exit_code": result.returncode, "test_cases": summary,
+        "requests_by_status": counts, "requests": sum(counts.values()), "server_5xx": num_5xx,
+        "server_tracebacks": tracebacks, "load_avg_1m_before_after": [round(load_before[0], 2),
+                                                                       round(os.getloadavg()[0], 2)],
+        "cpu_count": os.cpu_count(), "workdir": str(workdir),
+        "passed": result.returncode == 0 and num_5xx == 0 and tracebacks == 0
+        and summary.get("failed", 0) == 0 and summary.get("errored", 0) == 0,
+    }
+
+
+def main() -> int:
+    """Run the modes, print a table, write the JSON summary."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--max-time-s", type=int, default=900, help="schemathesis time budget per mode")
+    parser.add_argument("--modes", default="open,token", help="comma-separated: open, token")
+    parser.add_argument("--workers", type=int, default=1, help="solver processes of the server")
+    parser.add_argument("--threads", type=int, default=2, help="schemathesis concurrent workers")
+    parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "fuzz.json")
+    parser.add_argument("--workdir", type=Path, default=None, help="where servers keep their files")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    base = args.workdir or Path(tempfile.mkdtemp(prefix="dcp-fuzz-"))
+    runs = []
+    for mode in args.modes.split(","):
+        logger.info("fuzzing mode %s for %d s ...", mode, args.max_time_s)
+        runs.append(run_mode(mode, max_time_s=args.max_time_s, workers=args.workers, seed=args.seed,
+                             threads=args.threads, workdir=base / mode))
+    logger.info("%-6s %9s %9s %7s %7s %6s %8s  %s", "mode", "requests", "cases", "failed", "5xx", "tb",
+                "time_s", "status codes")
+    for r in runs:
+        logger.info("%-6s %9d %9d %7d %7d %6d %8.0f  %s", r["mode"], r["requests"],
+                    r["test_cases"].get("generated", 0), r["test_cases"].get("failed", 0), r["server_5xx"],
+                    r["server_tracebacks"], r["elapsed_s"], r["requests_by_status"])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"runs": runs}, indent=2) + "\n")
+    return 0 if all(r["passed"] for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""Schemathesis against a live ``dcp serve`` on loopback, without and with a token (issue 11):
+zero failed checks (server errors, undocumented status codes, content types, headers, response
+schemas), zero 5xx counted by the server itself, no traceback in its log. Bounded to 2 x 40 s
+here; ``bench/fuzz.py`` with its default budget is the long run (figures in bench/README.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(600)
+
+ROOT = Path(__file__).resolve().parents[2]
+FUZZ_TIME_S = 40
+
+
+def test_fuzz_live_server_no_5xx_no_schema_violation(tmp_path: Path) -> None:
+    pytest.importorskip("schemathesis")
+    out = tmp_path / "fuzz.json"
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "fuzz.py"), "--max-time-s", str(FUZZ_TIME_S),
+                             "--out", str(out), "--workdir", str(tmp_path / "runs")],
+                            capture_output=True, text=True, timeout=FUZZ_TIME_S * 2 * 4 + 120)
+    assert out.exists(), result.stderr[-3000:]
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["mode"] for r in runs] == ["open", "token"]
+    for run in runs:
+        report = (Path(run["workdir"]) / "schemathesis.txt").read_text()
+        assert run["test_cases"].get("failed", 0) == 0, report[-4000:]
+        assert run["server_5xx"] == 0 and run["server_tracebacks"] == 0, run
+        assert run["schemathesis_exit_code"] == 0, report[-4000:]
+        assert run["requests"] >= 500, run  # the run really exercised the service
+        assert run["passed"], run
+    assert "401" not in runs[1]["requests_by_status"] or runs[1]["requests_by_status"]["401"] < 50  # token sent
+    assert result.returncode == 0, result.stderr[-3000:]
