@@ -9,7 +9,7 @@ from costmodel.schema import CostModelFile
 
 
 def fit_profile_texts(texts: Sequence[str], options: Mapping[str, Any]) -> CostModelFile:
-    """Parse ``dcp-profile/1`` texts and fit them (``costmodel.fit.fit_profiles``).
+    """Parse ``dcp-profile`` texts and fit them (``costmodel.fit.fit_profiles``).
 
     Raises:
         ValueError: naming the profile (``profiles_jsonl[i]``), line and reason, an invalid

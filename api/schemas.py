@@ -309,16 +309,21 @@ class FitOptions(BaseModel):
                              description="Seed of the hold-out split.")
     model_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:-]+$", max_length=200,
                                  description="Id of the fitted file (default fitted-<model>-<hw>).")
+    hardware: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:-]+$", max_length=200,
+                                 description="Hardware the fitted file describes (default: the profile's).")
+    attention_half_tokens: float | None = Field(
+        default=None, ge=0, le=1e9,
+        description="Fix the attention half-performance length (tokens per rank) instead of fitting it.")
 
 
 class FitRequest(BaseModel):
     """Fit a cost model to profiles made by ``dcp profile`` / ``dcp profile-comm``."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
-        "profiles_jsonl": ['{"record": "header", "format": "dcp-profile/1", ...}\n{"record": '
+        "profiles_jsonl": ['{"record": "header", "format": "dcp-profile/2", ...}\n{"record": '
                            '"compute", ...}\n'],
         "options": {"max_mape": 0.1, "model_id": "fitted-llama-7b-h200-run3"}}]})
 
     profiles_jsonl: list[str] = Field(min_length=1, max_length=16,
-                                      description="Profile files (dcp-profile/1 JSON Lines text).")
+                                      description="Profile files (dcp-profile/2 JSON Lines text; /1 is read).")
     options: FitOptions = Field(default_factory=FitOptions, description="Fit options.")

@@ -178,14 +178,22 @@ class CostModel:
         cluster: The world (ranks per node, memory, state sharding).
 
     Raises:
-        ValueError: for a state sharding the executor does not run (ZeRO-2/3 shard gradients,
-            the executor keeps them whole until its one all-reduce).
+        ValueError: for a file made for other hardware than the cluster's, or a state sharding
+            the executor does not run (ZeRO-2/3 shard gradients, the executor keeps them whole
+            until its one all-reduce).
     """
 
     file: CostModelFile
     cluster: ClusterSpec
 
     def __post_init__(self) -> None:
+        if self.file.hardware != self.cluster.hardware.name:
+            raise ValueError(
+                f"cost model {self.file.id!r} describes hardware {self.file.hardware!r} but cluster "
+                f"{self.cluster.name!r} runs {self.cluster.hardware.name!r}: use a cost model of "
+                f"{self.cluster.hardware.name!r} (the analytic default, or dcp fit --hardware "
+                f"{self.cluster.hardware.name} on a profile made there), or a cluster whose "
+                f"hardware is named {self.file.hardware!r}")
         if self.cluster.state_sharding not in SUPPORTED_STATE_SHARDING:
             raise ValueError(
                 f"state_sharding={self.cluster.state_sharding!r} is not what the executor runs: it "

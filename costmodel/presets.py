@@ -8,6 +8,7 @@ the wheel. Fitted cost models committed by the profiling stage live in
 from __future__ import annotations
 
 import json
+import os
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -80,11 +81,60 @@ def load_hardware(name: str) -> HardwareSpec:
     return hardware[name]
 
 
+CPU_HARDWARE = "cpu"
+"""Hardware name of CPU worlds (gloo ranks); cost models for it come from ``dcp fit`` on a CPU."""
+
+
+def _host_memory_bytes() -> float:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # not POSIX: a plain 16 GiB
+        return 16.0 * 2**30
+
+
+def cpu_cluster(num_ranks: int, *, ranks_per_node: int | None = None, memory_bytes: float | None = None
+                ) -> ClusterSpec:
+    """A world of CPU ranks (gloo), for planning with a cost model fitted on a CPU.
+
+    Args:
+        num_ranks: Ranks in the world.
+        ranks_per_node: Ranks per host (default: all on one host).
+        memory_bytes: Memory per rank (default: this host's memory shared by a node's ranks).
+
+    Raises:
+        ValueError: for a non-positive rank count or ranks that do not fill whole nodes.
+    """
+    per_node = num_ranks if ranks_per_node is None else ranks_per_node
+    if num_ranks <= 0 or per_node <= 0:
+        raise ValueError(f"a CPU cluster needs positive ranks, got {num_ranks} ranks, {per_node} per node")
+    mem = memory_bytes if memory_bytes is not None else _host_memory_bytes() / per_node
+    # Only the memory is read when a fitted model is used; the rates are a plain host's.
+    hardware = HardwareSpec(name=CPU_HARDWARE, hbm_bytes=mem, hbm_bandwidth_bytes_per_s=20e9,
+                            bf16_dense_flops=1e11, nvlink_bytes_per_s_per_direction=5e9,
+                            network_bytes_per_s_per_gpu=1e9)
+    return ClusterSpec(name=f"cpu:{num_ranks}x{per_node}", hardware=hardware, num_gpus=num_ranks,
+                       gpus_per_node=per_node)
+
+
+def _parse_cpu_cluster(name: str) -> ClusterSpec:
+    """``cpu:N`` (one host) or ``cpu:NxG`` (G ranks per host)."""
+    body = name.removeprefix("cpu:")
+    try:
+        ranks, _, per_node = body.partition("x")
+        return cpu_cluster(int(ranks), ranks_per_node=int(per_node) if per_node else None)
+    except ValueError as exc:
+        raise ValueError(f"cluster {name!r}: expected cpu:N or cpu:NxG with positive integers ({exc})") from None
+
+
 def load_cluster(name: str, **overrides: Any) -> ClusterSpec:
-    """A cluster preset by name, with optional field overrides (e.g. ``memory_cap_fraction``)."""
+    """A cluster preset by name (or ``cpu:N`` / ``cpu:NxG`` for CPU ranks), with optional field
+    overrides (e.g. ``memory_cap_fraction``)."""
+    if name.startswith("cpu:"):
+        spec_cpu = _parse_cpu_cluster(name)
+        return spec_cpu.model_copy(update=overrides) if overrides else spec_cpu
     clusters = _read_json("clusters.json")
     if name not in clusters:
-        raise _unknown("cluster", name, list(clusters))
+        raise _unknown("cluster", name, [*clusters, "cpu:N", "cpu:NxG"])
     spec = dict(clusters[name])
     spec["hardware"] = load_hardware(spec["hardware"])
     spec.update(overrides)

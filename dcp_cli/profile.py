@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("profile")
     def profile(
-        out: Path = typer.Option(..., help="Profile file to write (JSON Lines, dcp-profile/1)."),
+        out: Path = typer.Option(..., help="Profile file to write (JSON Lines, dcp-profile/2)."),
         model: str = typer.Option("llama-7b", help="Model preset the cost model is for."),
         device: str = typer.Option("cpu", help="cpu or cuda."),
         hardware: str = typer.Option("", help="Hardware name in the profile (default: cpu / cuda)."),
@@ -83,6 +83,9 @@ def register(app: typer.Typer) -> None:
         packings: str = typer.Option("2,4", help="Samples per packed micro-batch."),
         num_packed: int = typer.Option(3, help="Packed micro-batches per packing."),
         frames: str = typer.Option("1,2,4,8,16", help="2D: frame counts of the sample shapes."),
+        group_sizes: str = typer.Option(
+            "1,2,4", help="SP group sizes whose one rank's share is measured (must include 1; "
+                          "sizes above 1 identify the attention efficiency curve)."),
         head_sizes: int = typer.Option(6, help="Head measurements."),
         warmup: int = typer.Option(2, help="Untimed runs per point."),
         repeats: int = typer.Option(7, help="Timed runs per point (median recorded)."),
@@ -115,6 +118,7 @@ def register(app: typer.Typer) -> None:
                 tokens_min=tokens_min, tokens_max=tokens_max, num_sizes=num_sizes,
                 packings=_ints(packings, "packings"), num_packed=num_packed,
                 frames=_ints(frames, "frames"), layer_counts=_ints(layer_counts, "layer_counts"),
+                group_sizes=_ints(group_sizes, "group_sizes"),
                 policies=policies,  # type: ignore[arg-type]
                 num_head_sizes=head_sizes, warmup=warmup, repeats=repeats, seed=seed,
                 cpu_clock=cpu_clock,  # type: ignore[arg-type]
@@ -226,6 +230,12 @@ def register(app: typer.Typer) -> None:
         model_id: str = typer.Option("", "--id", help="Id of the cost model (default fitted-M-HW)."),
         comm_from: str = typer.Option(
             "", help="Hardware preset whose analytic links fill in unmeasured collectives."),
+        hardware: str = typer.Option(
+            "", help="Hardware the fitted model describes (default: the profile's); plans use it "
+                     "only on clusters of this hardware (cpu:N for CPU ranks)."),
+        attention_half_tokens: float = typer.Option(
+            -1.0, help="Fix the attention half-performance length in tokens per rank instead of "
+                       "fitting it (needed for profiles without group sizes above 1; -1 = fit)."),
         as_json: bool = typer.Option(False, "--json", help="Print the fit quality as JSON."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or table."),
     ) -> None:
@@ -236,7 +246,9 @@ def register(app: typer.Typer) -> None:
             config = FitConfig(holdout_fraction=holdout, max_mape=max_mape, force=force,
                                time_statistic=time_statistic,  # type: ignore[arg-type]
                                seed=seed, model_id=model_id or None,
-                               comm_fallback_hardware=comm_from or None)
+                               comm_fallback_hardware=comm_from or None, hardware=hardware or None,
+                               attention_half_tokens=None if attention_half_tokens < 0
+                               else attention_half_tokens)
             with progress_bar("fitting", quiet=quiet) as update:
                 parsed = []
                 for i, path in enumerate(profiles):

@@ -5,6 +5,12 @@ tensor and ``samples`` gives each sample's ``(frames, tokens_per_frame)``. Posit
 (linear layers, norms, MLP) run on the whole packed tensor; attention runs per sample, so that
 no token attends across a sample boundary (what varlen flash attention does on a GPU).
 
+With ``group_size=d > 1`` a layer runs what *one rank* of a Ulysses group of ``d`` runs: the
+packed tensor holds the rank's ``s/d`` tokens of every sample, and around attention the
+all-to-all is replaced by a local copy with the same layout (:func:`emulated_seq_to_head`):
+the rank then attends over every whole sample for ``1/d`` of the heads, as in training, and only
+the communication is left out (it is profiled on its own by ``dcp profile-comm``).
+
 * :class:`LlamaLayer` (1D): RMSNorm, rotary positions restarting at every sample, causal SDPA
   with grouped KV heads, SwiGLU MLP (LLaMA).
 * :class:`STDiTLayer` (2D): a spatial block (attention inside each frame) then a temporal block
@@ -27,12 +33,61 @@ from costmodel.specs import ModelSpec
 SampleShape = tuple[int, int]  # (frames, tokens per frame)
 
 
-def _offsets(samples: Sequence[SampleShape]) -> list[tuple[int, int]]:
+def _offsets(samples: Sequence[SampleShape], group_size: int = 1) -> list[tuple[int, int]]:
     out, start = [], 0
     for frames, spatial in samples:
-        out.append((start, start + frames * spatial))
-        start += frames * spatial
+        size = frames * spatial // group_size
+        out.append((start, start + size))
+        start += size
     return out
+
+
+def check_divisible(samples: Sequence[SampleShape], group_size: int) -> None:
+    """Each sample must split evenly over the group for the emulated all-to-all.
+
+    Raises:
+        ValueError: naming the first sample whose tokens ``group_size`` does not divide.
+    """
+    for frames, spatial in samples:
+        if (frames * spatial) % group_size:
+            raise ValueError(f"sample [{frames}, {spatial}] has {frames * spatial} tokens, not a "
+                             f"multiple of group_size={group_size}")
+
+
+def emulated_seq_to_head(t: torch.Tensor, samples: Sequence[SampleShape], group_size: int
+                         ) -> torch.Tensor:
+    """``(local tokens, H, X)`` -> ``(all tokens, H/d, X)`` with the layout of a Ulysses all-to-all.
+
+    A real all-to-all receives the other ranks' tokens for this rank's heads; here the rank's own
+    tokens for the other heads stand in for them: same shapes, same copies, no communication.
+    """
+    d = group_size
+    if d == 1:
+        return t
+    heads, width = t.shape[1], t.shape[2]
+    out = []
+    for start, end in _offsets(samples, d):
+        piece = t[start:end]
+        out.append(piece.reshape(end - start, d, heads // d, width).transpose(0, 1)
+                   .reshape((end - start) * d, heads // d, width))
+    return torch.cat(out)
+
+
+def emulated_head_to_seq(t: torch.Tensor, samples: Sequence[SampleShape], group_size: int
+                         ) -> torch.Tensor:
+    """Inverse of :func:`emulated_seq_to_head`: ``(all tokens, H/d, X)`` -> ``(local, H*X)``."""
+    d = group_size
+    heads_local, width = t.shape[1], t.shape[2]
+    if d == 1:
+        return t.reshape(t.shape[0], heads_local * width)
+    out, start = [], 0
+    for frames, spatial in samples:
+        total = frames * spatial
+        piece = t[start:start + total]
+        start += total
+        out.append(piece.reshape(d, total // d, heads_local, width).transpose(0, 1)
+                   .reshape(total // d, d * heads_local * width))
+    return torch.cat(out)
 
 
 class RMSNorm(nn.Module):
@@ -81,23 +136,27 @@ class LlamaLayer(nn.Module):
         angles = torch.outer(pos, inv_freq.to(x.device))[:, None, :]
         return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
 
-    def forward(self, x: torch.Tensor, samples: Sequence[SampleShape]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, samples: Sequence[SampleShape], group_size: int = 1) -> torch.Tensor:
         tokens = x.shape[0]
+        d = group_size
         hd, nq, nkv = self.head_dim, self.num_heads, self.num_kv_heads
         q, k, v = self.qkv(self.attn_norm(x)).split([nq * hd, nkv * hd, nkv * hd], dim=-1)
+        q, k, v = q.view(tokens, nq, hd), k.view(tokens, nkv, hd), v.view(tokens, nkv, hd)
+        if d > 1 and nkv % d:  # KV heads that do not split over the group are repeated first
+            k, v = (t.repeat_interleave(nq // nkv, dim=1) for t in (k, v))
+        q, k, v = (emulated_seq_to_head(t, samples, d) for t in (q, k, v))
         cos, sin = self._rope_tables(samples, x)
-        q = _rotary(q.view(tokens, nq, hd), cos, sin)
-        k = _rotary(k.view(tokens, nkv, hd), cos, sin)
-        v = v.view(tokens, nkv, hd)
+        q, k = _rotary(q, cos, sin), _rotary(k, cos, sin)
         outs = []
         for start, end in _offsets(samples):
             # (1, heads, s, hd): the 4-D layout the fused (flash) kernels take.
             outs.append(F.scaled_dot_product_attention(
                 q[None, start:end].transpose(1, 2), k[None, start:end].transpose(1, 2),
-                v[None, start:end].transpose(1, 2), is_causal=True, enable_gqa=nkv != nq,
-            ).transpose(1, 2).reshape(end - start, nq * hd))
+                v[None, start:end].transpose(1, 2), is_causal=True,
+                enable_gqa=k.shape[1] != q.shape[1],
+            ).transpose(1, 2)[0])
         # Always a fresh tensor (also for one sample) so that the kept bytes are per token.
-        x = x + self.out(torch.cat(outs))
+        x = x + self.out(emulated_head_to_seq(torch.cat(outs), samples, d).contiguous())
         gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
 
@@ -120,16 +179,22 @@ class _DiTBlock(nn.Module):
         self.fc1 = nn.Linear(h, spec.ffn_hidden)
         self.fc2 = nn.Linear(spec.ffn_hidden, h)
 
-    def _self_attention(self, x: torch.Tensor, frames: int, spatial: int) -> torch.Tensor:
-        h, nh, hd = x.shape[-1], self.num_heads, self.head_dim
-        qkv = self.qkv(x).view(frames, spatial, 3, nh, hd)
+    def _self_attention(self, x: torch.Tensor, frames: int, spatial: int, group_size: int) -> torch.Tensor:
+        nh, hd = self.num_heads, self.head_dim
+        tokens = x.shape[0]
+        # (local, heads, 3*hd): one all-to-all moves q, k and v of this rank's tokens.
+        qkv = self.qkv(x).view(tokens, 3, nh, hd).transpose(1, 2).reshape(tokens, nh, 3 * hd)
+        qkv = emulated_seq_to_head(qkv, [(frames, spatial)], group_size)
+        heads = qkv.shape[1]
+        qkv = qkv.view(frames, spatial, heads, 3, hd)
         if self.temporal:  # attend across frames at each position: batch = positions
             qkv = qkv.transpose(0, 1)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (batch, heads, seq, hd)
+        q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # (batch, heads, seq, hd)
         o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2)  # (batch, seq, heads, hd)
         if self.temporal:
             o = o.transpose(0, 1)
-        return self.out(o.reshape(frames * spatial, h))
+        o = o.reshape(frames * spatial, heads, hd)
+        return self.out(emulated_head_to_seq(o, [(frames, spatial)], group_size).contiguous())
 
     def _cross_attention(self, x: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
         h, nh, hd = x.shape[-1], self.num_heads, self.head_dim
@@ -139,13 +204,14 @@ class _DiTBlock(nn.Module):
         return self.cross_out(o)
 
     def forward(self, x: torch.Tensor, samples: Sequence[SampleShape], cond: torch.Tensor,
-                text: torch.Tensor) -> torch.Tensor:
+                text: torch.Tensor, group_size: int = 1) -> torch.Tensor:
         outs = []
-        for i, ((start, end), (frames, spatial)) in enumerate(zip(_offsets(samples), samples, strict=True)):
+        offsets = _offsets(samples, group_size)
+        for i, ((start, end), (frames, spatial)) in enumerate(zip(offsets, samples, strict=True)):
             xs = x[start:end]
             shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(cond[i]).chunk(6)
             y = F.layer_norm(xs, (xs.shape[-1],)) * (1 + scale1) + shift1
-            xs = xs + gate1 * self._self_attention(y, frames, spatial)
+            xs = xs + gate1 * self._self_attention(y, frames, spatial, group_size)
             if text.shape[1] > 0:
                 xs = xs + self._cross_attention(xs, text[i])
             y = F.layer_norm(xs, (xs.shape[-1],)) * (1 + scale2) + shift2
@@ -163,8 +229,9 @@ class STDiTLayer(nn.Module):
         self.temporal = _DiTBlock(spec, temporal=True)
 
     def forward(self, x: torch.Tensor, samples: Sequence[SampleShape], cond: torch.Tensor,
-                text: torch.Tensor) -> torch.Tensor:
-        return self.temporal(self.spatial(x, samples, cond, text), samples, cond, text)
+                text: torch.Tensor, group_size: int = 1) -> torch.Tensor:
+        spatial = self.spatial(x, samples, cond, text, group_size)
+        return self.temporal(spatial, samples, cond, text, group_size)
 
 
 class LlamaHead(nn.Module):

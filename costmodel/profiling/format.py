@@ -1,4 +1,4 @@
-"""The profile file format ``dcp-profile/1``: versioned JSON Lines, one record per line.
+"""The profile file format ``dcp-profile/2``: versioned JSON Lines, one record per line.
 
 A leaf module (pydantic only, no torch) so that profiles made anywhere (another cluster, another
 framework) can be validated and fitted by ``costmodel.fit`` without torch.
@@ -13,11 +13,15 @@ Layout of a file:
 
    * ``compute``: forward+backward of a stack of ``num_layers`` layers on one packed micro-batch
      of ``samples`` (each ``[frames, tokens_per_frame]``; a 1D sample is ``[1, tokens]``), with
-     ``recompute_layers`` of them checkpointed. ``time_s`` is the median over ``num_repeats``
-     timed runs after warm-up, ``time_s_min`` / ``time_s_max`` the spread. ``activation_bytes``
-     is the exact size of what the forward keeps for backward (unique storages of the tensors
-     saved by autograd, plus the inputs held by checkpointed layers; parameters excluded);
-     ``device_kept_bytes`` / ``device_peak_bytes`` are the allocator's view on a GPU (optional).
+     ``recompute_layers`` of them checkpointed, as one rank of a sequence-parallel group of
+     ``group_size`` runs it: the dense parts on its ``tokens_per_rank`` tokens, attention over
+     every whole sample for ``1/group_size`` of the heads (the all-to-all replaced by a local
+     copy, so only compute is timed). ``time_s`` is the median over ``num_repeats`` timed runs
+     after warm-up, ``time_s_min`` / ``time_s_max`` the spread. ``activation_bytes`` is the exact
+     size of what the forward keeps for backward (unique storages of the tensors saved by
+     autograd, plus the inputs held by checkpointed layers; parameters excluded);
+     ``device_kept_bytes`` / ``device_peak_bytes`` the bytes live after forward and at the peak
+     of forward+backward above the start (the allocator on a GPU, live tensors on a CPU).
    * ``head``: forward+backward of what surrounds the layers (1D: embedding, final norm, output
      projection, cross-entropy loss; 2D: patch embedding, final projection, loss) on ``tokens``
      tokens, with its ``activation_bytes``.
@@ -26,7 +30,8 @@ Layout of a file:
      ``bytes_per_rank`` bytes; ``time_s`` is the median over repeats of the slowest rank.
 
 Times are seconds and sizes bytes throughout. Unknown fields are refused, so a typo never
-passes silently.
+passes silently. Version 1 files (no group sizes: every measurement was one whole rank) are read
+as group size 1.
 """
 
 from __future__ import annotations
@@ -40,7 +45,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from costmodel.specs import ModelSpec
 
-PROFILE_FORMAT: Literal["dcp-profile/1"] = "dcp-profile/1"
+PROFILE_FORMAT: Literal["dcp-profile/2"] = "dcp-profile/2"
+PROFILE_FORMATS = ("dcp-profile/1", PROFILE_FORMAT)
+"""Formats this reader accepts; version 1 is upgraded (group size 1)."""
 
 
 class _Record(BaseModel):
@@ -67,7 +74,7 @@ class ProfileHeader(_Record):
     """First line of every profile file: what was run, where, with what."""
 
     record: Literal["header"] = "header"
-    format: Literal["dcp-profile/1"] = Field(default=PROFILE_FORMAT, description="Format version.")
+    format: Literal["dcp-profile/1", "dcp-profile/2"] = Field(default=PROFILE_FORMAT, description="Format version.")
     hardware: str = Field(min_length=1, description="Accelerator kind the profile is for (e.g. h200-sxm).")
     device: Literal["cpu", "cuda"] = Field(description="torch device type that ran the profile.")
     device_name: str = Field(default="", description="Device name as reported by the runtime.")
@@ -117,8 +124,10 @@ class ComputeRecord(_Timed):
         min_length=1, description="[frames, tokens_per_frame] per packed sample (1D: [1, tokens])."
     )
     activation_bytes: float = Field(ge=0, description="Exact bytes kept by the forward for backward.")
-    device_kept_bytes: float | None = Field(default=None, ge=0, description="Allocator: kept after forward.")
-    device_peak_bytes: float | None = Field(default=None, ge=0, description="Allocator: peak in the step.")
+    group_size: int = Field(gt=0, description="SP group size whose one rank's share ran.")
+    tokens_per_rank: int = Field(gt=0, description="Tokens the rank held (dense parts ran on these).")
+    device_kept_bytes: float | None = Field(default=None, ge=0, description="Live bytes after forward.")
+    device_peak_bytes: float | None = Field(default=None, ge=0, description="Peak live bytes in the step.")
 
     @model_validator(mode="after")
     def _check(self) -> ComputeRecord:
@@ -129,6 +138,12 @@ class ComputeRecord(_Timed):
         for frames, spatial in self.samples:
             if frames <= 0 or spatial <= 0:
                 raise ValueError(f"sample shape [{frames}, {spatial}] must be positive")
+        total, d = self.num_tokens, self.group_size
+        if not total // d <= self.tokens_per_rank <= -(-total // d) + len(self.samples):
+            raise ValueError(
+                f"tokens_per_rank={self.tokens_per_rank} is not a share of {total} tokens over "
+                f"group_size={d}"
+            )
         return self
 
     @property
@@ -244,8 +259,9 @@ def parse_profile_lines(lines: Sequence[str], *, source: str = "<profile>") -> P
         raise ValueError(f"{source}:{first_no}: not JSON: {exc}") from None
     if not isinstance(raw, dict) or raw.get("record") != "header":
         raise ValueError(f"{source}:{first_no}: the first record must be a header")
-    if raw.get("format") not in (None, PROFILE_FORMAT):
-        raise ValueError(f"{source}:{first_no}: format {raw.get('format')!r} is not {PROFILE_FORMAT!r}")
+    version = raw.get("format", PROFILE_FORMAT)
+    if version not in PROFILE_FORMATS:
+        raise ValueError(f"{source}:{first_no}: format {version!r} is not one of {list(PROFILE_FORMATS)}")
     try:
         header = ProfileHeader.model_validate(raw)
     except ValidationError as exc:
@@ -253,14 +269,29 @@ def parse_profile_lines(lines: Sequence[str], *, source: str = "<profile>") -> P
     buckets: dict[str, list[BaseModel]] = {"compute": [], "head": [], "comm": []}
     for no, line in body[1:]:
         try:
-            rec = _MEASUREMENT.validate_json(line)
+            data = json.loads(line)
+            if version == "dcp-profile/1" and isinstance(data, dict) and data.get("record") == "compute":
+                data = _upgrade_compute_v1(data)
+            rec = _MEASUREMENT.validate_python(data)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{source}:{no}: not JSON: {exc}") from None
         except ValidationError as exc:
-            raise ValueError(f"{source}:{no}: invalid record: {_reason(exc)}") from None
+            raise ValueError(f"{source}:{no}: invalid record ({version}): {_reason(exc)}") from None
         buckets[rec.record].append(rec)
     try:
         return Profile(header=header, **buckets)  # type: ignore[arg-type]
     except ValidationError as exc:
         raise ValueError(f"{source}: {_reason(exc)}") from None
+
+
+def _upgrade_compute_v1(data: dict[str, object]) -> dict[str, object]:
+    """A ``dcp-profile/1`` compute record ran on one whole rank: group size 1."""
+    samples = data.get("samples")
+    tokens = 0
+    if isinstance(samples, list):
+        tokens = sum(int(f) * int(hw) for f, hw in samples
+                     if isinstance(f, int) and isinstance(hw, int))
+    return {**data, "group_size": 1, "tokens_per_rank": max(tokens, 1)}
 
 
 def read_profile(path: str | Path) -> Profile:

@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from costmodel.profiling.blocks import SampleShape
+from costmodel.profiling.memtrack import LiveBytesTracker
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -145,20 +146,21 @@ class SavedBytesCounter:
 
 def forward_stack(layers: nn.ModuleList, x: torch.Tensor, samples: Sequence[SampleShape], *,
                   recompute_layers: int, extra: Sequence[torch.Tensor] = (),
-                  counter: SavedBytesCounter | None = None) -> torch.Tensor:
-    """Run the layers; the first ``recompute_layers`` under non-reentrant checkpointing."""
+                  counter: SavedBytesCounter | None = None, group_size: int = 1) -> torch.Tensor:
+    """Run the layers as one rank of a group of ``group_size``; the first ``recompute_layers``
+    under non-reentrant checkpointing."""
     if not 0 <= recompute_layers <= len(layers):
         raise ValueError(f"recompute_layers={recompute_layers} not in [0, {len(layers)}]")
     for i, layer in enumerate(layers):
         if i < recompute_layers:
             if counter is not None:
                 counter.add(x)
-            x = checkpoint(layer, x, samples, *extra, use_reentrant=False)
+            x = checkpoint(layer, x, samples, *extra, group_size, use_reentrant=False)
         elif counter is not None:
             with counter.recording():
-                x = layer(x, samples, *extra)
+                x = layer(x, samples, *extra, group_size)
         else:
-            x = layer(x, samples, *extra)
+            x = layer(x, samples, *extra, group_size)
     return x
 
 
@@ -168,14 +170,16 @@ class MemoryMeasurement:
 
     activation_bytes: int
     """Exact bytes kept by the forward for backward."""
-    device_kept_bytes: float | None
-    """Allocator bytes kept after forward (GPU only)."""
-    device_peak_bytes: float | None
-    """Allocator peak over forward+backward above the baseline (GPU only)."""
+    device_kept_bytes: float
+    """Bytes live after forward above the start, the output excluded (the allocator on a GPU,
+    live tensors on a CPU)."""
+    device_peak_bytes: float
+    """Peak over forward+backward above the start, the gradient of the output included."""
 
 
 def make_step(layers: nn.ModuleList, x: torch.Tensor, samples: Sequence[SampleShape], *,
-              recompute_layers: int, extra: Sequence[torch.Tensor] = ()) -> Callable[[], None]:
+              recompute_layers: int, extra: Sequence[torch.Tensor] = (), group_size: int = 1
+              ) -> Callable[[], None]:
     """A forward+backward of the stack on a packed micro-batch (gradients reset first)."""
     params = list(layers.parameters())
     grad_out = torch.randn_like(x)
@@ -184,31 +188,45 @@ def make_step(layers: nn.ModuleList, x: torch.Tensor, samples: Sequence[SampleSh
         for p in params:
             p.grad = None
         x.grad = None
-        out = forward_stack(layers, x, samples, recompute_layers=recompute_layers, extra=extra)
+        out = forward_stack(layers, x, samples, recompute_layers=recompute_layers, extra=extra,
+                            group_size=group_size)
         out.backward(grad_out)
 
     return step
 
 
 def measure_memory(layers: nn.ModuleList, x: torch.Tensor, samples: Sequence[SampleShape], *,
-                   recompute_layers: int, extra: Sequence[torch.Tensor] = ()) -> MemoryMeasurement:
-    """Exact activation bytes of the stack's forward (and the allocator's view on a GPU)."""
+                   recompute_layers: int, extra: Sequence[torch.Tensor] = (), group_size: int = 1
+                   ) -> MemoryMeasurement:
+    """Exact activation bytes of the stack's forward, and live bytes after forward and at the
+    peak of forward+backward (the allocator on a GPU; :class:`LiveBytesTracker` on a CPU).
+
+    Parameter gradients exist before the run (zeros), as they do in training after the first
+    micro-batch, so the peak is the micro-batch's working memory, not the gradients' storage.
+    """
     device = x.device
     params = list(layers.parameters())
+    for p in params:
+        p.grad = torch.zeros_like(p)
     counter = SavedBytesCounter([*params, *extra])
-    kept: float | None = None
-    peak: float | None = None
+    grad_out = torch.ones_like(x)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
-    out = forward_stack(layers, x, samples, recompute_layers=recompute_layers, extra=extra,
-                        counter=counter)
-    if device.type == "cuda":
+        out = forward_stack(layers, x, samples, recompute_layers=recompute_layers, extra=extra,
+                            counter=counter, group_size=group_size)
         kept = float(torch.cuda.memory_allocated(device) - base - out.untyped_storage().nbytes())
-        out.backward(torch.ones_like(out))
+        out.backward(grad_out)
         torch.cuda.synchronize(device)
         peak = float(torch.cuda.max_memory_allocated(device) - base)
+    else:
+        with LiveBytesTracker() as tracker:
+            out = forward_stack(layers, x, samples, recompute_layers=recompute_layers, extra=extra,
+                                counter=counter, group_size=group_size)
+            kept = float(tracker.current_bytes - out.untyped_storage().nbytes())
+            out.backward(grad_out)
+            peak = float(tracker.peak_bytes)
     del out
     for p in params:
         p.grad = None

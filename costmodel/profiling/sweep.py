@@ -1,4 +1,5 @@
-"""The compute/memory sweep: token counts x packings x layer counts x checkpoint policies.
+"""The compute/memory sweep: token counts x packings x layer counts x checkpoint policies x
+group sizes.
 
 ``run_sweep`` builds ``max(layer_counts)`` real layers of the profiled shape, then for every
 micro-batch of the plan (single samples over a log-spaced range of sizes, plus packed
@@ -7,12 +8,16 @@ forward+backward and counts the activation bytes, and finally times the head ove
 token counts. Records follow ``costmodel.profiling.format``.
 
 Several layer counts separate per-layer costs from per-micro-batch costs; several checkpoint
-policies separate forward from backward time (a recomputed layer runs its forward again).
+policies separate forward from backward time (a recomputed layer runs its forward again);
+several group sizes (one rank's share, ``blocks.emulated_seq_to_head``) separate what shrinks
+with the tokens per rank from what does not (the efficiency of attention on short shards).
+Sample sizes are rounded to multiples of every group size so that shards are even.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import platform
 import random
 from collections.abc import Callable
@@ -72,6 +77,9 @@ class SweepConfig:
     """Seed of the packings and the weights."""
     cpu_clock: CpuClock = "wall"
     """CPU timer: ``wall`` (perf_counter) or ``thread`` (the thread's CPU time; one torch thread)."""
+    group_sizes: tuple[int, ...] = (1, 2, 4)
+    """SP group sizes whose one rank's share is measured (1 with every policy and depth, the
+    others without checkpointing at the deepest stack)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.tokens_min <= self.tokens_max:
@@ -84,6 +92,8 @@ class SweepConfig:
             raise ValueError(f"layer_counts must be positive, got {self.layer_counts}")
         if any(f < 1 for f in self.frames):
             raise ValueError(f"frames must be positive, got {self.frames}")
+        if not self.group_sizes or any(d < 1 for d in self.group_sizes) or 1 not in self.group_sizes:
+            raise ValueError(f"group_sizes must be positive and include 1, got {self.group_sizes}")
         if self.cpu_clock not in ("wall", "thread"):
             raise ValueError(f"cpu_clock must be wall or thread, got {self.cpu_clock!r}")
         if self.repeats < 1 or self.warmup < 0 or self.num_head_sizes < 0 or self.num_packed < 0:
@@ -101,21 +111,27 @@ def log_sizes(lo: int, hi: int, num: int) -> list[int]:
     return sorted({round(lo * ratio**i) for i in range(num)})
 
 
+def _round_up(value: int, multiple: int) -> int:
+    return max(multiple, -(-value // multiple) * multiple)
+
+
 def sample_shapes(spec: ModelSpec, config: SweepConfig) -> list[SampleShape]:
     """Single-sample shapes: 1D ``(1, s)`` per size; 2D two ``(frames, hw)`` per size.
 
     The 2D frame counts rotate through ``config.frames`` at two offsets, so that frames and
     tokens per frame vary independently (spatial and temporal pairs must not be collinear).
+    Tokens (1D) and tokens per frame (2D) are multiples of every group size.
     """
+    unit = math.lcm(*config.group_sizes)
     sizes = log_sizes(config.tokens_min, config.tokens_max, config.num_sizes)
     if spec.kind == "1d":
-        return [(1, s) for s in sizes]
+        return sorted({(1, _round_up(s, unit)) for s in sizes})
     shapes: list[SampleShape] = []
     num = len(config.frames)
     for i, total in enumerate(sizes):
         for offset in sorted({0, num // 2}):
             frames = min(config.frames[(i + offset) % num], total)
-            shape = (frames, max(1, round(total / frames)))
+            shape = (frames, _round_up(max(1, round(total / frames)), unit))
             if shape not in shapes:
                 shapes.append(shape)
     return shapes
@@ -137,13 +153,19 @@ def micro_batches(spec: ModelSpec, config: SweepConfig) -> list[list[SampleShape
     return batches
 
 
-def plan_runs(spec: ModelSpec, config: SweepConfig) -> list[tuple[list[SampleShape], int, int]]:
-    """Every ``(micro-batch, num_layers, recompute_layers)`` the sweep measures."""
-    runs: list[tuple[list[SampleShape], int, int]] = []
+Run = tuple[list[SampleShape], int, int, int]
+"""``(micro-batch, num_layers, recompute_layers, group_size)``."""
+
+
+def plan_runs(spec: ModelSpec, config: SweepConfig) -> list[Run]:
+    """Every ``(micro-batch, num_layers, recompute_layers, group_size)`` the sweep measures."""
+    runs: list[Run] = []
+    deepest = max(config.layer_counts)
     for batch in micro_batches(spec, config):
         for n in sorted(set(config.layer_counts)):
             ks = range(n + 1) if config.policies == "all" else sorted({0, n})
-            runs.extend((batch, n, k) for k in ks)
+            runs.extend((batch, n, k, 1) for k in ks)
+        runs.extend((batch, deepest, 0, d) for d in sorted(set(config.group_sizes)) if d > 1)
     return runs
 
 
@@ -197,6 +219,10 @@ def run_sweep(profiled: ModelSpec, config: SweepConfig, *, device: torch.device,
         raise ValueError(
             f"layer_counts={config.layer_counts} exceed profiled.num_layers={profiled.num_layers}"
         )
+    bad = [d for d in config.group_sizes if profiled.num_heads % d]
+    if bad:
+        raise ValueError(f"group_sizes {bad} do not divide the profiled shape's "
+                         f"num_heads={profiled.num_heads}")
     torch_dtype = DTYPES[dtype]
     torch.manual_seed(config.seed)
     gen = torch.Generator().manual_seed(config.seed)
@@ -208,13 +234,14 @@ def run_sweep(profiled: ModelSpec, config: SweepConfig, *, device: torch.device,
     steps: list[Callable[[], None]] = []
     memory: list[MemoryMeasurement] = []
     head_inputs: list[torch.Tensor] = []
-    for batch, n, k in runs:
-        tokens = sum(f * hw for f, hw in batch)
+    for batch, n, k, d in runs:
+        tokens = sum(f * hw for f, hw in batch) // d
         x = torch.randn(tokens, profiled.hidden, generator=gen).to(device=device, dtype=torch_dtype)
         x.requires_grad_(True)
         extra = _extras(profiled, batch, device=device, dtype=torch_dtype, generator=gen)
-        memory.append(measure_memory(layers[:n], x, batch, recompute_layers=k, extra=extra))
-        steps.append(make_step(layers[:n], x, batch, recompute_layers=k, extra=extra))
+        memory.append(measure_memory(layers[:n], x, batch, recompute_layers=k, extra=extra,
+                                     group_size=d))
+        steps.append(make_step(layers[:n], x, batch, recompute_layers=k, extra=extra, group_size=d))
     for tokens in head_sizes:
         if profiled.kind == "1d":
             inputs = torch.randint(0, profiled.vocab, (tokens,), generator=gen).to(device)
@@ -231,9 +258,10 @@ def run_sweep(profiled: ModelSpec, config: SweepConfig, *, device: torch.device,
     timings = time_interleaved(steps, device=device, warmup=config.warmup, repeats=config.repeats,
                                progress=tick, clock=config.cpu_clock)
     records: list[ComputeRecord | HeadRecord] = []
-    for (batch, n, k), mem, t in zip(runs, memory, timings, strict=False):
+    for (batch, n, k, d), mem, t in zip(runs, memory, timings, strict=False):
         records.append(ComputeRecord(
-            num_layers=n, recompute_layers=k, samples=batch, time_s=t.time_s,
+            num_layers=n, recompute_layers=k, samples=batch, group_size=d,
+            tokens_per_rank=sum(f * hw for f, hw in batch) // d, time_s=t.time_s,
             time_s_min=t.time_s_min, time_s_max=t.time_s_max, num_repeats=t.num_repeats,
             activation_bytes=float(mem.activation_bytes), device_kept_bytes=mem.device_kept_bytes,
             device_peak_bytes=mem.device_peak_bytes,

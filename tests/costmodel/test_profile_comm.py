@@ -66,15 +66,18 @@ def test_comm_profile_four_ranks_on_two_emulated_nodes(tmp_path: Path) -> None:
         header=ProfileHeader(hardware="cpu-loopback", device="cpu", dtype="float32", model=model,
                              profiled=narrowed(model, num_layers=2)),
         compute=[ComputeRecord(num_layers=n, recompute_layers=k, samples=[(1, s), (1, 2 * s)][:m],
+                               group_size=1, tokens_per_rank=[s, 3 * s][m - 1],
                                time_s=t, time_s_min=t, time_s_max=t, num_repeats=1,
                                activation_bytes=3 * s * m * ((n - k) * 100 + k * 10))
                  for i, s in enumerate((128, 256, 512, 1024, 2048, 4096)) for m in (1, 2)
                  for n in (1, 2) for k in range(n + 1)
                  for t in [1e-3 + (n + k) * 1e-6 * s * m + n * 1e-9 * s * s * m + i * 1e-6]],
     )
-    file = fit_profiles([compute, profile], FitConfig(force=True, time_statistic="min")).file
+    file = fit_profiles([compute, profile], FitConfig(force=True, time_statistic="min",
+                                                      attention_half_tokens=0.0)).file
     for fits in (file.comm.alltoall, file.comm.allreduce):
-        assert {(f.placement, f.group_size) for f in fits} == {("intra", 2), ("inter", 3), ("inter", 4)}
+        assert {(f.placement, f.group_size, f.num_nodes) for f in fits} == {
+            ("intra", 2, 1), ("inter", 3, 2), ("inter", 4, 2)}
         assert all(f.bytes_per_s > 0 and f.alpha_s >= 0 for f in fits)
     assert "not measured" not in file.notes
     assert file.comm.alltoall_bytes_per_token_layer == pytest.approx(2 * 2 * (2 * 4096 + 2 * 4096))

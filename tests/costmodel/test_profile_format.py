@@ -1,4 +1,4 @@
-"""The dcp-profile/1 format: round trips and refusals with reasons."""
+"""The dcp-profile/2 format: round trips and refusals with reasons."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _header(**update: object) -> dict[str, object]:
 def _compute(**update: object) -> dict[str, object]:
     rec = {"record": "compute", "num_layers": 2, "recompute_layers": 1, "samples": [[1, 256]],
            "time_s": 0.01, "time_s_min": 0.009, "time_s_max": 0.012, "num_repeats": 5,
-           "activation_bytes": 1e6}
+           "activation_bytes": 1e6, "group_size": 1, "tokens_per_rank": 256}
     return {**rec, **update}
 
 
@@ -82,7 +82,7 @@ def test_bad_profile_is_refused_with_reason(lines: list[str], reason: str) -> No
 def test_error_names_the_line(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text("\n".join(_lines(_header(), _compute(), _compute(time_s_min=-1))) + "\n")
-    reason = r"bad.jsonl:3: invalid record: compute.time_s_min: Input should be greater than 0"
+    reason = r"bad.jsonl:3: invalid record \(dcp-profile/2\): compute.time_s_min: Input should be greater than 0"
     with pytest.raises(ValueError, match=reason):
         read_profile(path)
     with pytest.raises(ValueError, match="does not exist"):
