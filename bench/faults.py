@@ -203,6 +203,7 @@ def _remount(path: Path, option: str) -> None:
 def case_disk_full(base: Path, reference: list[str]) -> dict[str, Any]:
     path = base / "full"
     _mount(path, 1)
+    server: Server | None = None
     try:
         server = Server(path).start()
         server.post("/v1/epochs", _body("e"))
@@ -219,12 +220,15 @@ def case_disk_full(base: Path, reference: list[str]) -> dict[str, Any]:
         server.stop()
         return result
     finally:
+        if server is not None:
+            server.stop()
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def case_read_only(base: Path, reference: list[str]) -> dict[str, Any]:
     path = base / "ro"
     _mount(path, 64)
+    server: Server | None = None
     try:
         server = Server(path).start()
         server.post("/v1/epochs", _body("e"))
@@ -239,6 +243,8 @@ def case_read_only(base: Path, reference: list[str]) -> dict[str, Any]:
         server.stop()
         return result
     finally:
+        if server is not None:
+            server.stop()
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
