@@ -13,10 +13,9 @@ collectives follow what the executor issues: per attention one all-to-all in (q,
 and one out in forward, the same two in backward and again in a recompute, all timed by
 :func:`collective_time_s`, the one formula that ``costmodel.fit`` fits.
 
-Memory of a micro-batch is additive over its samples: each sample's kept activations, when it
-recomputes one layer of its activations rematerialised in backward (the recompute call runs on
-the checkpointed samples together), and the transient working set of a layer's backward per
-token: the peak the executor reaches.
+Memory of a micro-batch is additive over its samples: each sample's kept activations (a fully
+checkpointed sample also one rematerialised layer, see ``activation_bytes``) and the transient
+working set of a layer's backward per token: the peak the executor reaches.
 """
 
 from __future__ import annotations
@@ -387,18 +386,22 @@ class CostModel:
 
     def activation_bytes(self, tokens: ArrayLike, *, group_size: int, recompute_layers: ArrayLike = 0
                          ) -> FloatArray:
-        """Activation bytes one rank holds for samples under a policy (additive per sample).
+        """Peak bytes one rank holds for samples under a policy (additive per sample).
 
-        ``s/d * ((L-k)*none + k*full + working + transient)``, plus one layer of ``none``
-        activations rematerialised in backward when ``k > 0``.
+        ``s/d * (max(L-k, [k>0])*none + k*full + working + transient)``. Backward runs from the
+        last layer down: a checkpointed layer rematerialises its ``none`` activations only after
+        the plain layers above it have freed theirs, so the rematerialised layer adds to the peak
+        only when every layer is checkpointed (``k = L``, which is then dominated by ``k = L-1``).
+        Summed over a micro-batch with mixed policies this bounds the peak from above and is exact
+        when they agree.
         """
         s = np.asarray(tokens, dtype=np.float64)
         k = np.asarray(recompute_layers, dtype=np.float64)
         a = self.file.activation
         layers = self.num_layers
-        per_token = ((layers - k) * a.bytes_per_token_layer_none + k * a.bytes_per_token_layer_full
-                     + a.working_bytes_per_token + a.transient_bytes_per_token
-                     + np.where(k > 0, a.bytes_per_token_layer_none, 0.0))
+        kept_none_layers = np.maximum(layers - k, np.where(k > 0, 1.0, 0.0))
+        per_token = (kept_none_layers * a.bytes_per_token_layer_none + k * a.bytes_per_token_layer_full
+                     + a.working_bytes_per_token + a.transient_bytes_per_token)
         return np.asarray(s / group_size * per_token, dtype=np.float64)
 
     def fixed_bytes(self) -> float:

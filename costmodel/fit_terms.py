@@ -17,8 +17,8 @@ rest. numpy/scipy only: the service fits without torch.
   The dense parts' half-performance length is a cost per call that no profile can tell apart
   from launch overheads: it is fitted as ``per_call`` (``linear_half_tokens`` stays 0).
 * activation bytes: ``T * ((n - k)*none + k*full)``.
-* peak bytes (where records carry ``device_peak_bytes``): the activation bytes, one layer of
-  ``none`` rematerialised when ``k > 0``, plus ``transient*T`` (the working set of a layer's
+* peak bytes (where records carry ``device_peak_bytes``): the activation bytes (one layer of
+  ``none`` rematerialised when ``k = n``), plus ``transient*T`` (the working set of a layer's
   backward).
 * head: time ``head_s_per_token * T + c_head``; bytes ``working * T``.
 * collectives: per op, placement, group size and node count ``alpha*steps + wire/bandwidth``
@@ -268,8 +268,9 @@ def fit_transient(records: Sequence[ComputeRecord], *, none_bytes: float, full_b
                   split: SplitConfig) -> tuple[float, TermResult] | None:
     """Transient bytes per token per rank from the records' peaks (None when none has a peak).
 
-    The peak of a micro-batch is its kept activations, one layer of ``none`` activations
-    rematerialised when it recomputes, and the transient working set ``transient * T``.
+    The peak of a micro-batch is its kept activations (one rematerialised layer of ``none``
+    activations when every layer is checkpointed) and the transient working set
+    ``transient * T`` (``costmodel.evaluate.CostModel.activation_bytes``).
 
     Raises:
         ValueError: when only some compute records carry ``device_peak_bytes``.
@@ -281,9 +282,9 @@ def fit_transient(records: Sequence[ComputeRecord], *, none_bytes: float, full_b
         raise ValueError(f"peak_bytes: {len(records) - len(with_peak)} of {len(records)} compute records "
                          "have no device_peak_bytes (profile again with one version of dcp profile)")
     tokens = np.array([r.tokens_per_rank for r in with_peak], dtype=np.float64)
-    known = np.array([r.tokens_per_rank * ((r.num_layers - r.recompute_layers) * none_bytes
-                                           + r.recompute_layers * full_bytes
-                                           + (none_bytes if r.recompute_layers > 0 else 0.0))
+    known = np.array([r.tokens_per_rank * (max(r.num_layers - r.recompute_layers,
+                                               1 if r.recompute_layers else 0) * none_bytes
+                                           + r.recompute_layers * full_bytes)
                       for r in with_peak], dtype=np.float64)
     y = np.array([r.device_peak_bytes for r in with_peak], dtype=np.float64)
     if np.any(y <= 0):

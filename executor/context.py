@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from executor.layout import PackedLayout
+from executor.ulysses import Group
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -18,8 +18,9 @@ class SPContext:
 
     layout: PackedLayout
     """Token placement in the group."""
-    group: dist.ProcessGroup | None
-    """The group's process group; ``None`` for a group of one rank."""
+    group: Group | None
+    """The group's process group (or its single-process stand-in, ``ulysses.EmulatedGroup``);
+    ``None`` for a group of one rank."""
 
     def __post_init__(self) -> None:
         if self.layout.group_size > 1 and self.group is None:

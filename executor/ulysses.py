@@ -19,12 +19,30 @@ import torch.distributed as dist
 from executor.layout import PackedLayout
 
 
+class EmulatedGroup:
+    """Stand-in for the process group of a ``size``-rank group inside one process.
+
+    Profiling one rank's share of a group (``dcp check-model``): the all-to-all becomes a local
+    copy into a buffer of the size the real one receives, so compute and memory are the rank's
+    and only the communication is left out (it is profiled on its own).
+    """
+
+    def __init__(self, size: int) -> None:
+        if size < 2:
+            raise ValueError(f"an emulated group needs at least 2 ranks, got {size}")
+        self.size = size
+
+
+Group = dist.ProcessGroup | EmulatedGroup
+"""A real process group or its single-process stand-in."""
+
+
 class _AllToAll(torch.autograd.Function):
     """``all_to_all_single`` on a flat tensor; backward swaps the split sizes."""
 
     @staticmethod
     def forward(ctx: Any, flat: torch.Tensor, in_splits: list[int], out_splits: list[int],
-                group: dist.ProcessGroup) -> torch.Tensor:
+                group: Group) -> torch.Tensor:
         ctx.in_splits = in_splits
         ctx.out_splits = out_splits
         ctx.group = group
@@ -37,9 +55,17 @@ class _AllToAll(torch.autograd.Function):
 
 
 def _all_to_all(flat: torch.Tensor, in_splits: list[int], out_splits: list[int],
-                group: dist.ProcessGroup) -> torch.Tensor:
+                group: Group) -> torch.Tensor:
     source = flat.contiguous()
     out = source.new_empty(sum(out_splits))
+    if isinstance(group, EmulatedGroup):  # this rank's data stands in for the peers'
+        total, have = out.numel(), source.numel()
+        done = 0
+        while done < total and have > 0:
+            step = min(have, total - done)
+            out[done:done + step].copy_(source[:step])
+            done += step
+        return out
     dist.all_to_all_single(out, source, output_split_sizes=out_splits,
                            input_split_sizes=in_splits, group=group)
     return out
@@ -50,8 +76,7 @@ def _indices(layout: PackedLayout) -> tuple[torch.Tensor, torch.Tensor]:
     return layout.gather_index(), layout.scatter_index()
 
 
-def seq_to_head(x: torch.Tensor, layout: PackedLayout, group: dist.ProcessGroup | None
-                ) -> torch.Tensor:
+def seq_to_head(x: torch.Tensor, layout: PackedLayout, group: Group | None) -> torch.Tensor:
     """Sequence-sharded ``(local_tokens, H, Dh)`` -> head-sharded ``(total_tokens, H/d, Dh)``.
 
     Args:
@@ -82,8 +107,7 @@ def seq_to_head(x: torch.Tensor, layout: PackedLayout, group: dist.ProcessGroup 
     return recv.view(layout.total_tokens, hd, head_dim).index_select(0, gather.to(recv.device))
 
 
-def head_to_seq(y: torch.Tensor, layout: PackedLayout, group: dist.ProcessGroup | None
-                ) -> torch.Tensor:
+def head_to_seq(y: torch.Tensor, layout: PackedLayout, group: Group | None) -> torch.Tensor:
     """Inverse of :func:`seq_to_head`: ``(total_tokens, H/d, Dh)`` -> ``(local_tokens, H, Dh)``."""
     d = layout.group_size
     if d == 1:

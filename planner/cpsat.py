@@ -125,8 +125,11 @@ def build_exact_model(table: CostTable, placed: list[tuple[int, int]]) -> _Exact
     frames = np.array([s.num_frames for s in samples], dtype=np.float64)
     spatial = np.array([s.spatial_tokens for s in samples], dtype=np.float64)
     model = cp_model.CpModel()
+    # Recomputing every layer is dominated by recomputing all but the last (no less memory at
+    # the peak, more time; CostModel.activation_bytes), so policies range over 0..k_top.
+    k_top = max(layers - 1, 0)
     # k[i]: layers sample i recomputes; z[i] = 1 if k[i] >= 1.
-    k = [model.new_int_var(0, layers, f"k[{i}]") for i in range(n)]
+    k = [model.new_int_var(0, k_top, f"k[{i}]") for i in range(n)]
     z = [model.new_bool_var(f"z[{i}]") for i in range(n)]
     for i in range(n):
         model.add(k[i] <= layers * z[i])
@@ -141,10 +144,10 @@ def build_exact_model(table: CostTable, placed: list[tuple[int, int]]) -> _Exact
         tl = cm.sample_time_s(tokens, group_size=d, recompute_layers=layers, frames=frames,
                               spatial=spatial, num_nodes=nodes)
         a0 = cm.activation_bytes(tokens, group_size=d, recompute_layers=0)
-        a1 = cm.activation_bytes(tokens, group_size=d, recompute_layers=min(1, layers))
-        al = cm.activation_bytes(tokens, group_size=d, recompute_layers=layers)
-        slope = (a1 - al) / max(layers - 1, 1)  # bytes saved per further recomputed layer
-        jump = a1 + slope - a0  # act(k) = a0 + z*jump - k*slope for every k in 0..L
+        a1 = cm.activation_bytes(tokens, group_size=d, recompute_layers=min(1, k_top))
+        al = cm.activation_bytes(tokens, group_size=d, recompute_layers=k_top)
+        slope = (a1 - al) / max(k_top - 1, 1)  # bytes saved per further recomputed layer
+        jump = a1 + slope - a0  # act(k) = a0 + z*jump - k*slope for every k in 0..k_top
         # A used slot costs its fixed part with one policy throughout, plus one forward+backward
         # call per layer where its policies differ and one recompute call per recomputed layer.
         o = _to_units(cm.microbatch_fixed_s(group_size=d, num_nodes=nodes))
@@ -165,7 +168,7 @@ def build_exact_model(table: CostTable, placed: list[tuple[int, int]]) -> _Exact
                 var = model.new_bool_var(f"y[{i},{g},{m}]")
                 y[i, g, m] = var
                 members.append(var)
-                ky = model.new_int_var(0, layers, f"ky[{i},{g},{m}]")
+                ky = model.new_int_var(0, k_top, f"ky[{i},{g},{m}]")
                 model.add(ky == k[i]).only_enforce_if(var)
                 model.add(ky == 0).only_enforce_if(~var)
                 zy = model.new_bool_var(f"zy[{i},{g},{m}]")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from torch import nn
 
 from costmodel.profiling.blocks import SampleShape, build_head, build_layers
 from costmodel.profiling.format import ComputeRecord, HeadRecord, ProfileHeader
@@ -45,6 +46,11 @@ DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bf
                                   "float16": torch.float16}
 ProgressFn = Callable[[int, int, str], None]
 """Called as ``progress(done, total, description)`` after each measurement."""
+LayerFactory = Callable[..., nn.ModuleList]
+"""``factory(spec, num_layers, device=..., dtype=...)``: the layers to profile; each is called as
+``layer(x, samples, *extras, group_size)`` (``blocks.build_layers`` is the default)."""
+HeadFactory = Callable[..., nn.Module]
+"""``factory(spec, device=..., dtype=...)``: the head (``blocks.build_head`` is the default)."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -197,7 +203,8 @@ def _extras(spec: ModelSpec, batch: list[SampleShape], *, device: torch.device, 
 
 
 def run_sweep(profiled: ModelSpec, config: SweepConfig, *, device: torch.device, dtype: str,
-              progress: ProgressFn | None = None) -> list[ComputeRecord | HeadRecord]:
+              progress: ProgressFn | None = None, layer_factory: LayerFactory | None = None,
+              head_factory: HeadFactory | None = None) -> list[ComputeRecord | HeadRecord]:
     """Measure the layers and the head of the ``profiled`` shape; one record per configuration.
 
     Timing is interleaved (``measure.time_interleaved``): every round runs every configuration
@@ -209,6 +216,9 @@ def run_sweep(profiled: ModelSpec, config: SweepConfig, *, device: torch.device,
         device: Where to run.
         dtype: ``float32``, ``bfloat16`` or ``float16``.
         progress: Optional progress callback.
+        layer_factory: Builds the layers to profile (default: ``blocks.build_layers``; the
+            executor's own layers for ``dcp check-model``).
+        head_factory: Builds the head (default: ``blocks.build_head``).
 
     Raises:
         ValueError: for an unknown dtype or a sweep deeper than ``profiled.num_layers``.
@@ -226,8 +236,9 @@ def run_sweep(profiled: ModelSpec, config: SweepConfig, *, device: torch.device,
     torch_dtype = DTYPES[dtype]
     torch.manual_seed(config.seed)
     gen = torch.Generator().manual_seed(config.seed)
-    layers = build_layers(profiled, max(config.layer_counts), device=device, dtype=torch_dtype)
-    head = build_head(profiled, device=device, dtype=torch_dtype)
+    layers = (layer_factory or build_layers)(profiled, max(config.layer_counts), device=device,
+                                             dtype=torch_dtype)
+    head = (head_factory or build_head)(profiled, device=device, dtype=torch_dtype)
     runs = plan_runs(profiled, config)
     head_sizes = log_sizes(config.tokens_min, config.tokens_max, config.num_head_sizes) \
         if config.num_head_sizes else []

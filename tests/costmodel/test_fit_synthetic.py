@@ -85,7 +85,8 @@ def synthetic_profile(model: ModelSpec, *, noise: float, seed: int = 0, profiled
             fwd = _layer_time(FWD, batch, model.kind, d)
             t = (n + k) * fwd + n * _layer_time(BWD, batch, model.kind, d) + FIXED_S
             kept = tokens / d * ((n - k) * NONE_B + k * FULL_B)
-            peak = kept + tokens / d * ((NONE_B if k else 0.0) + TRANSIENT_B)
+            # backward frees the plain layers above before it rematerialises a checkpointed one
+            peak = tokens / d * (max(n - k, 1 if k else 0) * NONE_B + k * FULL_B + TRANSIENT_B)
             records.append(ComputeRecord(
                 num_layers=n, recompute_layers=k, samples=batch, group_size=d, tokens_per_rank=tokens // d,
                 **_timed(noisy(t)), activation_bytes=kept, device_kept_bytes=kept,
