@@ -104,6 +104,22 @@ class _MeteredSink:
         return new
 
 
+def planner_wall_cap_s(options: Mapping[str, Any], *, num_gpus: int, num_samples: int | None = None) -> float:
+    """The wall time the planner itself allows a plan with these options (before the margin).
+
+    That is ``time_limit_s``, or ``exact_time_limit_s`` when larger and the exact CP-SAT model
+    may run (CP-SAT on, at most ``exact_max_samples`` samples — any step size when None — and
+    at most ``exact_max_ranks`` GPUs): ``planner.planning`` gives the exact model that budget.
+
+    Raises:
+        ValueError: for invalid options.
+    """
+    config = build_config(options)
+    exact = (config.use_cpsat and num_gpus <= config.exact_max_ranks
+             and (num_samples is None or num_samples <= config.exact_max_samples))
+    return max(config.time_limit_s, config.exact_time_limit_s) if exact else config.time_limit_s
+
+
 class _DeadlineExecutor(Executor):
     """Submits every task to a ``SolverPool`` under one wall-clock deadline."""
 
@@ -145,8 +161,8 @@ def run_epoch_job(store: PlanStore, epoch_id: str, *, get_cost_model: Callable[[
         on_written: Called with the number of new steps after each write.
         metrics: Service metrics, if any.
         max_steps: Plan at most this many of the pending steps (the job stays queued).
-        deadline_margin_s: With a ``SolverPool``: each step is stopped at the job's
-            ``time_limit_s`` plus this margin (None: no deadline).
+        deadline_margin_s: With a ``SolverPool``: each step is stopped at the planner's own
+            wall cap (``planner_wall_cap_s``) plus this margin (None: no deadline).
         requeue_transient: A transient failure leaves the job ``queued`` (to be retried) instead
             of ``failed``; either way ``transient`` is recorded.
 
@@ -166,7 +182,7 @@ def run_epoch_job(store: PlanStore, epoch_id: str, *, get_cost_model: Callable[[
         if max_steps is not None:
             tasks = itertools.islice(tasks, max_steps)
         if deadline_margin_s is not None and isinstance(executor, SolverPool):
-            limit_s = float(record.spec["options"].get("time_limit_s", 0.05))
+            limit_s = planner_wall_cap_s(record.spec["options"], num_gpus=cluster.num_gpus)
             executor = _DeadlineExecutor(executor, limit_s + deadline_margin_s)
         run_epoch(tasks, executor=executor,
                   sink=_MeteredSink(store, epoch_id, metrics), max_in_flight=2 * num_workers,

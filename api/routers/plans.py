@@ -14,6 +14,7 @@ from fastapi import APIRouter, Response
 
 from api.deps import State, Writer
 from api.errors import COMMON_RESPONSES, service_unavailable, unprocessable
+from api.jobs import planner_wall_cap_s
 from api.pool import DeadlineExceededError
 from api.registry import check_compatible
 from api.schemas import PlanRequest, PlanResponse, as_cluster
@@ -35,8 +36,9 @@ async def create_plan(body: PlanRequest, state: State) -> Response:
     """Plan one global batch: groups, micro-batches and checkpoint policies, with bound and gap.
 
     The solver runs in the service's process pool; the event loop keeps serving meanwhile.
-    The plan is stopped at ``options.time_limit_s`` plus ``DCP_PLAN_DEADLINE_MARGIN_S``,
-    whatever the other options ask for.
+    The plan is stopped at ``options.time_limit_s`` (``exact_time_limit_s`` for the tiny batches
+    the exact CP-SAT model proves) plus ``DCP_PLAN_DEADLINE_MARGIN_S``, whatever the other
+    options ask for.
     """
     limit = state.settings.max_samples_per_batch
     if len(body.samples) > limit:
@@ -53,7 +55,8 @@ async def create_plan(body: PlanRequest, state: State) -> Response:
     except ValueError as exc:
         unprocessable(["body", "options"], str(exc))
     samples = [s.to_sample() for s in body.samples]
-    deadline_s = float(options["time_limit_s"]) + state.settings.plan_deadline_margin_s
+    cap_s = planner_wall_cap_s(options, num_gpus=cluster.num_gpus, num_samples=len(samples))
+    deadline_s = cap_s + state.settings.plan_deadline_margin_s
     start = time.monotonic()
     try:
         future = state.executor.submit_with_deadline(
@@ -63,10 +66,10 @@ async def create_plan(body: PlanRequest, state: State) -> Response:
     except ValueError as exc:
         unprocessable(["body", "samples"], str(exc))
     except DeadlineExceededError:
-        _past_deadline(len(samples), cluster.num_gpus, options["time_limit_s"])
+        _past_deadline(len(samples), cluster.num_gpus, cap_s)
     except BrokenProcessPool:
         if time.monotonic() - start > deadline_s:
-            _past_deadline(len(samples), cluster.num_gpus, options["time_limit_s"])
+            _past_deadline(len(samples), cluster.num_gpus, cap_s)
         logger.warning("solver pool broke while planning a request")
         service_unavailable("solver pool unavailable (a worker died); retry")
     if not (math.isfinite(result.gap) and math.isfinite(result.predicted_step_time_s)):
@@ -82,5 +85,5 @@ async def create_plan(body: PlanRequest, state: State) -> Response:
 def _past_deadline(num_samples: int, num_gpus: int, time_limit_s: float) -> NoReturn:
     unprocessable(["body", "options", "time_limit_s"],
                   f"planning {num_samples} samples on {num_gpus} GPUs did not finish within "
-                  f"time_limit_s={time_limit_s:g} s; raise time_limit_s or lower the work options "
-                  "(num_lpt_runs, local_search_max_moves, max_resize_tries, ...)")
+                  f"its wall-clock limit of {time_limit_s:g} s (time_limit_s); raise time_limit_s or "
+                  "lower the work options (num_lpt_runs, local_search_max_moves, max_resize_tries, ...)")
