@@ -11,7 +11,7 @@ import logging
 
 import typer
 
-from dcp_cli import cost, serve
+from dcp_cli import check, cost, serve
 from dcp_cli import epoch as epoch_cmd
 from dcp_cli import manifest as manifest_cmd
 from dcp_cli import plan as plan_cmd
@@ -36,7 +36,7 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
     )
 
 
-for _module in (presets_cmd, manifest_cmd, epoch_cmd, plan_cmd, cost, profile_cmds, serve):
+for _module in (presets_cmd, manifest_cmd, epoch_cmd, plan_cmd, cost, profile_cmds, check, serve):
     _module.register(app)
 
 if __name__ == "__main__":

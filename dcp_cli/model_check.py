@@ -12,8 +12,11 @@
    forward+backward (slowest rank of the group after a group barrier; the fastest of the
    repeats, as the fit uses) and the peak of live bytes (``LiveBytesTracker``, parameter
    gradients already allocated as in training);
-5. compares with ``CostModel.microbatch_time_s`` and the batch part of
-   ``CostModel.microbatch_peak_bytes`` per micro-batch and per group.
+5. compares with ``CostModel.microbatch_time_s`` and ``CostModel.microbatch_peak_bytes`` less
+   the model states per micro-batch and per group. The fitted file's ``fixed_working_bytes``
+   (what any micro-batch needs: parameter-gradient buffers, loss scratch) is set from one
+   calibration micro-batch of one sample of half the longest size on each rank (its peak less its
+   predicted activations), kept out of the comparison.
 
 Clocks: ``wall`` times everything (compute and all-to-all) and needs a quiet machine; ``thread``
 times the CPU time of each rank's one torch thread, in the profile and in the executor alike,
@@ -91,9 +94,9 @@ class CheckConfig:
     """Samples per step."""
     tokens_min: int = 32
     """Shortest sample in tokens."""
-    tokens_max: int = 512
+    tokens_max: int = 1024
     """Longest sample in tokens."""
-    memory_tokens: int = 0
+    memory_tokens: int = 600
     """If positive: memory per rank such that about this many tokens fit without checkpointing
     (plans then mix policies); 0 leaves memory roomy."""
     sweep_repeats: int = 5
@@ -289,6 +292,36 @@ def make_plans(config: CheckConfig, file: CostModelFile) -> list[tuple[Plan, lis
     return plans
 
 
+def _calibration_sample(config: CheckConfig) -> Sample:
+    """One sample of half the longest size: its micro-batch's peak less its predicted activations
+    is the fixed working memory (on few tokens the peak is the parameter gradients' buffers, not
+    activations, so a tiny sample would overstate it)."""
+    tokens = max(8, 8 * (config.tokens_max // 16))
+    if config.kind == "1d":
+        return Sample(id="calibration", tokens=tokens)
+    return Sample(id="calibration", tokens=tokens, frames=2, height=4, width=tokens // 8)
+
+
+def _calibration_peak(model: Any, config: CheckConfig) -> float:
+    """Peak live bytes of the calibration micro-batch on one rank."""
+    sample = _calibration_sample(config)
+    data = SyntheticDataset([sample], kind=config.kind, vocab=config.vocab,
+                            channels=config.model_config.in_channels, seed=config.seed)
+    item = data.load(sample)
+    layout = PackedLayout(samples=(SampleShape(tokens=sample.tokens, frames=sample.num_frames),),
+                          group_size=1, index_in_group=0)
+    ctx = SPContext(layout=layout, group=None)
+
+    def run() -> None:
+        out = model(item["inputs"], ctx, recompute_layers=[0])
+        (model.token_losses(out, item["targets"]).sum() / sample.tokens).backward()
+
+    run()
+    with LiveBytesTracker() as tracker:
+        run()
+    return float(tracker.peak_bytes)
+
+
 def _exec_worker(rank: int, world: int, port: int, out_dir: str, config_json: str, plans_json: str) -> None:
     _init(rank, world, port)
     results: dict[str, Any] = {}
@@ -301,6 +334,7 @@ def _exec_worker(rank: int, world: int, port: int, out_dir: str, config_json: st
         model: Any = build_reference_model(config)
         for p in model.parameters():
             p.grad = torch.zeros_like(p)  # as after the first micro-batch of a step
+        results["calibration"] = _calibration_peak(model, config)
         for plan in plans:
             rank_plan = plan.rank_view(rank)
             executor.begin_step(rank_plan, step=plan.step or 0)
@@ -351,6 +385,13 @@ def execute(config: CheckConfig, plans: Sequence[Plan]) -> list[dict[str, Any]]:
 def compare(file: CostModelFile, config: CheckConfig, plans: Sequence[tuple[Plan, list[Sample]]],
             measured: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Measured vs predicted time and peak bytes per micro-batch and per group."""
+    # The fixed working memory of a micro-batch, from the calibration micro-batch of each rank.
+    base = CostModel(file=file, cluster=cpu_cluster(config.world_size))
+    calibration = _calibration_sample(config)
+    calibration_act = float(base.activation_bytes(calibration.tokens, group_size=1))
+    fixed_working = max(0.0, max(float(m["calibration"]) for m in measured) - calibration_act)
+    file = file.model_copy(update={"activation": file.activation.model_copy(
+        update={"fixed_working_bytes": fixed_working})})
     cm = CostModel(file=file, cluster=cpu_cluster(config.world_size))
     rows: list[dict[str, Any]] = []
     groups: list[dict[str, Any]] = []
@@ -369,7 +410,7 @@ def compare(file: CostModelFile, config: CheckConfig, plans: Sequence[tuple[Plan
                     pred_t -= cm.microbatch_breakdown_s(samples, group_size=group.size,
                                                         recompute_layers=ks)["alltoall"]
                 pred_b = cm.microbatch_peak_bytes(samples, group_size=group.size,
-                                                  recompute_layers=ks) - cm.fixed_bytes()
+                                                  recompute_layers=ks) - cm.model_state_bytes()
                 rows.append({"step": plan.step, "group": gi, "micro_batch": m, "group_size": group.size,
                              "tokens": sum(s.tokens for s in samples), "num_samples": len(samples),
                              "policies": ks, "time_s": time_s, "predicted_time_s": pred_t,
@@ -392,6 +433,7 @@ def compare(file: CostModelFile, config: CheckConfig, plans: Sequence[tuple[Plan
         "peak_max_error": max(err(r["peak_bytes"], r["predicted_peak_bytes"]) for r in rows),
         "mixed_policy_micro_batches": sum(1 for r in rows if len(set(r["policies"])) > 1),
         "checkpointed_micro_batches": sum(1 for r in rows if max(r["policies"]) > 0),
+        "fixed_working_bytes": fixed_working,
     }
     return {"summary": summary, "micro_batches": rows, "groups": groups}
 

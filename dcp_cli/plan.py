@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich import box
@@ -14,11 +15,19 @@ from rich.table import Table
 from dcp_cli.progress import progress_bar
 from dcp_cli.style import console, fmt_pct, fmt_s, fmt_x, print_table
 
+if TYPE_CHECKING:
+    from costmodel.schema import CostModelFile
+
 
 def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size: int,
-              budget_s: float, progress: Callable[[int, int | None], None] | None = None
-              ) -> list[dict[str, Any]]:
-    """One row per step: the plan's and every baseline's predicted step time, gap, latency."""
+              budget_s: float, progress: Callable[[int, int | None], None] | None = None,
+              cost_model_file: CostModelFile | None = None) -> list[dict[str, Any]]:
+    """One row per step: the plan's and every baseline's predicted step time, gap, latency.
+
+    Raises:
+        ValueError: for an unknown preset, or a cost model made for another model or hardware.
+    """
+    from costmodel.evaluate import CostModel
     from costmodel.presets import default_cost_model_file, load_cluster
     from planner.config import PlannerConfig
     from planner.planning import plan_batch
@@ -26,7 +35,15 @@ def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size:
 
     spec = WorkloadSpec.preset(workload)
     cluster_spec = load_cluster(cluster)
-    cost_model = default_cost_model_file(spec.model, cluster_spec.hardware.name)
+    if cost_model_file is None:
+        cost_model = default_cost_model_file(spec.model, cluster_spec.hardware.name)
+    else:
+        cost_model = cost_model_file
+        if cost_model.model.name != spec.model:
+            raise ValueError(f"cost model {cost_model.id!r} is for model {cost_model.model.name!r}, "
+                             f"workload {workload!r} trains {spec.model!r}: fit one for "
+                             f"{spec.model!r} (dcp profile --model {spec.model}; dcp fit)")
+        CostModel(file=cost_model, cluster=cluster_spec)  # hardware and sharding checks
     config = PlannerConfig.for_budget(budget_s, seed=seed)
     rows = []
     for step in range(steps):
@@ -78,7 +95,10 @@ def register(app: typer.Typer) -> None:
     @app.command("plan", short_help="Plan sampled batches of a workload preset; compare with the baselines.")
     def plan_command(
         workload: str = typer.Option(..., "--workload", "-w", help="Workload preset."),
-        cluster: str = typer.Option(..., "--cluster", "-c", help="Cluster preset."),
+        cluster: str = typer.Option(..., "--cluster", "-c", help="Cluster preset (or cpu:N, cpu:NxG)."),
+        cost_model: Path | None = typer.Option(
+            None, "--cost-model", help="A cost-model file (dcp fit) instead of the analytic default; "
+                                      "its hardware must be the cluster's."),
         steps: int = typer.Option(5, "--steps", "-k", min=1, help="Steps to plan."),
         seed: int = typer.Option(0, "--seed", "-s", help="Sampler and planner seed."),
         batch_size: int = typer.Option(256, "--batch-size", "-b", min=1,
@@ -90,10 +110,19 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Plan K sampled batches; per step and in total: predicted step time of the plan and
         each baseline, speedups, gap to the lower bound, solver status and latency."""
+        from costmodel.schema import CostModelFile
+
         try:
+            file = None
+            if cost_model is not None:
+                try:
+                    file = CostModelFile.load(cost_model)
+                except (OSError, ValueError) as exc:
+                    raise ValueError(f"--cost-model {cost_model}: {exc}") from None
             with progress_bar(f"planning {steps} steps", quiet=quiet, total=steps) as update:
                 rows = plan_rows(workload=workload, cluster=cluster, steps=steps, seed=seed,
-                                 batch_size=batch_size, budget_s=budget_ms / 1000.0, progress=update)
+                                 batch_size=batch_size, budget_s=budget_ms / 1000.0, progress=update,
+                                 cost_model_file=file)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         summary = totals(rows)

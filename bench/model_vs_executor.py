@@ -1,0 +1,92 @@
+"""Benchmark: the cost model against the executor, per micro-batch and per group, on this CPU.
+
+Run from the repository root::
+
+    .venv/bin/python bench/model_vs_executor.py                  # 1D and 2D, thread clock (~6 min)
+    .venv/bin/python bench/model_vs_executor.py --clock wall     # needs a quiet machine
+
+For each reference model of the executor (``executor.models``: LLaMA-style 1D, STDiT-style 2D;
+4 layers, hidden 64, 4 heads, fp32) it runs ``dcp_cli.model_check.run_check`` (what
+``dcp check-model`` runs): profile the executor's own layers as one rank of groups of 1 and 2
+(all-to-all emulated by a local copy), profile all-to-all / all-reduce on 2 gloo ranks, fit,
+plan 3 steps of 8 random samples (32..2048 tokens) for a ``cpu:2`` cluster whose memory fits
+about 600 tokens without checkpointing, run every micro-batch on 2 gloo ranks and compare.
+Prints one line per model and writes ``bench/results/model_vs_executor_cpu.json``.
+
+Targets (issue 9): per-micro-batch time MAPE <= 10% for 1D and 2D, peak memory within 5%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from dcp_cli.model_check import CheckConfig, run_check
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _commit() -> str | None:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                         capture_output=True, check=False).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, text=True,
+                           capture_output=True, check=False).stdout.strip()
+    return (out + ("+dirty" if dirty else "")) or None
+
+
+def _fit_quality(report: dict[str, Any]) -> dict[str, float]:
+    return {k: round(v["mape"], 3) for k, v in report["cost_model"]["fit_quality"].items()}
+
+
+def main() -> None:
+    """Run the check for each kind; print a summary line each; write the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--kinds", default="1d,2d")
+    parser.add_argument("--clock", choices=("thread", "wall"), default="thread")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--tokens-max", type=int, default=2048)
+    parser.add_argument("--memory-tokens", type=int, default=600)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "model_vs_executor_cpu.json")
+    args = parser.parse_args()
+    results: dict[str, Any] = {
+        "command": " ".join(["bench/model_vs_executor.py", *sys.argv[1:]]), "git_commit": _commit(),
+        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
+                    "loadavg_at_start": os.getloadavg()},
+        "runs": {},
+    }
+    for kind in args.kinds.split(","):
+        config = CheckConfig(kind=kind, clock=args.clock, num_steps=args.steps,  # type: ignore[arg-type]
+                             samples_per_step=args.samples, tokens_max=args.tokens_max,
+                             memory_tokens=args.memory_tokens, repeats=args.repeats,
+                             sweep_repeats=args.repeats,
+                             ffn_hidden=128 if kind == "1d" else 256)
+        start = time.perf_counter()
+        report = run_check(config, progress=lambda text: print(f"  {text}", file=sys.stderr))
+        report["wall_s"] = time.perf_counter() - start
+        report["loadavg_after"] = os.getloadavg()
+        results["runs"][kind] = report
+        s = report["summary"]
+        sizes = sorted({r["group_size"] for r in report["micro_batches"]})
+        print(f"{kind} ({args.clock} clock): {s['micro_batches']} micro-batches on group sizes {sizes}, "
+              f"{s['checkpointed_micro_batches']} checkpointed ({s['mixed_policy_micro_batches']} mixed): "
+              f"time MAPE {s['time_mape']:.1%} (bias {s['time_bias']:+.1%}), per group "
+              f"{s['group_time_mape']:.1%}; peak MAPE {s['peak_mape']:.1%} (max {s['peak_max_error']:.1%}); "
+              f"fit held-out MAPE {_fit_quality(report)}; "
+              f"{report['wall_s']:.0f} s, load {report['loadavg_after'][0]:.1f}")
+    results["machine"]["loadavg_at_end"] = os.getloadavg()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
