@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from api.store import ACTIVE_STATES, CostModelConflictError, PlanStore
+from costmodel.evaluate import CostModel
 from costmodel.presets import builtin_cost_model_files, load_cluster
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec
@@ -81,11 +82,10 @@ def resolve_cluster(cluster: str | ClusterSpec) -> ClusterSpec:
 
 
 def check_compatible(cost_model: CostModelFile, cluster: ClusterSpec) -> None:
-    """Raise when the cost model was made for another accelerator than the cluster's.
+    """Raise when the cost model cannot describe the cluster: another accelerator, or a state
+    sharding the executor does not run (``costmodel.evaluate.CostModel`` makes both checks).
 
     Raises:
-        ValueError: naming both.
+        ValueError: naming both and the way out.
     """
-    if cost_model.hardware != cluster.hardware.name:
-        raise ValueError(f"cost model {cost_model.id!r} is for hardware {cost_model.hardware!r} "
-                         f"but cluster {cluster.name!r} has {cluster.hardware.name!r}")
+    CostModel(file=cost_model, cluster=cluster)

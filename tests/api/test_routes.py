@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from api.settings import Settings
 from api.store import PlanStore
-from costmodel.presets import default_cost_model_file
+from costmodel.presets import default_cost_model_file, load_cluster
 from planner.plan import Plan, RankPlan
 
 from .conftest import AUTH, COST_MODEL, FAST, manifest_lines
@@ -276,3 +276,18 @@ def test_pool_recovers_after_a_worker_is_killed(client: TestClient) -> None:
             break
     assert codes[-1] == 200 and set(codes) <= {200, 503}, codes
     assert pool.worker_pids() and not set(pool.worker_pids()) & set(pids)
+
+
+def test_plan_refuses_a_cost_model_of_other_hardware_or_sharding_the_executor_does_not_run(
+        client: TestClient) -> None:
+    samples = [{"id": f"q{i}", "tokens": 1024 * (i + 1)} for i in range(4)]
+    body = {"samples": samples, "cluster": "h100x16", "cost_model_id": COST_MODEL, "options": FAST}
+    response = client.post("/v1/plans", json=body, headers=AUTH)
+    assert response.status_code == 422
+    detail = response.json()["detail"][0]
+    assert detail["loc"] == ["body", "cost_model_id"]
+    assert "runs 'h100-sxm'" in detail["msg"] and "dcp fit --hardware h100-sxm" in detail["msg"]
+    cluster = load_cluster("h200x8").model_dump(mode="json") | {"state_sharding": "zero2"}
+    response = client.post("/v1/plans", json={**body, "cluster": cluster}, headers=AUTH)
+    assert response.status_code == 422
+    assert "state_sharding='zero2' is not what the executor runs" in response.json()["detail"][0]["msg"]
