@@ -50,6 +50,16 @@ from costmodel.specs import ModelSpec
 
 logger = logging.getLogger(__name__)
 
+REFIT_ADVICE = {
+    "compute_time": "profile again with more repeats (dcp profile --repeats), on a busy CPU with "
+                    "one thread and its CPU time (--threads 1 --cpu-clock thread)",
+    "activation_bytes": "check the profile's activation bytes (they are exact and should fit)",
+    "peak_bytes": "profile again on a quieter device (peaks include the allocator's choices)",
+    "head_time": "measure the head at more sizes (dcp profile --head-sizes 10 --repeats 9)",
+    "alltoall": "measure the collectives with more repeats (dcp profile-comm --repeats 30)",
+    "allreduce": "measure the collectives with more repeats (dcp profile-comm --repeats 30)",
+}
+"""What to do when a term's held-out error is too high (the refusal message says it)."""
 TERM_NAMES = ("compute_time", "activation_bytes", "peak_bytes", "head_time", "alltoall", "allreduce")
 __all__ = ["FitConfig", "FitRefusedError", "FitResult", "TermResult", "fit_profiles", "mape",
            "relative_nnls", "split_indices"]
@@ -233,9 +243,13 @@ def fit_profiles(profiles: Sequence[Profile], config: FitConfig | None = None) -
     if poor:
         listing = ", ".join(f"{n} {m:.1%}" for n, m in poor.items())
         if not cfg.force:
+            advice = list(dict.fromkeys(REFIT_ADVICE.get(n, REFIT_ADVICE["compute_time"]) for n in poor))
+            if cfg.time_statistic != "min":
+                advice.append("on a shared machine fit the fastest repeat (--time-statistic min)")
             raise FitRefusedError(
-                f"fit refused: held-out MAPE above {cfg.max_mape:.0%} on {listing} "
-                "(profile with more repeats or larger sizes, or override with --force)"
+                f"fit refused: held-out MAPE above {cfg.max_mape:.0%} on {listing}. To fix: "
+                f"{'; '.join(advice)}; or keep the fit anyway, noted in the file (dcp fit --force; "
+                "API options.force)"
             )
         notes.append(f"FORCED despite held-out MAPE above {cfg.max_mape:.0%}: {listing}")
         logger.warning("fit forced despite %s", listing)

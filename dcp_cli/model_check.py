@@ -322,6 +322,24 @@ def _calibration_peak(model: Any, config: CheckConfig) -> float:
     return float(tracker.peak_bytes)
 
 
+def _measure(run: Callable[[], None], *, repeats: int, now: Callable[[], float],
+             group: Any) -> dict[str, Any]:
+    """Warm-up, ``repeats`` timed runs (after a group barrier), then one run for the peak."""
+    run()
+    times = []
+    for _ in range(repeats):
+        if group is not None:
+            dist.barrier(group=group)
+        start = now()
+        run()
+        times.append(now() - start)
+    if group is not None:
+        dist.barrier(group=group)
+    with LiveBytesTracker() as tracker:
+        run()
+    return {"times_s": times, "peak_bytes": tracker.peak_bytes}
+
+
 def _exec_worker(rank: int, world: int, port: int, out_dir: str, config_json: str, plans_json: str) -> None:
     _init(rank, world, port)
     results: dict[str, Any] = {}
@@ -335,6 +353,7 @@ def _exec_worker(rank: int, world: int, port: int, out_dir: str, config_json: st
         for p in model.parameters():
             p.grad = torch.zeros_like(p)  # as after the first micro-batch of a step
         results["calibration"] = _calibration_peak(model, config)
+        solo: list[tuple[str, Callable[[], None]]] = []  # micro-batches of one-rank groups
         for plan in plans:
             rank_plan = plan.rank_view(rank)
             executor.begin_step(rank_plan, step=plan.step or 0)
@@ -346,19 +365,19 @@ def _exec_worker(rank: int, world: int, port: int, out_dir: str, config_json: st
                 def run(work: Any = work) -> None:
                     out = model(work.inputs, work.ctx, recompute_layers=work.recompute_layers)
                     work.loss(model.token_losses(out, work.targets)).backward()
-                run()  # warm-up
-                times = []
-                for _ in range(config.repeats):
-                    if group is not None:
-                        dist.barrier(group=group)
-                    start = now()
-                    run()
-                    times.append(now() - start)
-                if group is not None:
-                    dist.barrier(group=group)
-                with LiveBytesTracker() as tracker:
-                    run()
-                results[f"{plan.step}/{m}"] = {"times_s": times, "peak_bytes": tracker.peak_bytes}
+                key = f"{plan.step}/{m}"
+                if group is None:
+                    solo.append((key, run))
+                    continue
+                results[key] = _measure(run, repeats=config.repeats, now=now, group=group)
+        # One-rank groups take turns, so that no other rank shares the CPU while they are timed
+        # (a GPU rank has its device to itself); groups of several ranks run together.
+        for turn in range(world):
+            dist.barrier()
+            if turn == rank:
+                for key, solo_run in solo:
+                    results[key] = _measure(solo_run, repeats=config.repeats, now=now, group=None)
+        dist.barrier()
     except Exception:
         results["error"] = traceback.format_exc()
         raise
@@ -434,6 +453,18 @@ def compare(file: CostModelFile, config: CheckConfig, plans: Sequence[tuple[Plan
         "mixed_policy_micro_batches": sum(1 for r in rows if len(set(r["policies"])) > 1),
         "checkpointed_micro_batches": sum(1 for r in rows if max(r["policies"]) > 0),
         "fixed_working_bytes": fixed_working,
+        "by_group_size": {
+            str(d): {"micro_batches": len(sel),
+                     "time_mape": statistics.fmean(err(r["time_s"], r["predicted_time_s"]) for r in sel),
+                     "time_bias": statistics.fmean(r["predicted_time_s"] / r["time_s"] - 1 for r in sel),
+                     "peak_mape": statistics.fmean(err(r["peak_bytes"], r["predicted_peak_bytes"]) for r in sel)}
+            for d in sorted({r["group_size"] for r in rows})
+            for sel in [[r for r in rows if r["group_size"] == d]]},
+        "by_policy": {
+            name: {"micro_batches": len(sel),
+                   "peak_mape": statistics.fmean(err(r["peak_bytes"], r["predicted_peak_bytes"]) for r in sel)}
+            for name, sel in (("none", [r for r in rows if max(r["policies"]) == 0]),
+                              ("checkpointed", [r for r in rows if max(r["policies"]) > 0])) if sel},
     }
     return {"summary": summary, "micro_batches": rows, "groups": groups}
 
