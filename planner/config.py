@@ -89,8 +89,7 @@ class PlannerConfig:
     compute_baselines: bool = True
     """Compute the baselines (needed for the never-slower-than-a-baseline guarantee)."""
     baseline_group_size: int | None = None
-    """Fixed SP size of the bucket and packed baselines (default: the smallest size that fits
-    the reference sample, or the batch's largest sample, under full checkpointing)."""
+    """One more fixed SP size for the bucket baseline (``bucket-sp{d}``), besides 1, 2, 4, 8."""
     memory_safety_fraction: float = 1e-9
     """Relative slack kept below the memory cap to absorb floating-point summation order."""
 

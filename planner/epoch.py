@@ -171,7 +171,7 @@ class StepResult:
     predicted_step_time_s: float
     """Predicted step time."""
     speedup_vs_bucket: float | None
-    """Bucket baseline time / predicted time, when the planner reported the baseline."""
+    """``bucket-sp4`` (the DCP paper's baseline) time / predicted time, when it was computed."""
     solve_time_s: float
     """Wall time of the planner call (not stored in the plan)."""
     group_views: tuple[tuple[int, int, str], ...] = ()
@@ -276,7 +276,7 @@ def plan_samples(samples: list[Sample], *, cluster: ClusterSpec, cost_model: Cos
     check_membership(plan, samples, step=step)
     plan = canonical_step_plan(plan)
     text = plan.canonical_json()
-    bucket = plan.baselines_s.get("bucket")
+    bucket = plan.baselines_s.get("bucket-sp4")
     speedup = bucket / plan.predicted_step_time_s if bucket and plan.predicted_step_time_s > 0 else None
     digest = hashlib.sha256(text.encode()).hexdigest()
     return StepResult(step=step, plan_json=text, digest=digest, gap=plan.gap,

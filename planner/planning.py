@@ -30,6 +30,27 @@ from planner.plan import LowerBound, Plan, SolverStatus
 logger = logging.getLogger(__name__)
 
 
+BOUND_REL_TOL = 1e-9
+"""Relative slack for floating-point summation order when a bound is checked against a plan."""
+
+
+class BoundError(RuntimeError):
+    """A lower bound above the step time of a valid plan: the bound is wrong (a bug)."""
+
+
+def check_bound(bound_s: float, kind: str, plan_step_time_s: float) -> None:
+    """Refuse a lower bound above a valid plan's predicted step time.
+
+    Raises:
+        BoundError: naming the bound's kind and both values; logged at ERROR first.
+    """
+    if bound_s > plan_step_time_s * (1 + BOUND_REL_TOL):
+        message = (f"lower bound {kind!r} = {bound_s:.9g} s exceeds the step time "
+                   f"{plan_step_time_s:.9g} s of a valid plan: the bound is wrong")
+        logger.error(message)
+        raise BoundError(message)
+
+
 @dataclass(frozen=True, slots=True)
 class Prepared:
     """A checked batch with its cost table and bounds."""
@@ -94,8 +115,8 @@ def plan_batch(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: C
         cost_model: The cost-model file (bound to ``cluster`` here).
         config: Search settings (default ``PlannerConfig()``).
         step: Step index recorded in the plan.
-        reference_sample: The workload's longest sample, which sets the bucket baselines'
-            fixed SP size (default: the batch's longest).
+        reference_sample: The workload's longest sample: a bucket baseline's SP size, fixed
+            for the whole run, must hold it (default: only the batch's samples are checked).
 
     Returns:
         A valid plan with its lower bound, solver status and every baseline's predicted step
@@ -103,6 +124,7 @@ def plan_batch(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: C
 
     Raises:
         ValueError: see ``prepare``.
+        BoundError: when a lower bound exceeds the plan's own predicted step time (a bug).
     """
     start = time.perf_counter()
     config = config or PlannerConfig()
@@ -142,8 +164,9 @@ def plan_batch(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: C
     baselines: dict[str, float] = {}
     baseline_best: tuple[float, str, Draft] | None = None
     if config.compute_baselines:
-        for name, b_draft in baseline_drafts(table, group_size=config.baseline_group_size,
-                                             reference=reference_sample).items():
+        extra = () if config.baseline_group_size is None else (config.baseline_group_size,)
+        for name, b_draft in baseline_drafts(table, seed=config.seed, reference=reference_sample,
+                                             extra_bucket_sizes=extra).items():
             t = draft_step_time_s(b_draft, arrays, cm)
             baselines[name] = t
             if baseline_best is None or t < baseline_best[0]:
@@ -174,8 +197,9 @@ def plan_batch(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: C
             bound_value, bound_kind = lp, "partition-lp"
     if status == "OPTIMAL" and best_time > bound_value:
         bound_value, bound_kind = best_time, "cpsat-optimal"
+    check_bound(bound_value, bound_kind, best_time)
     meta = PlanMeta(status=status, method=method, wall_time_s=time.perf_counter() - start,
-                    lower_bound=LowerBound(value_s=min(bound_value, best_time), kind=bound_kind),
+                    lower_bound=LowerBound(value_s=bound_value, kind=bound_kind),
                     objective_bound_s=None if solver_bound is None
                     else solver_bound + table.grad_sync_s,
                     seed=config.seed, step=step, loss_normalization=config.loss_normalization,

@@ -51,7 +51,7 @@ def test_plan_tables_fit_80_columns_and_explain_baselines() -> None:
     result = runner.invoke(app, ["plan", "-w", "text-longtail", "-c", "h200x64", "-k", "2", "-b", "64", "-q"])
     assert result.exit_code == 0, result.output
     _check_tables(result.output)
-    for baseline in ("bucket", "bucket_sp4", "packed", "greedy"):
+    for baseline in ("bucket-sp4", "static-best", "megatron-dyncp", "dcp-greedy", "strongest"):
         legend = result.output.rsplit("Columns:", 1)[1]
         assert any(line.startswith(f"{baseline} ") for line in legend.splitlines()), baseline
 

@@ -1,0 +1,69 @@
+"""``bucket-sp{d}``: bucket parallel, the baseline published with DCP.
+
+One fixed SP size ``d`` for the whole run (the paper's 4; 1, 2 and 8 are reported too, and
+the reports pick the best per workload): ``N // d`` groups (ranks left over stay idle).
+Samples are grouped by shape bucket (``common.shape_buckets``); each bucket is cut, in
+sampler order, into batches of the largest size that fits memory under full checkpointing
+(sized on the bucket's largest sample); the batches are dealt round-robin to the groups, bucket
+by bucket, and each runs as one micro-batch. A size on which the workload's longest sample does not fit is no valid
+run setting and is left out. Every sample is checkpointed fully, as
+``L - 1`` recomputed layers (``common.full_checkpoint_layers``: ``L`` is dominated by ``L - 1``
+under the cost model, so the baseline gets the cheaper of the two).
+"""
+
+from __future__ import annotations
+
+import math
+
+from costmodel.specs import Sample
+from planner.assemble import Draft
+from planner.baselines.common import fixed_layout, full_checkpoint_layers, shape_buckets
+from planner.costs import CostTable
+
+
+def bucket_batch_size(table: CostTable, members: list[int], *, group_size: int) -> int:
+    """Largest number of samples of a bucket that fit one micro-batch of ``group_size`` ranks
+    under full checkpointing (0 when its largest sample does not fit alone)."""
+    cm = table.cost_model
+    largest = max(table.samples[i].tokens for i in members)
+    per_sample = float(cm.activation_bytes(largest, group_size=group_size,
+                                           recompute_layers=full_checkpoint_layers(cm.num_layers)))
+    return max(0, math.floor(table.budget_bytes / per_sample))
+
+
+def bucket_draft(table: CostTable, *, group_size: int, seed: int = 0,
+                 reference: Sample | None = None) -> Draft | None:
+    """The bucket-parallel draft at a fixed SP size.
+
+    Args:
+        table: The batch's cost table.
+        group_size: The fixed SP size ``d``.
+        seed: Unused (the baseline is deterministic); the registry's signature.
+        reference: The workload's longest sample: a size fixed for the whole run must hold it
+            (default: the batch's samples only).
+
+    Returns:
+        The draft, or None when ``d`` is not allowed or a sample (or the reference) does not
+        fit ``d`` ranks even with full checkpointing.
+    """
+    del seed
+    cm = table.cost_model
+    if reference is not None and float(cm.activation_bytes(
+            reference.tokens, group_size=group_size,
+            recompute_layers=full_checkpoint_layers(cm.num_layers))) > table.budget_bytes:
+        return None
+    groups = fixed_layout(table, group_size)
+    if groups is None:
+        return None
+    num_work = table.cost_model.cluster.num_gpus // group_size
+    k_full = full_checkpoint_layers(table.cost_model.num_layers)
+    turn = 0
+    for members in shape_buckets(table):
+        batch = bucket_batch_size(table, members, group_size=group_size)
+        if batch == 0:
+            return None
+        for start in range(0, len(members), batch):
+            chunk = members[start:start + batch]
+            groups[turn % num_work].micro_batches.append([(i, k_full) for i in chunk])
+            turn += 1
+    return groups

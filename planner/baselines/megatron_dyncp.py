@@ -1,0 +1,134 @@
+"""``megatron-dyncp``: Megatron-Core's dynamic context-parallel scheduler (RESEARCH.md).
+
+The rules, as Megatron documents them:
+
+* ``max_tokens_per_rank`` (``--max-seqlen-per-dp-cp-rank``) is set to what a rank holds
+  without recomputation: activation budget / bytes per token at policy 0.
+* Each sample's CP size is the next power of two of ``tokens / max_tokens_per_rank`` (at least
+  the smallest power-of-two size on which it fits at all; the largest allowed when it needs
+  more, with the cheapest policy that fits).
+* The first micro-batch: longest first, each sample goes to the least-loaded existing group of
+  its size or to a new group from the free ranks, whichever gives the lower projected load; a
+  group takes at most ``size * max_tokens_per_rank`` tokens, and joining an existing group is
+  allowed only while its projected load stays within ``LOAD_CAP`` (5%) of the most loaded
+  group. Ranks still free afterwards are filled by doubling the most loaded groups.
+* Samples left over go to further micro-batches: each to the least-loaded group (seconds so
+  far) at least as large as its CP size.
+
+Adaptations, so that the result is a plan of this project's schema (one group layout per step,
+costed by the cost model): the layout of the first micro-batch is kept for the whole step
+(Megatron may regroup per micro-batch); loads are the cost model's seconds per sample at its
+cheapest fitting policy, not Megatron's ``s^2 / cp`` proxy (a stronger baseline, never a
+weaker one); each group's samples are packed first-fit decreasing by bytes into micro-batches.
+"""
+
+from __future__ import annotations
+
+import math
+
+from costmodel.specs import Sample
+from planner.assemble import Draft
+from planner.baselines.common import pack_cheapest, place_layout
+from planner.costs import CostTable
+
+LOAD_CAP = 0.05
+"""Relative slack over the most loaded group up to which a group may take another sample."""
+
+
+def max_tokens_per_rank(table: CostTable) -> int:
+    """Tokens a rank holds without recomputation under the activation budget (at least 1)."""
+    per_token = float(table.cost_model.activation_bytes(1, group_size=1, recompute_layers=0))
+    return max(1, math.floor(table.budget_bytes / per_token))
+
+
+def cp_size(table: CostTable, i: int, *, tokens_per_rank: int) -> int | None:
+    """CP size of sample ``i``: the next power of two of ``tokens / tokens_per_rank``, raised to
+    the smallest power-of-two size it fits on, capped at the largest (None: fits none)."""
+    pow2 = [d for d in table.sizes if d & (d - 1) == 0]
+    row = table.k_min[table.classes.class_of[i]]
+    fitting = [d for d in pow2 if row[table.size_index(d)] >= 0]
+    if not fitting:
+        return None
+    tokens = table.samples[i].tokens
+    want = 1 << max(0, math.ceil(math.log2(max(1.0, tokens / tokens_per_rank))))
+    at_least = [d for d in fitting if d >= want]
+    return at_least[0] if at_least else fitting[-1]
+
+
+def megatron_dyncp_draft(table: CostTable, *, seed: int = 0,
+                         reference: Sample | None = None) -> Draft | None:
+    """The Megatron dynamic-CP draft (None when a sample fits no power-of-two size).
+
+    Args:
+        table: The batch's cost table.
+        seed: Unused (the scheduler is deterministic); the registry's signature.
+        reference: Unused (the registry's signature).
+    """
+    del seed, reference
+    n = table.cost_model.cluster.num_gpus
+    cls = table.classes.class_of
+    tpr = max_tokens_per_rank(table)
+    tokens = [s.tokens for s in table.samples]
+    need: list[int] = []
+    for i in range(len(tokens)):
+        d = cp_size(table, i, tokens_per_rank=tpr)
+        if d is None:
+            return None
+        need.append(d)
+
+    def time_s(i: int, d: int) -> float:
+        return float(table.time_s[cls[i], table.size_index(d)])
+
+    sizes: list[int] = []
+    loads: list[float] = []
+    held: list[int] = []  # tokens of the first micro-batch per group
+    members: list[list[int]] = []
+    leftovers: list[int] = []
+    free = n
+    for i in sorted(range(len(tokens)), key=lambda i: (-tokens[i], i)):
+        d, t = need[i], time_s(i, need[i])
+        top = max(loads, default=0.0)
+        best: tuple[float, int] | None = None  # (projected load, group or -1 for a new one)
+        if free >= d:
+            best = (t, -1)
+        for g, size in enumerate(sizes):
+            if size != d or held[g] + tokens[i] > d * tpr:
+                continue
+            projected = loads[g] + t
+            if projected <= (1 + LOAD_CAP) * top and (best is None or projected < best[0]):
+                best = (projected, g)
+        if best is None:
+            leftovers.append(i)
+            continue
+        g = best[1]
+        if g < 0:
+            sizes.append(d)
+            loads.append(0.0)
+            held.append(0)
+            members.append([])
+            free -= d
+            g = len(sizes) - 1
+        loads[g] += t
+        held[g] += tokens[i]
+        members[g].append(i)
+    while True:  # fill free ranks by doubling the most loaded groups
+        can = [g for g, d in enumerate(sizes) if d <= free and 2 * d in table.sizes
+               and all(table.k_min[cls[i], table.size_index(2 * d)] >= 0 for i in members[g])]
+        if not can:
+            break
+        g = max(can, key=lambda g: (loads[g], -g))
+        free -= sizes[g]
+        sizes[g] *= 2
+        loads[g] = sum(time_s(i, sizes[g]) for i in members[g])
+    for i in leftovers:  # already longest first
+        fits = [g for g, d in enumerate(sizes) if d >= need[i]]
+        g = min(fits, key=lambda g: (loads[g] + time_s(i, sizes[g]), g))
+        loads[g] += time_s(i, sizes[g])
+        members[g].append(i)
+    groups = place_layout(sizes, table)
+    if groups is None:
+        return None
+    for g in range(len(sizes)):
+        if not pack_cheapest(table, groups[g], members[g]):
+            return None
+    return groups

@@ -1,0 +1,63 @@
+"""``static-best``: the best fixed SP size with balanced assignment and packed micro-batches.
+
+What a competent user does with one SP size for the whole step: for every allowed size ``d``
+on which every sample fits, ``N // d`` groups (ranks left over stay idle); samples assigned
+longest-processing-time first (by their time on ``d``) to the least-loaded group (LPT);
+each group's samples packed first-fit decreasing by bytes into micro-batches, each sample at
+its cheapest policy that fits it alone (``CostTable.k_min``). The size whose draft has the
+lowest exact step time under the cost model is kept (ties: the smaller size).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from costmodel.specs import Sample
+from planner.assemble import BatchArrays, Draft, draft_step_time_s
+from planner.baselines.common import fixed_layout, pack_cheapest
+from planner.costs import CostTable
+
+
+def lpt_draft(table: CostTable, *, group_size: int) -> Draft | None:
+    """LPT-balanced, packed draft at one fixed size (None if a sample does not fit it)."""
+    groups = fixed_layout(table, group_size)
+    if groups is None:
+        return None
+    j = table.size_index(group_size)
+    cls = table.classes.class_of
+    times = [float(table.time_s[cls[i], j]) for i in range(len(table.samples))]
+    if any(t == float("inf") for t in times):
+        return None
+    num_work = table.cost_model.cluster.num_gpus // group_size
+    heap = [(0.0, g) for g in range(num_work)]  # (seconds so far, group)
+    members: list[list[int]] = [[] for _ in range(num_work)]
+    for i in sorted(range(len(times)), key=lambda i: (-times[i], i)):
+        load, g = heapq.heappop(heap)
+        members[g].append(i)
+        heapq.heappush(heap, (load + times[i], g))
+    for g in range(num_work):
+        if not pack_cheapest(table, groups[g], members[g]):
+            return None
+    return groups
+
+
+def static_best_draft(table: CostTable, *, seed: int = 0,
+              reference: Sample | None = None) -> Draft | None:
+    """The best of ``lpt_draft`` over the allowed sizes (None if no size holds the batch).
+
+    Args:
+        table: The batch's cost table.
+        seed: Unused (the baseline is deterministic); the registry's signature.
+        reference: Unused (the registry's signature).
+    """
+    del seed, reference
+    arrays = BatchArrays.of(table.samples)
+    best: tuple[float, Draft] | None = None
+    for d in table.sizes:
+        draft = lpt_draft(table, group_size=d)
+        if draft is None:
+            continue
+        t = draft_step_time_s(draft, arrays, table.cost_model)
+        if best is None or t < best[0]:
+            best = (t, draft)
+    return None if best is None else best[1]
