@@ -17,7 +17,7 @@ COLUMNS = [
     ("tokens", "tokens in the micro-batch (samples)"),
     ("k", "checkpoint policy per sample (layers recomputed)"),
     ("ms", "measured forward+backward, slowest rank, fastest repeat"),
-    ("pred ms", "the cost model's prediction (compute only with the thread clock)"),
+    ("pred ms", "the cost model's prediction (fitted with the same clock)"),
     ("MB", "measured peak of live bytes above the start (largest rank)"),
     ("pred MB", "the cost model's peak of the micro-batch, model states excluded"),
 ]

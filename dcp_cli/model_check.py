@@ -18,11 +18,11 @@
    calibration micro-batch of one sample of half the longest size on each rank (its peak less its
    predicted activations), kept out of the comparison.
 
-Clocks: ``wall`` times everything (compute and all-to-all) and needs a quiet machine; ``thread``
-times the CPU time of each rank's one torch thread, in the profile and in the executor alike,
-which other processes on a busy machine do not inflate. gloo moves the all-to-all's bytes on its
-own threads, so under ``thread`` the prediction compared is the compute part (the micro-batch
-less its all-to-all time); the all-to-all fit is checked against its own records instead.
+Clocks: ``wall`` times everything and needs a quiet machine; ``thread`` times the CPU time of
+each rank's one torch thread, in the compute profile, the collectives' profile and the executor
+alike, which other processes on a busy machine and waits for a peer do not inflate (gloo moves
+most of an all-to-all's bytes on its own threads: under ``thread`` the collectives cost what they
+cost the compute thread).
 """
 
 from __future__ import annotations
@@ -235,11 +235,12 @@ def _init(rank: int, world: int, port: int) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
 
 
-def _comm_worker(rank: int, world: int, port: int, out: str) -> None:
+def _comm_worker(rank: int, world: int, port: int, out: str, clock: str) -> None:
     _init(rank, world, port)
     try:
         config = CommSweepConfig(bytes_min=4 * 1024, bytes_max=2 * 1024 * 1024, num_sizes=6,
-                                 gpus_per_node=world, warmup=3, repeats=15)
+                                 gpus_per_node=world, warmup=3, repeats=15,
+                                 clock=clock)  # type: ignore[arg-type]
         records = run_comm_sweep(config, device=torch.device("cpu"))
         if rank == 0:
             Path(out).write_text(json.dumps([r.model_dump(mode="json") for r in records]))
@@ -247,15 +248,15 @@ def _comm_worker(rank: int, world: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-def profile_comm(world: int) -> Profile:
-    """All-to-all and all-reduce on ``world`` gloo ranks of this machine."""
+def profile_comm(world: int, *, clock: str = "wall") -> Profile:
+    """All-to-all and all-reduce on ``world`` gloo ranks of this machine (timed by ``clock``)."""
     header = ProfileHeader(hardware=CPU_HARDWARE, device="cpu", dtype="float32", world_size=world,
                            notes="dcp check-model: gloo on loopback")
     if world < 2:
         return Profile(header=header)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "comm.json"
-        mp.spawn(_comm_worker, args=(world, _free_port(), str(out)), nprocs=world, join=True)
+        mp.spawn(_comm_worker, args=(world, _free_port(), str(out), clock), nprocs=world, join=True)
         comm = [CommRecord.model_validate(r) for r in json.loads(out.read_text())]
     return Profile(header=header, comm=comm)
 
@@ -425,9 +426,6 @@ def compare(file: CostModelFile, config: CheckConfig, plans: Sequence[tuple[Plan
                 time_s = min(max(rep) for rep in zip(*(x["times_s"] for x in per_rank), strict=True))
                 peak = max(x["peak_bytes"] for x in per_rank)
                 pred_t = cm.microbatch_time_s(samples, group_size=group.size, recompute_layers=ks)
-                if config.clock == "thread":  # gloo's threads move the bytes: compute only
-                    pred_t -= cm.microbatch_breakdown_s(samples, group_size=group.size,
-                                                        recompute_layers=ks)["alltoall"]
                 pred_b = cm.microbatch_peak_bytes(samples, group_size=group.size,
                                                   recompute_layers=ks) - cm.model_state_bytes()
                 rows.append({"step": plan.step, "group": gi, "micro_batch": m, "group_size": group.size,
@@ -477,7 +475,7 @@ def run_check(config: CheckConfig, *, progress: ProgressFn | None = None,
         compute = profile_reference(config, progress=progress)
         if progress:
             progress(f"profiling collectives on {config.world_size} gloo ranks")
-        comm = profile_comm(config.world_size)
+        comm = profile_comm(config.world_size, clock=config.clock)
         fit = fit_profiles([compute, comm], FitConfig(force=True, time_statistic="min",
                                                       comm_fallback_hardware="h200-sxm"))
         cost_model = fit.file

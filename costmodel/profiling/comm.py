@@ -20,7 +20,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -53,6 +53,9 @@ class CommSweepConfig:
     """Untimed operations per point."""
     repeats: int = 10
     """Timed operations per point."""
+    clock: Literal["wall", "thread"] = "wall"
+    """``wall``: elapsed time; ``thread``: the calling thread's CPU time (CPU only: what an
+    operation costs the rank's compute thread, its waits and gloo's own threads excluded)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.bytes_min <= self.bytes_max:
@@ -62,6 +65,8 @@ class CommSweepConfig:
                 f"need num_sizes >= 1, repeats >= 1, warmup >= 0, gpus_per_node >= 0; got "
                 f"{self.num_sizes}, {self.repeats}, {self.warmup}, {self.gpus_per_node}"
             )
+        if self.clock not in ("wall", "thread"):
+            raise ValueError(f"clock must be wall or thread, got {self.clock!r}")
         unknown = set(self.ops) - {"alltoall", "allreduce"}
         if unknown or not self.ops:
             raise ValueError(f"ops must be alltoall and/or allreduce, got {self.ops}")
@@ -131,14 +136,15 @@ def _time_points(points: list[tuple[str, int]], group: _Group, *, device: torch.
             run(i)
     _sync(device)
     times: list[list[float]] = [[] for _ in points]
+    now = time.thread_time if config.clock == "thread" and device.type == "cpu" else time.perf_counter
     for _ in range(config.repeats):
         for i in range(len(points)):
             dist.barrier(group=group.handle)
             _sync(device)
-            t0 = time.perf_counter()
+            t0 = now()
             run(i)
             _sync(device)
-            times[i].append(time.perf_counter() - t0)
+            times[i].append(max(now() - t0, 1e-9))
     return [(statistics.median(t), min(t), max(t)) for t in times]
 
 
