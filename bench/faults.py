@@ -1,6 +1,6 @@
 """Fault table of the planner service: what a user sees, how long recovery takes, nothing lost.
 
-Run (as root: the full-disk and read-only cases mount a small tmpfs for the store)::
+Run (as root: the full-disk case mounts a small tmpfs, the read-only case an ext4 loop image)::
 
     .venv/bin/python bench/faults.py            # about 3 minutes on 2 cores
 
@@ -9,8 +9,9 @@ options) on a fresh ``dcp serve`` and injects one fault in the middle; the job's
 are then compared with an uninterrupted reference run of the same inputs ("nothing lost":
 every step present, every plan byte-identical). Cases: kill -9 of the server (restarted), kill
 -9 of one solver worker, the store locked by another process for 4 s, the store's disk full
-(tmpfs too small, then grown), the store's file system remounted read-only (then read-write),
-and a second server started on the same store. Writes ``bench/results/faults.json``.
+(tmpfs too small, then grown), the store's ext4 file system turned read-only by an error under
+the running server (then checked, remounted and the service restarted), and a second server
+started on the same store. Writes ``bench/results/faults.json``.
 """
 
 from __future__ import annotations
@@ -225,27 +226,57 @@ def case_disk_full(base: Path, reference: list[str]) -> dict[str, Any]:
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
+def _mount_ext4(image: Path, path: Path, size_mb: int) -> str:
+    """A fresh ext4 file system on a loop device that turns read-only on its first error
+    (``errors=remount-ro``); returns the loop device's name (``loop0``)."""
+    subprocess.run(["truncate", "-s", f"{size_mb}M", str(image)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True)
+    path.mkdir(exist_ok=True)
+    subprocess.run(["mount", "-o", "loop,errors=remount-ro", str(image), str(path)], check=True)
+    source = subprocess.run(["findmnt", "-n", "-o", "SOURCE", str(path)], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    return Path(source).name
+
+
+def _umount(path: Path) -> None:
+    for _ in range(50):
+        if subprocess.run(["umount", str(path)], capture_output=True).returncode == 0:
+            return
+        time.sleep(0.2)
+    subprocess.run(["umount", "-l", str(path)], check=False)
+
+
 def case_read_only(base: Path, reference: list[str]) -> dict[str, Any]:
-    path = base / "ro"
-    _mount(path, 64)
+    """The store's file system turns read-only under the running server, as ext4 does on an I/O
+    error (``errors=remount-ro``; triggered through ext4's ``trigger_fs_error``). An operator
+    then stops the service, checks and remounts the file system and starts the service again."""
+    path, image = base / "ro", base / "ro.img"
+    device = _mount_ext4(image, path, 64)
     server: Server | None = None
     try:
         server = Server(path).start()
         server.post("/v1/epochs", _body("e"))
         server.wait("e", until=8)
-        _remount(path, "ro")
+        Path(f"/sys/fs/ext4/{device}/trigger_fs_error").write_text("dcp-planner fault bench\n")
         time.sleep(3)
         status = server.status("e")
-        sees = f"job {status['state']}: {status['error']}; write: {_probe_write(server)}"
+        sees = (f"job {status['state']} at {status['steps_done']}/{status['steps_total']}: {status['error']}; "
+                f"write: {_probe_write(server)}; /healthz {server.get('/healthz').status_code}")
         seen = {status["state"]}
-        _remount(path, "rw")
-        result = _finish(server, "e", time.monotonic(), reference, seen, sees)
+        server.stop()
+        fault_end = time.monotonic()  # the operator's repair starts: stop, fsck, remount, start
+        _umount(path)
+        subprocess.run(["e2fsck", "-f", "-y", str(image)], capture_output=True, check=False)
+        subprocess.run(["mount", "-o", "loop,errors=remount-ro", str(image), str(path)], check=True)
+        server = Server(path).start()
+        result = _finish(server, "e", fault_end, reference, seen, sees + "; after fsck and restart the "
+                         "job resumes at start-up")
         server.stop()
         return result
     finally:
         if server is not None:
             server.stop()
-        subprocess.run(["umount", "-l", str(path)], check=False)
+        _umount(path)
 
 
 def case_two_servers(base: Path, reference: list[str]) -> dict[str, Any]:
@@ -276,7 +307,8 @@ def main() -> int:
     ref_server.stop()
     cases = {"kill -9 server": case_kill_server, "kill -9 solver worker": case_kill_worker,
              "store locked 4 s by another process": case_locked, "disk full (1 MB tmpfs, then 64 MB)": case_disk_full,
-             "store remounted read-only 3 s": case_read_only, "second server on the same store": case_two_servers}
+             "store's file system turns read-only (ext4 error), fsck + restart": case_read_only,
+             "second server on the same store": case_two_servers}
     results: dict[str, Any] = {}
     for name, case in cases.items():
         logger.info("case: %s", name)
