@@ -313,8 +313,11 @@ class JobManager:
                     else "cancelled",
                     on_written=on_written, metrics=self.metrics,
                     deadline_margin_s=self.retry.deadline_margin_s, requeue_transient=True)
-                cause = final.error
-                retry = final.state == "queued" and final.transient
+                cause = final.error or "its end state could not be recorded"
+                # Queued after a passing fault, or still active in the store because recording the
+                # outcome failed too (a locked or full store): run again; a finished job returns
+                # at once with its state recorded.
+                retry = final.state in ("queued", "running") and (final.transient or final.state == "running")
             except Exception as exc:  # the store itself failed (set_state, get_epoch)
                 fault = classify(exc)
                 if not fault.transient:
