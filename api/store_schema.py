@@ -95,11 +95,16 @@ _MIGRATIONS: list[str] = [
 
 
 def connect(path: Path, *, busy_timeout_s: float) -> sqlite3.Connection:
-    """A connection in autocommit mode (explicit transactions), WAL, rows by name."""
+    """A connection in autocommit mode (explicit transactions), WAL, rows by name.
+
+    ``synchronous=FULL``: every commit is on disk before it returns, so a stored plan or job
+    survives an operating-system crash or a file system that aborts its journal (with NORMAL,
+    WAL commits since the last checkpoint were lost: bench/faults.py, the read-only case).
+    """
     conn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
     conn.row_factory = sqlite3.Row
     conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA synchronous=FULL")
     conn.execute("PRAGMA foreign_keys=ON")
     return conn
 
