@@ -54,7 +54,9 @@ REFIT_ADVICE = {
     "compute_time": "profile again with more repeats (dcp profile --repeats), on a busy CPU with "
                     "one thread and its CPU time (--threads 1 --cpu-clock thread)",
     "activation_bytes": "check the profile's activation bytes (they are exact and should fit)",
-    "peak_bytes": "profile again on a quieter device (peaks include the allocator's choices)",
+    "peak_bytes": "the peaks are not one transient bytes-per-token term over the kept activations "
+                  "(a model-form error, not noise: more repeats will not help; bench/README.md "
+                  "'The cost model against the executor' measures its effect)",
     "head_time": "measure the head at more sizes (dcp profile --head-sizes 10 --repeats 9)",
     "alltoall": "measure the collectives with more repeats (dcp profile-comm --repeats 30)",
     "allreduce": "measure the collectives with more repeats (dcp profile-comm --repeats 30)",
