@@ -234,8 +234,8 @@ class CostModel:
         comm = self.file.comm
         nodes = self.default_nodes(group_size) if num_nodes is None else num_nodes
         alpha, per_byte = collective_cost(comm, "alltoall", group_size=group_size, num_nodes=nodes)
-        share = (group_size - 1) / group_size
-        return comm.alltoall_ops_per_layer * alpha, comm.alltoall_bytes_per_token_layer * share * per_byte
+        sent_per_token = float(wire_bytes("alltoall", comm.alltoall_bytes_per_token_layer, group_size))
+        return comm.alltoall_ops_per_layer * alpha, sent_per_token * per_byte
 
     def sample_time_s(
         self,
@@ -265,9 +265,8 @@ class CostModel:
         hw = s / f if spatial is None else np.asarray(spatial, dtype=np.float64)
         k = np.asarray(recompute_layers, dtype=np.float64)
         c = self.file.compute
-        kw = {"is_2d": self.is_2d, "group_size": float(group_size), "half_tokens": c.attention_half_tokens}
-        fwd = _sample_pass_s(c.forward, s, f, hw, **kw)  # type: ignore[arg-type]
-        bwd = _sample_pass_s(c.backward, s, f, hw, **kw)  # type: ignore[arg-type]
+        fwd, bwd = (_sample_pass_s(terms, s, f, hw, is_2d=self.is_2d, group_size=float(group_size),
+                                   half_tokens=c.attention_half_tokens) for terms in (c.forward, c.backward))
         layers = self.num_layers
         _, comm_per_token = self._alltoall_per_pass(group_size, num_nodes)
         per_rank = s / group_size
@@ -325,37 +324,6 @@ class CostModel:
         fixed = self.microbatch_fixed_s(group_size=group_size, num_nodes=num_nodes,
                                         recompute_layers=list(recompute_layers))
         return float(fixed + times.sum())
-
-    def microbatch_breakdown_s(self, samples: Sequence[Sample], *, group_size: int,
-                               recompute_layers: Sequence[int], num_nodes: int | None = None
-                               ) -> dict[str, float]:
-        """Seconds of one micro-batch by kind: ``compute``, ``recompute``, ``alltoall``, ``fixed``.
-
-        The parts add up to :meth:`microbatch_time_s`; all-to-all latency and bytes (recompute's
-        included) are under ``alltoall``, the fixed part less those latencies under ``fixed``.
-        """
-        ks = [int(k) for k in recompute_layers]
-        total = self.microbatch_time_s(samples, group_size=group_size, recompute_layers=ks,
-                                       num_nodes=num_nodes)
-        if not samples:
-            return {"compute": 0.0, "recompute": 0.0, "alltoall": 0.0, "fixed": 0.0}
-        s = np.array([x.tokens for x in samples], dtype=np.float64)
-        f = np.array([x.num_frames for x in samples], dtype=np.float64)
-        hw = np.array([x.spatial_tokens for x in samples], dtype=np.float64)
-        k = np.array(ks, dtype=np.float64)
-        c = self.file.compute
-        fwd = _sample_pass_s(c.forward, s, f, hw, is_2d=self.is_2d, group_size=float(group_size),
-                             half_tokens=c.attention_half_tokens)
-        alpha, per_token = self._alltoall_per_pass(group_size, num_nodes)
-        calls, recompute_calls = self.layer_calls(ks)
-        per_rank = s / group_size
-        alltoall = float(((2 * self.num_layers + k) * per_token * per_rank).sum()
-                         + (2 * calls + recompute_calls) * alpha)
-        fwd_call, _ = self.layer_call_s(group_size=group_size, num_nodes=num_nodes)
-        recompute = float((k * fwd).sum() + recompute_calls * (fwd_call - alpha))
-        fixed = self.file.compute.microbatch_overhead_s
-        compute = total - alltoall - recompute - fixed
-        return {"compute": compute, "recompute": recompute, "alltoall": alltoall, "fixed": fixed}
 
     def grad_sync_time_s(self) -> float:
         """Gradient sync of one step over the whole world, as the executor runs it.
