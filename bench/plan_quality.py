@@ -4,7 +4,7 @@ For every workload x cluster x global batch size, plans ``--steps`` seeded batch
 speedup over every baseline (``planner/baselines/``: bucket parallel at SP 1/2/4/8 and the best
 of them per cell, static-best, megatron-dyncp, dcp-greedy, naive) and over the strongest
 baseline of each step (naive excepted); the share of steps whose status is BASELINE; the gap to the
-lower bound the plan reports (mean, p95), and to the partition LP bound (``planner.lp_bound``)
+lower bound the plan reports (mean, p95), and to the partition LP bound (``planner.bounds.lp``)
 computed offline, outside the timed call; which bound is the tightest; planner latency
 (p50, p95) on one CPU core; then the quality reached at 50 ms / 200 ms / 1 s budgets (256 samples, 32 GPUs) and the
 planner's peak RSS for 1024 samples at 64 GPUs (measured in a fresh process). Latency is
@@ -41,8 +41,8 @@ if str(ROOT) not in sys.path:
 
 from costmodel.presets import default_cost_model_file, load_cluster, workload_names  # noqa: E402
 from planner.baselines import strongest  # noqa: E402
+from planner.bounds.lp import partition_lp_bound  # noqa: E402
 from planner.config import PlannerConfig  # noqa: E402
-from planner.lp_bound import partition_lp_bound  # noqa: E402
 from planner.planning import plan_batch, prepare  # noqa: E402
 from planner.workload import WorkloadSpec, sample_batch  # noqa: E402
 
@@ -77,7 +77,7 @@ def run_cell(workload: str, cluster_name: str, num_samples: int, steps: int,
                           reference_sample=spec.max_sample)
         latency, cpu = time.perf_counter() - start, time.process_time() - cpu_start
         best = strongest(plan.baselines_s)
-        # Offline, untimed: the partition LP bound (planner.lp_bound, whole group counts) on
+        # Offline, untimed: the partition LP bound (planner.bounds.lp, whole group counts) on
         # the steps whose gap is over 2%, for the gap to the tightest bound we can prove; the
         # plan itself is unchanged. (Skipped below 2%: ~0.3 s per solve at 1024 samples.)
         bound_lp = plan.lower_bound.value_s

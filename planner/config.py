@@ -57,7 +57,7 @@ class PlannerConfig:
     samples it runs least efficiently, lowering the GPU-seconds of both (0: off)."""
     max_resize_tries: int = 3
     """Most split / merge moves of the group-size multiset tried after the local search
-    (``planner.resize``; each is one re-placement and local search; 0: off)."""
+    (``planner.search.resize``; each is one re-placement and local search; 0: off)."""
     deep_search_min_gap: float = 0.02
     """The ejections and resize moves run only where the heuristic's compute makespan is over
     the compute lower bound by more than this fraction (0: always)."""
@@ -75,7 +75,7 @@ class PlannerConfig:
     sequences; costs, the local search and the final plan stay exact per sample (0: bulk
     placement of identical samples only)."""
     lp_bound_iterations: int = 0
-    """Bisection steps of the partition LP bound (``planner.lp_bound``), run after the search
+    """Bisection steps of the partition LP bound (``planner.bounds.lp``), run after the search
     when the gap to the other bounds is over ``lp_bound_min_gap`` (0: never). It only changes
     the reported bound, never the plan; each step is one LP solve (~5 ms for 256 samples), so
     the 50 ms preset leaves it off and ``for_budget`` turns it on from 0.2 s. Sized for 256

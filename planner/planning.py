@@ -20,12 +20,12 @@ from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec, Sample
 from planner.assemble import BatchArrays, Draft, PlanMeta, assemble_plan, draft_step_time_s
 from planner.baselines import baseline_drafts
-from planner.bounds import BoundReport, lower_bounds
+from planner.bounds.simple import BoundReport, lower_bounds
 from planner.config import PlannerConfig
 from planner.costs import CostTable, allowed_sizes
-from planner.heuristic import heuristic_plan
 from planner.placement import representable
 from planner.plan import LowerBound, Plan, SolverStatus
+from planner.search.heuristic import heuristic_plan
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def plan_batch(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: C
     solver_bound: float | None = None
     if config.use_cpsat and (config.aggregated_cpsat or (
             len(samples) <= config.exact_max_samples and cluster.num_gpus <= config.exact_max_ranks)):
-        from planner import cpsat  # the only module that imports ortools
+        from planner.search import cpsat  # the only module that imports ortools
 
         deadline = start + (config.exact_time_limit_s if cpsat.is_exact_size(table, config)
                             else config.time_limit_s)
@@ -183,7 +183,7 @@ def plan_batch(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: C
             bound_value, bound_kind = with_sync, "cpsat"
     if (config.lp_bound_iterations > 0 and status != "OPTIMAL"
             and best_time > bound_value * (1 + config.lp_bound_min_gap)):
-        from planner.lp_bound import partition_lp_bound  # imports scipy's LP solver
+        from planner.bounds.lp import partition_lp_bound  # imports scipy's LP solver
 
         # Work limits sized for 256 samples: fewer steps on larger batches, and the plain LP
         # instead of the MIP (0.05-0.1 s per solve at 256 distinct lengths, 0.3 s at 1024)

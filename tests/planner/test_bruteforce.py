@@ -73,7 +73,7 @@ def test_heuristic_bounds_never_exceed_the_optimum() -> None:
 
 @pytest.mark.timeout(120)
 def test_partition_lp_bound_never_exceeds_the_optimum() -> None:
-    from planner.lp_bound import lp_feasible, partition_lp_bound
+    from planner.bounds.lp import lp_feasible, partition_lp_bound
     from planner.planning import prepare
 
     rng = random.Random(2024)

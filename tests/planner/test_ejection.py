@@ -1,5 +1,5 @@
 """The local search's one-for-many swap (``local_search._eject``) and the split / merge moves
-of the group-size multiset (``planner.resize``): valid, deterministic, and strictly better
+of the group-size multiset (``planner.search.resize``): valid, deterministic, and strictly better
 where moves and swaps between fixed groups are stuck."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 from costmodel.evaluate import CostModel
 from costmodel.presets import default_cost_model_file, load_cluster
 from planner.config import PlannerConfig
-from planner.heuristic import _order, bucket_runs, lpt
-from planner.local_search import GroupState, group_time, local_search
 from planner.planning import plan_batch, prepare
-from planner.resize import resize_search
+from planner.search.heuristic import _order, bucket_runs, lpt
+from planner.search.local_search import GroupState, group_time, local_search
+from planner.search.resize import resize_search
 from planner.validate import validate_plan
 from planner.workload import WorkloadSpec, sample_batch
 

@@ -290,8 +290,8 @@ def test_a_24_gpu_world_with_24_heads(sizes: str) -> None:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("tolerance", [0.0, 0.02, 0.1])
 def test_bucket_runs_hold_near_equal_samples_only(tolerance: float) -> None:
-    from planner.heuristic import _order, bucket_runs
     from planner.planning import prepare
+    from planner.search.heuristic import _order, bucket_runs
 
     spec, cluster, cmf, _ = _setup("text-longtail", "h200x32")
     samples = sample_batch(spec, num_samples=256, seed=0, step=1)

@@ -33,8 +33,8 @@ from costmodel.evaluate import nodes_spanned
 from planner.assemble import Draft, DraftGroup
 from planner.config import PlannerConfig
 from planner.costs import CostTable
-from planner.local_search import GroupState, repack
 from planner.placement import place_groups
+from planner.search.local_search import GroupState, repack
 
 logger = logging.getLogger(__name__)
 

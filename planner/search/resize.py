@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from planner.costs import CostTable
-from planner.local_search import GroupState, _insert, local_search, repack
 from planner.placement import place_groups
+from planner.search.local_search import GroupState, _insert, local_search, repack
 
 
 def _makespan(groups: list[GroupState]) -> float:

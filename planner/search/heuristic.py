@@ -28,10 +28,10 @@ import numpy as np
 
 from planner.assemble import Draft, DraftGroup
 from planner.costs import CostTable
-from planner.local_search import GroupState, local_search, repack
-from planner.multisets import candidate_multisets, packed_multiset
 from planner.placement import place_groups
-from planner.resize import resize_search
+from planner.search.local_search import GroupState, local_search, repack
+from planner.search.multisets import candidate_multisets, packed_multiset
+from planner.search.resize import resize_search
 
 logger = logging.getLogger(__name__)
 
