@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -29,6 +30,9 @@ from executor.context import SPContext
 from executor.groups import GroupRegistry
 from executor.layout import PackedLayout, SampleShape
 from planner.plan import LossNormalizer, RankPlan
+
+if TYPE_CHECKING:
+    from executor.measure import StepTimer
 
 logger = logging.getLogger(__name__)
 
@@ -90,19 +94,22 @@ class Executor:
     """Runs planned steps on one rank. Create once, after ``init_process_group``."""
 
     def __init__(self, *, registry: GroupRegistry, device: torch.device | str = "cpu",
-                 weight_dtype: torch.dtype = torch.float64) -> None:
+                 weight_dtype: torch.dtype = torch.float64, timer: StepTimer | None = None) -> None:
         """Bind the executor to its groups.
 
         Args:
             registry: The process groups (created at start-up).
             device: Device of inputs and the digest collective (``cuda`` under NCCL).
             weight_dtype: Dtype of the loss weights (fp64 keeps ``1/N`` exact enough).
+            timer: Times each micro-batch between its hand-out and the next request
+                (``executor.measure``), when measurements are reported.
         """
         self.registry = registry
         self.rank = registry.rank
         self.world_size = registry.world_size
         self.device = torch.device(device)
         self.weight_dtype = weight_dtype
+        self.timer = timer
 
     def begin_step(self, rank_plan: RankPlan, *, step: int) -> None:
         """Check, on every rank together, that all hold the same plan for ``step``.
@@ -114,6 +121,8 @@ class Executor:
         check_plan_agreement(rank_plan, step=step, rank=self.rank, world_size=self.world_size,
                              device=self.device)
         self.registry.group_for(rank_plan.group)
+        if self.timer is not None:
+            self.timer.begin_step(rank_plan, step=step)
 
     def micro_batches(self, rank_plan: RankPlan, *,
                       loaded: Iterable[Sequence[Item]] | None = None,
@@ -142,8 +151,13 @@ class Executor:
             else:
                 assert load_sample is not None
                 items = [load_sample(s) for s in samples]
-            yield self._work(rank_plan, index, samples, items, process_group,
-                             tuple(ps.recompute_layers for ps in micro.samples))
+            work = self._work(rank_plan, index, samples, items, process_group,
+                              tuple(ps.recompute_layers for ps in micro.samples))
+            if self.timer is not None:
+                self.timer.start()
+            yield work
+            if self.timer is not None:
+                self.timer.stop()
 
     def _work(self, rank_plan: RankPlan, index: int, samples: list[Sample], items: list[Item],
               process_group: dist.ProcessGroup | None, policies: tuple[int, ...]) -> MicroBatchWork:
