@@ -17,7 +17,7 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-STORE_SCHEMA_VERSION = 4
+STORE_SCHEMA_VERSION = 5
 
 _MIGRATIONS: list[str] = [
     # 0 -> 1: initial schema.
@@ -90,6 +90,61 @@ _MIGRATIONS: list[str] = [
     """
     ALTER TABLE epochs ADD COLUMN transient INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE epochs ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0
+    """,
+    # 4 -> 5: closing the loop (api.measurements_store): what ranks measured per step, the
+    # oldest folded per step and group when an epoch holds too many; immutable cost-model
+    # revisions fitted from them; per epoch the recalibration settings, the last step any rank
+    # fetched (steps up to it are frozen) and the revision each re-planned step was made with.
+    """
+    CREATE TABLE measurements (
+        epoch_id TEXT NOT NULL,
+        step INTEGER NOT NULL,
+        rank INTEGER NOT NULL,
+        first_rank INTEGER NOT NULL,
+        group_size INTEGER NOT NULL,
+        digest TEXT NOT NULL,
+        times_s TEXT NOT NULL,
+        peak_bytes INTEGER,
+        received_at REAL NOT NULL,
+        PRIMARY KEY (epoch_id, step, rank)
+    );
+    CREATE TABLE measurement_groups (
+        epoch_id TEXT NOT NULL,
+        step INTEGER NOT NULL,
+        first_rank INTEGER NOT NULL,
+        group_size INTEGER NOT NULL,
+        digest TEXT NOT NULL,
+        num_ranks INTEGER NOT NULL,
+        times_s TEXT NOT NULL,
+        peak_bytes INTEGER,
+        PRIMARY KEY (epoch_id, step, first_rank)
+    );
+    CREATE TABLE cost_model_revisions (
+        cost_model_id TEXT NOT NULL,
+        rev INTEGER NOT NULL,
+        body TEXT NOT NULL,
+        digest TEXT NOT NULL,
+        scales TEXT NOT NULL,
+        fit TEXT NOT NULL,
+        source_epoch TEXT,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (cost_model_id, rev)
+    );
+    CREATE TABLE epoch_recalibration (
+        epoch_id TEXT PRIMARY KEY,
+        follow INTEGER NOT NULL DEFAULT 0,
+        every_steps INTEGER NOT NULL DEFAULT 0,
+        frozen_through INTEGER NOT NULL DEFAULT -1,
+        steps_at_fit INTEGER NOT NULL DEFAULT 0,
+        current_rev INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TABLE step_revisions (
+        epoch_id TEXT NOT NULL,
+        step INTEGER NOT NULL,
+        rev INTEGER NOT NULL,
+        replanned_at REAL NOT NULL,
+        PRIMARY KEY (epoch_id, step)
+    );
     """,
 ]
 

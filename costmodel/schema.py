@@ -177,7 +177,8 @@ class CostModelFile(_Frozen):
     """A versioned cost model: what the planner and the service load."""
 
     schema_version: int = Field(default=COST_MODEL_SCHEMA_VERSION, description="Wire schema version.")
-    id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:-]+$", description="Stable id.")
+    id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:-]+(@[0-9]{1,9})?$",
+                    description="Stable id; ``base@rev`` names revision ``rev`` of a recalibrated model.")
     provenance: Literal["analytic", "fitted"] = Field(description="Derived from specs, or fitted to a profile.")
     model: ModelSpec = Field(description="The model shape it is for.")
     hardware: str = Field(min_length=1, description="The accelerator kind it is for.")
