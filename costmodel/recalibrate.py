@@ -1,0 +1,224 @@
+"""Online recalibration: per-term scale factors fitted on measured micro-batch times.
+
+A micro-batch's predicted time (``CostModel.microbatch_time_s``) is linear in three groups of
+coefficients, so it splits exactly into three terms:
+
+* ``compute``: every compute coefficient of the layers and the head (per token, per pair,
+  per sample, per call; the half-performance lengths are shapes, not scales);
+* ``alltoall``: the all-to-all fits (latency and inverse bandwidth together);
+* ``overhead``: the fixed cost per micro-batch (``microbatch_overhead_s``).
+
+:func:`term_times_s` gives the three terms of one micro-batch (evaluated, not re-derived: the
+all-to-all term is the difference made by doubling its fits, the overhead is the coefficient,
+compute the rest). :func:`fit_scales` fits one factor per term, ``measured ~ sum_k s_k *
+term_k``, robustly: residuals are log ratios under a Huber loss (``scipy.optimize.
+least_squares(loss='huber')``), so a straggler step moves the factors by about
+``huber_scale / num_points``, not by its own error; a term with no signal in the data keeps its
+prior factor. Quality is the mean absolute percentage error on held-out steps before (prior
+factors) and after. :func:`scale_file` writes the factors into a new cost-model file.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy.optimize import least_squares
+
+from costmodel.evaluate import CostModel
+from costmodel.schema import CostModelFile, LayerTimeTerms, LinkFit
+from costmodel.specs import Sample
+
+TERMS = ("compute", "alltoall", "overhead")
+"""The terms a micro-batch's time splits into, in column order."""
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class TermScales:
+    """One multiplicative factor per term (1 = the base file as it is)."""
+
+    compute: float = 1.0
+    """Factor on every compute coefficient."""
+    alltoall: float = 1.0
+    """Factor on the all-to-all times (latency times it, bandwidth divided by it)."""
+    overhead: float = 1.0
+    """Factor on the fixed cost per micro-batch."""
+
+    def __post_init__(self) -> None:
+        for name in TERMS:
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"scale {name}={value} must be finite and positive")
+
+    def as_array(self) -> NDArray[np.float64]:
+        """The factors in ``TERMS`` order."""
+        return np.array([self.compute, self.alltoall, self.overhead], dtype=np.float64)
+
+    def as_dict(self) -> dict[str, float]:
+        """The factors by term name."""
+        return {name: float(getattr(self, name)) for name in TERMS}
+
+    @classmethod
+    def from_array(cls, values: Sequence[float] | NDArray[np.float64]) -> TermScales:
+        """Factors in ``TERMS`` order."""
+        return cls(**{name: float(v) for name, v in zip(TERMS, values, strict=True)})
+
+
+def _scaled_terms(terms: LayerTimeTerms, factor: float) -> LayerTimeTerms:
+    return terms.model_copy(update={k: v * factor for k, v in terms.model_dump().items()})
+
+
+def scale_file(file: CostModelFile, scales: TermScales, *, new_id: str | None = None,
+               note: str = "") -> CostModelFile:
+    """The file with each term's coefficients multiplied by its factor (validated anew).
+
+    Args:
+        file: The base file.
+        scales: Factors per term.
+        new_id: Id of the new file (default: the base id).
+        note: Appended to the file's notes.
+    """
+    c = file.compute
+    compute = c.model_copy(update={
+        "forward": _scaled_terms(c.forward, scales.compute),
+        "backward": _scaled_terms(c.backward, scales.compute),
+        "head_s_per_token": c.head_s_per_token * scales.compute,
+        "microbatch_overhead_s": c.microbatch_overhead_s * scales.overhead,
+    })
+    alltoall = [LinkFit.model_validate({**f.model_dump(), "alpha_s": f.alpha_s * scales.alltoall,
+                                        "bytes_per_s": f.bytes_per_s / scales.alltoall})
+                for f in file.comm.alltoall]
+    data = file.model_dump(mode="json")
+    data["compute"] = compute.model_dump(mode="json")
+    data["comm"]["alltoall"] = [f.model_dump(mode="json") for f in alltoall]
+    data["id"] = new_id or file.id
+    if note:
+        data["notes"] = (file.notes + "; " if file.notes else "") + note
+    return CostModelFile.model_validate(data)
+
+
+def term_times_s(model: CostModel, samples: Sequence[Sample], *, group_size: int,
+                 recompute_layers: Sequence[int], num_nodes: int | None = None,
+                 doubled_alltoall: CostModel | None = None) -> NDArray[np.float64]:
+    """Seconds of one micro-batch per term (``TERMS`` order); they sum to its predicted time.
+
+    Args:
+        model: The cost model bound to the cluster.
+        samples: The micro-batch's samples.
+        group_size: Its group size.
+        recompute_layers: Policy per sample.
+        num_nodes: Nodes the group spans (default: aligned contiguous).
+        doubled_alltoall: ``model`` with the all-to-all scaled by 2 (pass it when calling
+            often; built here otherwise).
+    """
+    doubled = doubled_alltoall or CostModel(file=scale_file(model.file, TermScales(alltoall=2.0)),
+                                            cluster=model.cluster)
+    total = model.microbatch_time_s(samples, group_size=group_size, recompute_layers=recompute_layers,
+                                    num_nodes=num_nodes)
+    alltoall = doubled.microbatch_time_s(samples, group_size=group_size,
+                                         recompute_layers=recompute_layers, num_nodes=num_nodes) - total
+    overhead = model.file.compute.microbatch_overhead_s if samples else 0.0
+    return np.array([total - alltoall - overhead, alltoall, overhead], dtype=np.float64)
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class FitQuality:
+    """Prediction error of the prior and the fitted factors."""
+
+    heldout_mape_before: float | None
+    """MAPE of the prior factors on the held-out micro-batches (None: nothing held out)."""
+    heldout_mape_after: float | None
+    """MAPE of the fitted factors on the held-out micro-batches."""
+    train_mape_before: float
+    """MAPE of the prior factors on the micro-batches fitted."""
+    train_mape_after: float
+    """MAPE of the fitted factors on them."""
+    num_points: int
+    """Micro-batches fitted."""
+    num_heldout: int
+    """Micro-batches held out (every ``heldout_every``-th measured step)."""
+    active_terms: tuple[str, ...] = field(default=())
+    """Terms the data could move (the others kept their prior factor)."""
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class ScaleFit:
+    """Fitted factors and their quality."""
+
+    scales: TermScales
+    """The factors fitted on the non-held-out steps."""
+    quality: FitQuality
+    """Errors before and after."""
+
+
+def _mape(pred: NDArray[np.float64], measured: NDArray[np.float64]) -> float:
+    return float(np.mean(np.abs(pred - measured) / measured)) if len(measured) else float("nan")
+
+
+def fit_scales(terms_s: NDArray[np.float64], measured_s: NDArray[np.float64], *, steps: Sequence[int],
+               prior: TermScales | None = None, heldout_every: int = 5, huber_scale: float = 0.05,
+               prior_weight: float = 1e-4) -> ScaleFit:
+    """Fit one factor per term so that ``terms_s @ scales`` predicts ``measured_s``.
+
+    Args:
+        terms_s: ``(n, 3)`` seconds per micro-batch and term under the *base* file.
+        measured_s: ``(n,)`` measured seconds (one value per micro-batch and group).
+        steps: ``(n,)`` step of each micro-batch: every ``heldout_every``-th distinct step is held
+            out (none when fewer than ``heldout_every`` steps).
+        prior: Factors before this fit (default 1): the "before" of the quality, the value of
+            terms without signal, and the centre of a weak prior.
+        heldout_every: Hold-out period in steps.
+        huber_scale: Log-ratio error past which a point's pull stops growing (0.05 = 5%).
+        prior_weight: Weight of ``log(s / prior)`` per term, against 1 per point (conditioning).
+
+    Raises:
+        ValueError: for shapes that do not agree, non-positive measurements, or no point to fit.
+    """
+    terms = np.asarray(terms_s, dtype=np.float64)
+    measured = np.asarray(measured_s, dtype=np.float64)
+    step_arr = np.asarray(steps, dtype=np.int64)
+    if terms.ndim != 2 or terms.shape[1] != len(TERMS) or terms.shape[0] != measured.shape[0] != len(step_arr):
+        raise ValueError(f"terms_s must be (n, {len(TERMS)}) with one measurement and step per row, got "
+                         f"{terms.shape}, {measured.shape}, {step_arr.shape}")
+    if not np.all(np.isfinite(measured)) or np.any(measured <= 0):
+        raise ValueError("measured_s must be finite and positive")
+    if not np.all(np.isfinite(terms)) or np.any(terms < 0):
+        raise ValueError("terms_s must be finite and non-negative")
+    prior = prior or TermScales()
+    distinct = np.unique(step_arr)
+    held_steps = distinct[heldout_every - 1::heldout_every] if len(distinct) >= heldout_every else distinct[:0]
+    held = np.isin(step_arr, held_steps)
+    train = ~held
+    if not np.any(train):
+        raise ValueError("no measured micro-batch to fit")
+    base = prior.as_array()
+    share = (terms[train] * base).sum(axis=0) / max(float((terms[train] @ base).sum()), 1e-300)
+    active = share > 1e-6
+    x0 = np.log(base[active])
+    t_train, m_train = terms[train], measured[train]
+
+    def full(x: NDArray[np.float64]) -> NDArray[np.float64]:
+        scales = base.copy()
+        scales[active] = np.exp(x)
+        return scales
+
+    def residuals(x: NDArray[np.float64]) -> NDArray[np.float64]:
+        pred = t_train @ full(x)
+        data = np.log(np.maximum(pred, 1e-300)) - np.log(m_train)
+        return np.concatenate([data, math.sqrt(prior_weight) * (x - x0)])
+
+    if np.any(active):
+        result = least_squares(residuals, x0, loss="huber", f_scale=huber_scale, method="trf")
+        fitted = full(result.x)
+    else:
+        fitted = base
+    quality = FitQuality(
+        heldout_mape_before=_mape(terms[held] @ base, measured[held]) if np.any(held) else None,
+        heldout_mape_after=_mape(terms[held] @ fitted, measured[held]) if np.any(held) else None,
+        train_mape_before=_mape(t_train @ base, m_train), train_mape_after=_mape(t_train @ fitted, m_train),
+        num_points=int(train.sum()), num_heldout=int(held.sum()),
+        active_terms=tuple(name for name, a in zip(TERMS, active, strict=True) if a))
+    return ScaleFit(scales=TermScales.from_array(fitted), quality=quality)
