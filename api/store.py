@@ -360,6 +360,21 @@ class PlanStore:
             (epoch_id, start, stop)).fetchall()
         return [(r["step"], r["digest"], r["plan"]) for r in rows]
 
+    def step_figures(self, epoch_id: str, steps: Sequence[int]) -> list[dict[str, Any]]:
+        """Of the stored ``steps``: the plan fields a report charts (step, predicted_step_time_s,
+        lower_bound, solver.status, baselines_s) read by SQLite's JSON functions, not parsed whole."""
+        out: list[dict[str, Any]] = []
+        for i in range(0, len(steps), 500):
+            chunk = list(steps[i:i + 500])
+            out += [{"step": r["step"], "predicted_step_time_s": r["t"], "lower_bound": json.loads(r["lb"]),
+                     "solver": {"status": r["status"]}, "baselines_s": json.loads(r["b"] or "{}")}
+                    for r in self._conn().execute(
+                        "SELECT step, predicted_step_time_s AS t, json_extract(plan, '$.lower_bound') AS lb, "
+                        "json_extract(plan, '$.solver.status') AS status, json_extract(plan, '$.baselines_s') "
+                        f"AS b FROM plans WHERE epoch_id=? AND step IN ({','.join('?' * len(chunk))})",
+                        (epoch_id, *chunk))]
+        return out
+
     def digests(self, epoch_id: str) -> dict[int, str]:
         """Digest of every stored step."""
         rows = self._conn().execute("SELECT step, digest FROM plans WHERE epoch_id=?", (epoch_id,))

@@ -1,0 +1,110 @@
+"""What the report pictures of stored epochs need, read from the plan store (``dcp report epoch``
+and the service's report routes).
+
+Stored plans never change, so an epoch's per-step figures are kept in a small in-process cache
+and only steps stored since are read (by SQLite's JSON functions, ``PlanStore.step_figures``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+
+from api.store import EpochRecord, PlanStore
+from costmodel.evaluate import CostModel
+from costmodel.schema import CostModelFile
+from costmodel.specs import ClusterSpec, Sample
+from planner.baseline_plan import strongest_baseline_plan
+from planner.epoch import build_config, step_seed
+from planner.plan import Plan
+from report.epoch_report import StepFigures
+from report.html import EpochInfo
+from report.plan_report import PlanPictureInput
+
+
+class StepNotStoredError(LookupError):
+    """The step has no stored plan (yet)."""
+
+
+class CostModelChangedError(ValueError):
+    """The cost model stored under the epoch's id is not the one its plans were made with."""
+
+
+def epoch_info(record: EpochRecord) -> EpochInfo:
+    """The job as the HTML summary describes it."""
+    spec = record.spec
+    batch = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in spec["batch"].items())
+    manifest = spec.get("manifest", {})
+    return EpochInfo(epoch_id=record.id, state=record.state, steps_done=record.steps_done,
+                     steps_total=record.steps_total, cluster_name=spec["cluster"]["name"],
+                     num_gpus=cluster_of(record).num_gpus,
+                     cost_model_id=spec["cost_model_id"], batch_rule=batch, seed=int(spec["seed"]),
+                     manifest=f"{manifest.get('source', '?')} ({manifest.get('num_samples', '?')} samples)")
+
+
+def epoch_title(record: EpochRecord) -> str:
+    """Title of the epoch chart."""
+    spec = record.spec
+    return (f"epoch {record.id}: {record.steps_done}/{record.steps_total} steps planned, "
+            f"{spec['cluster']['name']}, cost model {spec['cost_model_id']}")
+
+
+class EpochFiguresCache:
+    """Per-step figures of the most recently asked epochs (thread-safe)."""
+
+    def __init__(self, *, max_epochs: int = 8) -> None:
+        self.max_epochs = max_epochs
+        self._lock = threading.Lock()
+        self._epochs: OrderedDict[str, dict[int, StepFigures]] = OrderedDict()
+
+    def steps(self, store: PlanStore, epoch_id: str) -> list[StepFigures]:
+        """Figures of every stored step of the epoch, by step (reads only the steps not cached)."""
+        with self._lock:
+            known = dict(self._epochs.get(epoch_id, {}))
+        missing = sorted(set(store.digests(epoch_id)) - set(known))
+        for row in store.step_figures(epoch_id, missing):
+            known[int(row["step"])] = StepFigures.of_plan(row)
+        with self._lock:
+            self._epochs[epoch_id] = known
+            self._epochs.move_to_end(epoch_id)
+            while len(self._epochs) > self.max_epochs:
+                self._epochs.popitem(last=False)
+        return [known[s] for s in sorted(known)]
+
+
+def cluster_of(record: EpochRecord) -> ClusterSpec:
+    """The epoch's cluster as stored."""
+    return ClusterSpec.model_validate(record.spec["cluster"])
+
+
+def step_picture_input(store: PlanStore, record: EpochRecord, step: int, *,
+                       get_cost_model: Callable[[str], CostModelFile], with_baseline: bool = True
+                       ) -> PlanPictureInput:
+    """The stored plan of a step with its cost model and, when asked, the strongest baseline's
+    plan of the same batch, rebuilt with the epoch's options and the step's seed.
+
+    Raises:
+        StepNotStoredError: when the step has no stored plan.
+        KeyError: when the epoch's cost model is no longer registered.
+        CostModelChangedError: when the registered one is not the one the plans were made with.
+        ValueError: when the baseline cannot be rebuilt.
+    """
+    found = store.get_plan(record.id, step)
+    if found is None:
+        raise StepNotStoredError(f"step {step} of epoch {record.id!r} has no stored plan")
+    plan = Plan.model_validate_json(found[1])
+    spec = record.spec
+    file = get_cost_model(spec["cost_model_id"])
+    if file.digest() != spec["cost_model_digest"]:
+        raise CostModelChangedError(
+            f"cost model {spec['cost_model_id']!r} now registered is not the one epoch {record.id!r} "
+            "was planned with (its digest differs); upload that file again under its id")
+    cluster = cluster_of(record)
+    baseline = None
+    if with_baseline:
+        samples: list[Sample] = store.batch(record.id, step)
+        config = build_config(spec["options"], seed=step_seed(int(spec["seed"]), step))
+        baseline = strongest_baseline_plan(plan, samples, cluster=cluster, cost_model=file, config=config)
+    return PlanPictureInput(plan=plan, cost_model=CostModel(file=file, cluster=cluster), baseline=baseline,
+                            label=f"epoch {record.id}, step {step}")

@@ -1,0 +1,150 @@
+"""An epoch's pictures: the plans' predicted speedup over each baseline and their gap to the lower
+bound, step by step, from the figures every stored plan records."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from planner.baselines import NOT_HEADLINE, strongest
+from report.render import ImageFormat, render
+
+STRONGEST = "strongest"
+"""The per-step fastest baseline but ``naive`` (``planner.baselines.strongest``)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepFigures:
+    """What one stored plan says about its step."""
+
+    step: int
+    """Step index."""
+    predicted_step_time_s: float
+    """The plan's predicted step time."""
+    lower_bound_s: float
+    """Its lower bound."""
+    bound_kind: str
+    """Which bound."""
+    status: str
+    """Solver status."""
+    baselines_s: Mapping[str, float] = field(default_factory=dict)
+    """Each baseline's predicted step time."""
+
+    @classmethod
+    def of_plan(cls, plan: Mapping[str, Any]) -> StepFigures:
+        """From a plan's JSON object (``planner.plan.Plan`` as stored)."""
+        return cls(step=int(plan["step"] or 0), predicted_step_time_s=float(plan["predicted_step_time_s"]),
+                   lower_bound_s=float(plan["lower_bound"]["value_s"]),
+                   bound_kind=str(plan["lower_bound"]["kind"]), status=str(plan["solver"]["status"]),
+                   baselines_s={str(k): float(v) for k, v in plan.get("baselines_s", {}).items()})
+
+    @property
+    def gap(self) -> float:
+        """``predicted / bound - 1`` (0 without a bound)."""
+        return self.predicted_step_time_s / self.lower_bound_s - 1.0 if self.lower_bound_s > 0 else 0.0
+
+    def speedups(self) -> dict[str, float]:
+        """Baseline time / plan time for each baseline, and ``strongest``."""
+        t = self.predicted_step_time_s
+        out = {name: b / t for name, b in self.baselines_s.items()} if t > 0 else {}
+        best = strongest(self.baselines_s)
+        if best is not None and t > 0:
+            out[STRONGEST] = best[1] / t
+        return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BaselineSummary:
+    """One baseline over the stored steps."""
+
+    name: str
+    """Baseline name (or ``strongest``)."""
+    num_steps: int
+    """Steps where it was computed."""
+    total_speedup: float
+    """Its total time over those steps / the plans' total: the throughput gain."""
+    mean_speedup: float
+    """Mean per-step speedup."""
+    min_speedup: float
+    """Lowest per-step speedup."""
+    max_speedup: float
+    """Highest per-step speedup."""
+
+
+def summarise(steps: Sequence[StepFigures]) -> list[BaselineSummary]:
+    """Per baseline (``strongest`` first, ``naive`` last): speedups over the steps."""
+    names = sorted({n for s in steps for n in s.speedups()},
+                   key=lambda n: (n != STRONGEST, n in NOT_HEADLINE, n))
+    out = []
+    for name in names:
+        rows = [s for s in steps if name in s.speedups()]
+        per_step = [s.speedups()[name] for s in rows]
+        base_total = sum(s.predicted_step_time_s * s.speedups()[name] for s in rows)
+        plan_total = sum(s.predicted_step_time_s for s in rows)
+        out.append(BaselineSummary(name=name, num_steps=len(rows),
+                                   total_speedup=base_total / plan_total if plan_total > 0 else math.nan,
+                                   mean_speedup=sum(per_step) / len(per_step),
+                                   min_speedup=min(per_step), max_speedup=max(per_step)))
+    return out
+
+
+def epoch_figure(steps: Sequence[StepFigures], *, title: str) -> Figure:
+    """Speedup over each baseline (top) and gap to the lower bound (bottom) per step.
+
+    Raises:
+        ValueError: without a step.
+    """
+    if not steps:
+        raise ValueError("an epoch report needs at least one planned step")
+    ordered = sorted(steps, key=lambda s: s.step)
+    x = [s.step for s in ordered]
+    marker = "o" if len(ordered) <= 64 else None
+    fig = Figure(figsize=(12.0, 7.0), layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    names = [b.name for b in summarise(ordered)]
+    colors = iter(["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#D6616B",
+                   "#9D755D", "#EECA3B", "#BAB0AC"])
+    for name in names:
+        ys = [s.speedups().get(name, math.nan) for s in ordered]
+        if name == STRONGEST:
+            top.plot(x, ys, color="black", alpha=0.35, linewidth=5.0, marker=marker, markersize=6, zorder=1,
+                     label="strongest baseline (fastest but naive, per step)", gid="speedup-strongest")
+        else:
+            style = ":" if name in NOT_HEADLINE else "-"
+            top.plot(x, ys, color=next(colors, "#888888"), linewidth=1.2, linestyle=style, marker=marker,
+                     markersize=3, label=name, gid=f"speedup-{name}")
+    top.axhline(1.0, color="#888888", linewidth=0.8, linestyle="--")
+    top.set_yscale("log")
+    top.yaxis.set_major_formatter(lambda v, _: f"{v:g}x")
+    top.yaxis.set_minor_formatter(lambda v, _: f"{v:g}x" if v in (0.5, 1.5, 2, 3, 4, 6) else "")
+    top.set_ylabel("speedup: baseline time / plan time\n(log scale)")
+    top.set_title("Predicted speedup of the plans over each baseline", loc="left")
+    top.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    top.grid(axis="y", color="#DDDDDD", linewidth=0.5, which="both")
+    gaps = [100.0 * s.gap for s in ordered]
+    bottom.bar(x, gaps, width=0.8 if len(x) > 1 else 0.4, color="#4C78A8", gid="gap-bars")
+    bottom.set_ylabel("gap to the lower bound (%)")
+    bottom.set_xlabel("step")
+    mean_gap = sum(gaps) / len(gaps)
+    bottom.axhline(mean_gap, color="black", linewidth=0.8, linestyle="--")
+    bottom.set_title(f"Gap of each plan to its lower bound (dashed: mean {mean_gap:.2f}%)", loc="left")
+    bottom.grid(axis="y", color="#DDDDDD", linewidth=0.5)
+    if len(x) <= 20:
+        bottom.set_xticks(x)
+    fig.suptitle(title, x=0.01, ha="left", fontsize=11, fontweight="bold")
+    return fig
+
+
+def epoch_image(steps: Sequence[StepFigures], *, title: str, fmt: ImageFormat) -> bytes:
+    """The epoch chart as PNG or SVG bytes.
+
+    Raises:
+        ValueError: without a step, or for an unknown format.
+    """
+    if not steps:
+        raise ValueError("an epoch report needs at least one planned step")
+    return render(lambda: epoch_figure(steps, title=title), fmt)

@@ -1,0 +1,148 @@
+"""The Gantt chart of one step: every SP group's micro-batches over time, by kind of work.
+
+One panel per plan (DCP's plan above, the strongest baseline's below, same time axis). The
+vertical axis is the rank, so a group of ``d`` GPUs is a band ``d`` ranks tall and an area is
+GPU-seconds. Each micro-batch is a bar split in proportion into compute, recompute and
+all-to-all (``planner.timeline``: the split is of its time, not an order in time); a group that
+ends early idles until the slowest group ends; then the whole world syncs gradients.
+
+In the SVG, each panel's micro-batches are the paths of the group ``<g id="{key}-microbatches">``
+(one per micro-batch; ``key`` is ``dcp`` or ``baseline``), each kind of work the group
+``<g id="{key}-{kind}">``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from matplotlib.artist import Artist
+from matplotlib.axes import Axes
+from matplotlib.collections import PolyCollection
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from planner.timeline import StepTimeline
+
+COLORS: dict[str, str] = {
+    "compute": "#4C78A8",
+    "recompute": "#F58518",
+    "alltoall": "#B279A2",
+    "grad_sync": "#54A24B",
+    "idle": "#E6E6E6",
+}
+"""Fill of each kind of work."""
+
+LABELS: dict[str, str] = {
+    "compute": "compute (forward + backward)",
+    "recompute": "recompute (checkpointing)",
+    "alltoall": "all-to-all (Ulysses SP)",
+    "grad_sync": "gradient sync (all ranks)",
+    "idle": "idle (waiting for the slowest group)",
+}
+"""Legend line of each kind."""
+
+_PAD = 0.08
+"""Gap between group bands, in ranks."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GanttPanel:
+    """One plan to draw."""
+
+    key: str
+    """Element id prefix in the SVG (``dcp``, ``baseline``)."""
+    title: str
+    """Panel title."""
+    timeline: StepTimeline
+    """The plan's step (``planner.timeline.step_timeline``)."""
+    lower_bound_s: float | None = None
+    """Drawn as a dashed line when given."""
+
+
+def _box(x0: float, x1: float, y0: float, y1: float) -> list[tuple[float, float]]:
+    return [(x0, y0), (x1, y0), (x1, y1), (x0, y1)]
+
+
+def group_label(first_rank: int, size: int) -> str:
+    """``ranks 0-3 (SP 4)`` or ``rank 5 (SP 1)``."""
+    ranks = f"rank {first_rank}" if size == 1 else f"ranks {first_rank}-{first_rank + size - 1}"
+    return f"{ranks} (SP {size})"
+
+
+def _draw_panel(ax: Axes, panel: GanttPanel) -> None:
+    tl = panel.timeline
+    boxes: dict[str, list[list[tuple[float, float]]]] = {k: [] for k in COLORS}
+    outlines: list[list[tuple[float, float]]] = []
+    ticks: list[float] = []
+    labels: list[str] = []
+    for g in tl.groups:
+        y0, y1 = g.first_rank + _PAD, g.first_rank + g.size - _PAD
+        for mb in g.micro_batches:
+            x = mb.start_s
+            for kind, width in (("compute", mb.compute_s), ("recompute", mb.recompute_s),
+                                ("alltoall", mb.alltoall_s)):
+                if width > 0:
+                    boxes[kind].append(_box(x, x + width, y0, y1))
+                    x += width
+            outlines.append(_box(mb.start_s, mb.end_s, y0, y1))
+        if tl.idle_s(g) > 0:
+            boxes["idle"].append(_box(g.busy_s, tl.compute_makespan_s, y0, y1))
+        ticks.append(g.first_rank + g.size / 2)
+        labels.append(group_label(g.first_rank, g.size))
+    if tl.grad_sync_s > 0:
+        boxes["grad_sync"].append(_box(tl.compute_makespan_s, tl.step_time_s, _PAD, tl.num_ranks - _PAD))
+    for kind, polys in boxes.items():
+        if polys:
+            ax.add_collection(PolyCollection(polys, facecolors=COLORS[kind], edgecolors="none",
+                                             gid=f"{panel.key}-{kind}",
+                                             hatch="//" if kind == "idle" else None))
+    ax.add_collection(PolyCollection(outlines, facecolors="none", edgecolors="white", linewidths=0.8,
+                                     gid=f"{panel.key}-microbatches"))
+    ax.set_ylim(tl.num_ranks, 0)
+    ax.set_yticks(ticks)
+    size = 8.0 if len(ticks) <= 24 else max(4.0, 8.0 * 24 / len(ticks))
+    ax.set_yticklabels(labels, fontsize=size)
+    ax.tick_params(axis="y", length=0)
+    ax.set_ylabel("SP group (ranks)")
+    shares = tl.totals_rank_s()
+    total = sum(shares.values()) or 1.0
+    split = ", ".join(f"{name} {shares[kind] / total:.1%}" for kind, name in (
+        ("compute", "compute"), ("recompute", "recompute"), ("alltoall", "all-to-all"),
+        ("idle", "idle"), ("grad_sync", "gradient sync")))
+    ax.set_title(f"{panel.title}\nGPU time: {split}", loc="left")
+    ax.axvline(tl.step_time_s, color="black", linewidth=1.0)
+    if panel.lower_bound_s is not None and panel.lower_bound_s > 0:
+        ax.axvline(panel.lower_bound_s, color="black", linewidth=1.0, linestyle="--")
+    ax.grid(axis="x", color="#CCCCCC", linewidth=0.5)
+    ax.set_axisbelow(True)
+
+
+def gantt_figure(panels: Sequence[GanttPanel], *, title: str) -> Figure:
+    """The panels stacked on one time axis, with a legend of the kinds of work.
+
+    Raises:
+        ValueError: without a panel.
+    """
+    if not panels:
+        raise ValueError("a Gantt chart needs at least one plan")
+    heights = [min(9.0, max(2.2, 0.9 + 0.11 * p.timeline.num_ranks)) for p in panels]
+    fig = Figure(figsize=(12.0, sum(heights) + 1.4), layout="constrained")
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False,
+                        gridspec_kw={"height_ratios": heights})[:, 0]
+    for ax, panel in zip(axes, panels, strict=True):
+        _draw_panel(ax, panel)
+    longest = max(p.timeline.step_time_s for p in panels)
+    axes[0].set_xlim(0, longest * 1.01 if longest > 0 else 1.0)
+    axes[-1].set_xlabel("time from the start of the step (s)")
+    handles: list[Artist] = [Patch(facecolor=COLORS[k], label=LABELS[k], hatch="//" if k == "idle" else None)
+               for k in COLORS]
+    handles.append(Patch(facecolor="none", edgecolor="black", linewidth=0.8,
+                         label="white edge: micro-batch boundary"))
+    handles.append(Line2D([], [], color="black", linewidth=1.0, label="step time"))
+    if any(p.lower_bound_s for p in panels):
+        handles.append(Line2D([], [], color="black", linewidth=1.0, linestyle="--", label="lower bound"))
+    fig.suptitle(title, x=0.01, ha="left", fontsize=11, fontweight="bold")
+    fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=8, frameon=False)
+    return fig

@@ -1,0 +1,84 @@
+"""One plan's pictures: its Gantt chart beside the strongest baseline's, as PNG or SVG bytes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from matplotlib.figure import Figure
+
+from costmodel.evaluate import CostModel
+from planner.baseline_plan import rebuilt_matches
+from planner.plan import Plan
+from planner.timeline import step_timeline
+from report.gantt import GanttPanel, gantt_figure
+from report.render import ImageFormat, render
+
+
+def fmt_s(seconds: float) -> str:
+    """Seconds with four significant digits (``1.035 s``, ``0.0123 s``)."""
+    return f"{seconds:.4g} s"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanPictureInput:
+    """What a plan's Gantt chart shows."""
+
+    plan: Plan
+    """The planner's plan."""
+    cost_model: CostModel
+    """The cost model it was made with, bound to its cluster."""
+    baseline: Plan | None = None
+    """The strongest baseline's plan of the same batch (``planner.baseline_plan``), if any."""
+    label: str = ""
+    """What the step is (e.g. ``epoch e0, step 3``), for the title."""
+
+
+def _counts(plan: Plan) -> str:
+    num_mb = sum(len(g.micro_batches) for g in plan.groups)
+    return f"{len(plan.groups)} groups, {num_mb} micro-batches"
+
+
+def plan_title(plan: Plan) -> str:
+    """Title of the planner's panel."""
+    bound = plan.lower_bound
+    return (f"DCP plan: {fmt_s(plan.predicted_step_time_s)} ({plan.solver.status}, "
+            f"{plan.solver.method}); lower bound {fmt_s(bound.value_s)} ({bound.kind}), "
+            f"gap {plan.gap:.1%}; {_counts(plan)}")
+
+
+def baseline_title(plan: Plan, baseline: Plan) -> str:
+    """Title of the baseline's panel (says so when the rebuilt time is not the recorded one)."""
+    name = baseline.solver.method
+    ratio = baseline.predicted_step_time_s / plan.predicted_step_time_s
+    text = (f"strongest baseline {name}: {fmt_s(baseline.predicted_step_time_s)}, "
+            f"DCP is {ratio:.2f}x as fast; {_counts(baseline)}")
+    if not rebuilt_matches(plan, baseline):
+        recorded = plan.baselines_s.get(name)
+        text += (f" (rebuilt; the plan records {fmt_s(recorded)})" if recorded is not None
+                 else " (rebuilt)")
+    return text
+
+
+def plan_figure(data: PlanPictureInput) -> Figure:
+    """The Gantt chart of the plan, and of its strongest baseline below it when given."""
+    plan = data.plan
+    panels = [GanttPanel(key="dcp", title=plan_title(plan), timeline=step_timeline(plan, data.cost_model),
+                         lower_bound_s=plan.lower_bound.value_s)]
+    if data.baseline is not None:
+        panels.append(GanttPanel(key="baseline", title=baseline_title(plan, data.baseline),
+                                 timeline=step_timeline(data.baseline, data.cost_model)))
+    where = f"{data.label}: " if data.label else ""
+    title = (f"{where}{plan.num_ranks} GPUs ({plan.cluster_name}), cost model {plan.cost_model_id}, "
+             f"{len(plan.sample_ids)} samples")
+    return gantt_figure(panels, title=title)
+
+
+def plan_image(data: PlanPictureInput, fmt: ImageFormat) -> bytes:
+    """The plan's Gantt chart as PNG or SVG bytes.
+
+    Raises:
+        ValueError: for an unknown format, or a plan that the cost model does not describe.
+    """
+    # Build the timelines first, outside the render lock, so a bad input fails fast.
+    step_timeline(data.plan, data.cost_model)
+    return render(lambda: plan_figure(data), fmt)
