@@ -2,9 +2,8 @@
 
 ``run_check`` (behind ``dcp check-model`` and ``bench/model_vs_executor.py``):
 
-1. profiles the executor's reference model (``executor.models``) with the profiling sweep, each
-   layer called as one rank of a group (``executor.ulysses.EmulatedGroup``: the all-to-all is a
-   local copy), and the collectives with ``dcp profile-comm``'s sweep on a gloo world;
+1. profiles the executor's reference model and the collectives (``dcp_cli.check_profile``; all
+   ranks at once by default, as they share this machine in training);
 2. fits a cost model to both (``costmodel.fit``; hardware ``cpu``);
 3. plans a few steps of random samples with the planner for a ``cpu:W`` cluster under that
    model (optionally with memory so tight that samples need checkpointing);
@@ -30,235 +29,47 @@ from __future__ import annotations
 import json
 import logging
 import random
-import socket
 import statistics
 import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch import nn
 
 from costmodel.evaluate import CostModel
 from costmodel.fit import FitConfig, FitResult, fit_profiles
-from costmodel.presets import CPU_HARDWARE, cpu_cluster
-from costmodel.profiling.comm import CommSweepConfig, run_comm_sweep
-from costmodel.profiling.format import CommRecord, ComputeRecord, HeadRecord, Profile, ProfileHeader
+from costmodel.presets import cpu_cluster
 from costmodel.profiling.memtrack import LiveBytesTracker
-from costmodel.profiling.sweep import SweepConfig, make_header, run_sweep
 from costmodel.schema import CostModelFile
-from costmodel.specs import ModelSpec, Sample
+from costmodel.specs import Sample
+from dcp_cli.check_config import (
+    CheckConfig,
+    ProgressFn,
+    build_reference_model,
+    free_port,
+    init_rank,
+    reference_spec,
+)
+from dcp_cli.check_profile import ReferenceLayer, profile_comm, profile_reference
 from executor.context import SPContext
 from executor.data import SyntheticDataset
 from executor.groups import GroupRegistry
 from executor.layout import PackedLayout, SampleShape
-from executor.models import Llama1D, ModelConfig, STDiT2D, init_weights
 from executor.runtime import Executor
-from executor.ulysses import EmulatedGroup
 from planner.config import PlannerConfig
 from planner.plan import Plan
 from planner.planning import plan_batch
 
+__all__ = ["CheckConfig", "ReferenceLayer", "build_reference_model", "compare", "execute", "make_plans",
+           "profile_comm", "profile_reference", "reference_spec", "run_check"]
+
 logger = logging.getLogger(__name__)
-
-ProgressFn = Callable[[str], None]
-
-
-@dataclass(kw_only=True, frozen=True, slots=True)
-class CheckConfig:
-    """What the check runs."""
-
-    kind: Literal["1d", "2d"] = "1d"
-    """Reference model: LLaMA-style 1D or STDiT-style 2D."""
-    world_size: int = 2
-    """gloo ranks (one thread each; a 2-core machine runs 2 well)."""
-    num_layers: int = 4
-    """Layers of the reference model."""
-    hidden: int = 64
-    """Hidden size."""
-    num_heads: int = 4
-    """Attention heads (the group sizes must divide it)."""
-    ffn_hidden: int = 128
-    """MLP size."""
-    vocab: int = 256
-    """Vocabulary (1D)."""
-    num_steps: int = 3
-    """Planned steps to run."""
-    samples_per_step: int = 8
-    """Samples per step."""
-    tokens_min: int = 32
-    """Shortest sample in tokens."""
-    tokens_max: int = 1024
-    """Longest sample in tokens."""
-    memory_tokens: int = 600
-    """If positive: memory per rank such that about this many tokens fit without checkpointing
-    (plans then mix policies); 0 leaves memory roomy."""
-    sweep_repeats: int = 5
-    """Timed repeats per profiled point."""
-    repeats: int = 5
-    """Timed repeats per executed micro-batch."""
-    seed: int = 0
-    """Seed of samples, weights and data."""
-    clock: Literal["wall", "thread"] = "thread"
-    """``thread``: CPU time of the rank's thread (robust on a busy machine, all-to-all excluded);
-    ``wall``: elapsed time (everything; needs a quiet machine)."""
-
-    def __post_init__(self) -> None:
-        if self.clock not in ("wall", "thread"):
-            raise ValueError(f"clock must be wall or thread, got {self.clock!r}")
-        if self.world_size < 1 or (self.world_size > 1 and self.num_heads % self.world_size):
-            raise ValueError(f"world_size={self.world_size} must be positive and divide num_heads="
-                             f"{self.num_heads}")
-        if not 0 < self.tokens_min <= self.tokens_max:
-            raise ValueError(f"need 0 < tokens_min <= tokens_max, got {self.tokens_min}, {self.tokens_max}")
-        for name in ("num_layers", "hidden", "num_heads", "ffn_hidden", "num_steps", "samples_per_step",
-                     "sweep_repeats", "repeats"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-
-    @property
-    def model_config(self) -> ModelConfig:
-        """The executor's reference-model configuration."""
-        return ModelConfig(num_layers=self.num_layers, hidden=self.hidden, num_heads=self.num_heads,
-                           ffn_hidden=self.ffn_hidden, vocab=self.vocab)
-
-    @property
-    def group_sizes(self) -> list[int]:
-        """Group sizes plans may use: divisors of the heads up to the world."""
-        return [d for d in range(1, self.world_size + 1) if self.num_heads % d == 0]
-
-
-def reference_spec(config: CheckConfig) -> ModelSpec:
-    """The model spec of the reference model (what the cost model is for)."""
-    return ModelSpec(name=f"ref-{config.kind}-h{config.hidden}-l{config.num_layers}", kind=config.kind,
-                     num_layers=config.num_layers, hidden=config.hidden, num_heads=config.num_heads,
-                     ffn_hidden=config.ffn_hidden, vocab=config.vocab if config.kind == "1d" else 0,
-                     causal=config.kind == "1d", mlp="swiglu" if config.kind == "1d" else "gelu")
-
-
-def build_reference_model(config: CheckConfig) -> nn.Module:
-    """The executor's reference model, deterministically initialised (fp32)."""
-    cfg = config.model_config
-    model: nn.Module = Llama1D(cfg) if config.kind == "1d" else STDiT2D(cfg)
-    init_weights(model, seed=config.seed)
-    return model
-
-
-# ------------------------------------------------------------------- profiling the executor's layers
-class ReferenceLayer(nn.Module):
-    """An executor layer called as the profiling sweep calls its layers (one rank of a group)."""
-
-    def __init__(self, layer: nn.Module) -> None:
-        super().__init__()
-        self.layer = layer
-
-    def forward(self, x: torch.Tensor, samples: Sequence[tuple[int, int]], *rest: Any) -> torch.Tensor:
-        """``rest`` ends with the group size (2D extras before it are not used by this model)."""
-        group_size = int(rest[-1]) if rest else 1
-        layout = PackedLayout(samples=tuple(SampleShape(tokens=f * hw, frames=f) for f, hw in samples),
-                              group_size=group_size, index_in_group=0)
-        ctx = SPContext(layout=layout, group=EmulatedGroup(group_size) if group_size > 1 else None)
-        out: torch.Tensor = self.layer(x, ctx)
-        return out
-
-
-class ReferenceHead(nn.Module):
-    """What surrounds the layers of the reference model, with its loss (the sweep's head)."""
-
-    def __init__(self, model: nn.Module, kind: str) -> None:
-        super().__init__()
-        self.model, self.kind = model, kind
-
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        """1D: token ids -> cross-entropy; 2D: patches (first ``in_channels`` channels) -> MSE."""
-        m: Any = self.model
-        if self.kind == "1d":
-            logits = m.head(m.norm(m.embed(inputs)))
-            return nn.functional.cross_entropy(logits, inputs.roll(-1))
-        patches = inputs[:, : m.config.in_channels]
-        out = m.head(m.norm(m.embed(patches)))
-        return nn.functional.mse_loss(out, patches)
-
-
-def _layer_factory(config: CheckConfig) -> Callable[..., nn.ModuleList]:
-    def build(spec: ModelSpec, num_layers: int, *, device: torch.device, dtype: torch.dtype) -> nn.ModuleList:
-        model = build_reference_model(config).to(device=device, dtype=dtype)
-        layers = list(model.layers)[:num_layers]  # type: ignore[arg-type]
-        return nn.ModuleList(ReferenceLayer(layer) for layer in layers)
-    return build
-
-
-def _head_factory(config: CheckConfig) -> Callable[..., nn.Module]:
-    def build(spec: ModelSpec, *, device: torch.device, dtype: torch.dtype) -> nn.Module:
-        return ReferenceHead(build_reference_model(config).to(device=device, dtype=dtype), config.kind)
-    return build
-
-
-def profile_reference(config: CheckConfig, *, progress: ProgressFn | None = None) -> Profile:
-    """Compute and head profile of the reference model on this CPU (one torch thread)."""
-    spec = reference_spec(config)
-    sweep = SweepConfig(tokens_min=config.tokens_min, tokens_max=config.tokens_max, num_sizes=6,
-                        packings=(2, 4), num_packed=3, frames=(1, 2, 4, 8),
-                        layer_counts=tuple(sorted({1, 2, config.num_layers})),
-                        num_head_sizes=5, warmup=2, repeats=config.sweep_repeats, seed=config.seed,
-                        cpu_clock=config.clock, group_sizes=tuple(config.group_sizes))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        if progress:
-            progress(f"profiling the executor's {config.kind} layers")
-        records = run_sweep(spec, sweep, device=torch.device("cpu"), dtype="float32",
-                            layer_factory=_layer_factory(config), head_factory=_head_factory(config))
-    finally:
-        torch.set_num_threads(threads)
-    header = make_header(model=spec, profiled=spec, hardware=CPU_HARDWARE, device=torch.device("cpu"),
-                         dtype="float32", notes="dcp check-model: the executor's reference layers",
-                         cpu_clock=config.clock)
-    return Profile(header=header, compute=[r for r in records if isinstance(r, ComputeRecord)],
-                   head=[r for r in records if isinstance(r, HeadRecord)])
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _init(rank: int, world: int, port: int) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-
-
-def _comm_worker(rank: int, world: int, port: int, out: str, clock: str) -> None:
-    _init(rank, world, port)
-    try:
-        config = CommSweepConfig(bytes_min=4 * 1024, bytes_max=2 * 1024 * 1024, num_sizes=6,
-                                 gpus_per_node=world, warmup=3, repeats=15,
-                                 clock=clock)  # type: ignore[arg-type]
-        records = run_comm_sweep(config, device=torch.device("cpu"))
-        if rank == 0:
-            Path(out).write_text(json.dumps([r.model_dump(mode="json") for r in records]))
-    finally:
-        dist.destroy_process_group()
-
-
-def profile_comm(world: int, *, clock: str = "wall") -> Profile:
-    """All-to-all and all-reduce on ``world`` gloo ranks of this machine (timed by ``clock``)."""
-    header = ProfileHeader(hardware=CPU_HARDWARE, device="cpu", dtype="float32", world_size=world,
-                           notes="dcp check-model: gloo on loopback")
-    if world < 2:
-        return Profile(header=header)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "comm.json"
-        mp.spawn(_comm_worker, args=(world, _free_port(), str(out), clock), nprocs=world, join=True)
-        comm = [CommRecord.model_validate(r) for r in json.loads(out.read_text())]
-    return Profile(header=header, comm=comm)
 
 
 # ------------------------------------------------------------------- plans and execution
@@ -342,7 +153,7 @@ def _measure(run: Callable[[], None], *, repeats: int, now: Callable[[], float],
 
 
 def _exec_worker(rank: int, world: int, port: int, out_dir: str, config_json: str, plans_json: str) -> None:
-    _init(rank, world, port)
+    init_rank(rank, world, port)
     results: dict[str, Any] = {}
     try:
         config = CheckConfig(**json.loads(config_json))
@@ -371,11 +182,13 @@ def _exec_worker(rank: int, world: int, port: int, out_dir: str, config_json: st
                     solo.append((key, run))
                     continue
                 results[key] = _measure(run, repeats=config.repeats, now=now, group=group)
-        # One-rank groups take turns, so that no other rank shares the CPU while they are timed
-        # (a GPU rank has its device to itself); groups of several ranks run together.
-        for turn in range(world):
+        # Concurrent (a cpu:W cluster's ranks share the machine): one-rank groups run at once, as
+        # in training; otherwise they take turns, so that no other rank shares the CPU while they
+        # are timed (a GPU rank has its device to itself). Groups of several ranks run together.
+        turns = [None] if config.concurrent else list(range(world))
+        for turn in turns:
             dist.barrier()
-            if turn == rank:
+            if turn is None or turn == rank:
                 for key, solo_run in solo:
                     results[key] = _measure(solo_run, repeats=config.repeats, now=now, group=None)
         dist.barrier()
@@ -391,7 +204,7 @@ def execute(config: CheckConfig, plans: Sequence[Plan]) -> list[dict[str, Any]]:
     """Run the plans on ``world_size`` gloo ranks; per rank, per ``step/micro-batch``: the
     timed repeats and the peak of live bytes."""
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_exec_worker, args=(config.world_size, _free_port(), tmp, json.dumps(asdict(config)),
+        mp.spawn(_exec_worker, args=(config.world_size, free_port(), tmp, json.dumps(asdict(config)),
                                      json.dumps([p.model_dump(mode="json") for p in plans])),
                  nprocs=config.world_size, join=True)
         out = [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(config.world_size)]

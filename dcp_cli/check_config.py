@@ -1,0 +1,116 @@
+"""What ``dcp check-model`` runs: the configuration and the executor's reference model."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from costmodel.specs import ModelSpec
+from executor.models import Llama1D, ModelConfig, STDiT2D, init_weights
+
+ProgressFn = Callable[[str], None]
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class CheckConfig:
+    """What the check runs."""
+
+    kind: Literal["1d", "2d"] = "1d"
+    """Reference model: LLaMA-style 1D or STDiT-style 2D."""
+    world_size: int = 2
+    """gloo ranks (one thread each; a 2-core machine runs 2 well)."""
+    num_layers: int = 4
+    """Layers of the reference model."""
+    hidden: int = 64
+    """Hidden size."""
+    num_heads: int = 4
+    """Attention heads (the group sizes must divide it)."""
+    ffn_hidden: int = 128
+    """MLP size."""
+    vocab: int = 256
+    """Vocabulary (1D)."""
+    num_steps: int = 3
+    """Planned steps to run."""
+    samples_per_step: int = 8
+    """Samples per step."""
+    tokens_min: int = 32
+    """Shortest sample in tokens."""
+    tokens_max: int = 1024
+    """Longest sample in tokens."""
+    memory_tokens: int = 600
+    """If positive: memory per rank such that about this many tokens fit without checkpointing
+    (plans then mix policies); 0 leaves memory roomy."""
+    sweep_repeats: int = 5
+    """Timed repeats per profiled point."""
+    repeats: int = 5
+    """Timed repeats per executed micro-batch."""
+    seed: int = 0
+    """Seed of samples, weights and data."""
+    clock: Literal["wall", "thread"] = "thread"
+    """``thread``: CPU time of the rank's thread (robust on a busy machine, all-to-all excluded);
+    ``wall``: elapsed time (everything; needs a quiet machine)."""
+    concurrent: bool = True
+    """The ``world_size`` ranks share this machine, as a ``cpu:W`` cluster's ranks do in
+    training: profile with every rank running the sweep at once and run one-rank groups at the
+    same time, so that the cores' shared caches and memory bandwidth are contended in the profile
+    as in the run. ``False``: profile in one process and run one-rank groups in turns (a GPU rank
+    has its device to itself)."""
+
+    def __post_init__(self) -> None:
+        if self.clock not in ("wall", "thread"):
+            raise ValueError(f"clock must be wall or thread, got {self.clock!r}")
+        if self.world_size < 1 or (self.world_size > 1 and self.num_heads % self.world_size):
+            raise ValueError(f"world_size={self.world_size} must be positive and divide num_heads="
+                             f"{self.num_heads}")
+        if not 0 < self.tokens_min <= self.tokens_max:
+            raise ValueError(f"need 0 < tokens_min <= tokens_max, got {self.tokens_min}, {self.tokens_max}")
+        for name in ("num_layers", "hidden", "num_heads", "ffn_hidden", "num_steps", "samples_per_step",
+                     "sweep_repeats", "repeats"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def model_config(self) -> ModelConfig:
+        """The executor's reference-model configuration."""
+        return ModelConfig(num_layers=self.num_layers, hidden=self.hidden, num_heads=self.num_heads,
+                           ffn_hidden=self.ffn_hidden, vocab=self.vocab)
+
+    @property
+    def group_sizes(self) -> list[int]:
+        """Group sizes plans may use: divisors of the heads up to the world."""
+        return [d for d in range(1, self.world_size + 1) if self.num_heads % d == 0]
+
+
+def reference_spec(config: CheckConfig) -> ModelSpec:
+    """The model spec of the reference model (what the cost model is for)."""
+    return ModelSpec(name=f"ref-{config.kind}-h{config.hidden}-l{config.num_layers}", kind=config.kind,
+                     num_layers=config.num_layers, hidden=config.hidden, num_heads=config.num_heads,
+                     ffn_hidden=config.ffn_hidden, vocab=config.vocab if config.kind == "1d" else 0,
+                     causal=config.kind == "1d", mlp="swiglu" if config.kind == "1d" else "gelu")
+
+
+def build_reference_model(config: CheckConfig) -> nn.Module:
+    """The executor's reference model, deterministically initialised (fp32)."""
+    cfg = config.model_config
+    model: nn.Module = Llama1D(cfg) if config.kind == "1d" else STDiT2D(cfg)
+    init_weights(model, seed=config.seed)
+    return model
+
+
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def init_rank(rank: int, world: int, port: int) -> None:
+    """One torch thread and a gloo process group on loopback."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
