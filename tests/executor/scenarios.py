@@ -67,15 +67,23 @@ def _grads(model: torch.nn.Module) -> list[torch.Tensor]:
     return [p.grad.detach().clone() for p in model.parameters()]  # type: ignore[union-attr]
 
 
-def run_step(executor: Executor, model: torch.nn.Module, plan: Plan, kind: str) -> None:
-    """One planned step on this rank: digest check, micro-batches, world gradient sum."""
+def run_step(executor: Executor, model: torch.nn.Module, plan: Plan, kind: str) -> float:
+    """One planned step on this rank: digest check, micro-batches, world gradient sum.
+
+    Returns:
+        This rank's share of the step loss (the world's shares add up to the step loss).
+    """
     rank_plan = plan.rank_view(executor.rank)
     executor.begin_step(rank_plan, step=plan.step or 0)
     data = dataset_for(plan, kind, dtype=next(model.parameters()).dtype)
+    share = 0.0
     for work in executor.micro_batches(rank_plan, load_sample=data.load):
         out = model(work.inputs, work.ctx, recompute_layers=work.recompute_layers)
-        work.loss(model.token_losses(out, work.targets)).backward()  # type: ignore[operator]
+        loss = work.loss(model.token_losses(out, work.targets))  # type: ignore[operator]
+        loss.backward()
+        share += float(loss.detach())
     executor.sync_gradients(model)
+    return share
 
 
 def worker(rank: int, port: int, out_dir: str) -> None:
@@ -88,7 +96,7 @@ def worker(rank: int, port: int, out_dir: str) -> None:
         for kind, plans in (("1d", plans_1d()), ("2d", plans_2d())):
             for i, plan in enumerate(plans):
                 model = build_model(kind)
-                run_step(executor, model, plan, kind)
+                results[f"loss_{kind}_{i}"] = run_step(executor, model, plan, kind)
                 results[f"grad_{kind}_{i}"] = _grads(model)
             model = build_model(kind, dtype=torch.float32)
             run_step(executor, model, plans[0], kind)

@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from tests.executor import scenarios
-from tests.executor.helpers import build_model, free_port, reference_backward
+from tests.executor.helpers import build_model, reference_backward
 
 TOL = 1e-10
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object]]:
-    out = tmp_path_factory.mktemp("world4")
-    mp.spawn(scenarios.worker, args=(free_port(), str(out)), nprocs=scenarios.WORLD, join=True)
-    loaded = [torch.load(Path(out) / f"rank{r}.pt") for r in range(scenarios.WORLD)]
-    for r, res in enumerate(loaded):
-        assert "error" not in res, f"rank {r} failed:\n{res['error']}"
-    return loaded
+@pytest.fixture
+def results(world4_results: list[dict[str, object]]) -> list[dict[str, object]]:
+    """Every rank's results of :func:`scenarios.worker` (one spawn per session, see conftest)."""
+    return world4_results
 
 
 def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:

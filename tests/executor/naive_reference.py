@@ -1,0 +1,220 @@
+"""A naive reference of the executor's reference models, written from the definitions.
+
+Independent of ``executor/`` (nothing is imported from it): every operation is spelled out
+(RMSNorm and LayerNorm from their formulas, the rotary embedding, attention as an explicit
+``softmax(q k^T / sqrt(Dh) + mask) v`` with a hand-written softmax, cross-entropy as
+``logsumexp - logit``), one sample at a time in plain loops, and the step loss is the global mean
+computed by hand: ``sum(token losses) / global tokens`` or the mean over samples of each
+sample's mean token loss. Slow and small on purpose; its gradients (``torch.autograd.grad`` of
+that loss with respect to a dict of parameter tensors) are what a planned step must reproduce.
+
+Parameters are read by name from the state of a model of the same architecture (``Llama1D``:
+``embed``, ``layers.i.{attn_norm, attn.qkv, attn.out, mlp_norm, mlp.gate, mlp.up, mlp.down}``,
+``norm``, ``head``; ``STDiT2D``: ``embed``, ``layers.i.{spatial,temporal}.{attn_norm, attn.qkv,
+attn.out, mlp_norm, mlp.0, mlp.2}``, ``norm``, ``head``): the definitions below are the
+architecture's, the numbers are the model's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+Params = Mapping[str, torch.Tensor]
+
+
+@dataclass(frozen=True, kw_only=True)
+class NaiveSample:
+    """One sample of the step, whole."""
+
+    inputs: torch.Tensor
+    """Token ids ``(tokens,)`` (1D) or patches ``(tokens, channels)`` (2D, frame-major)."""
+    targets: torch.Tensor
+    """Next-token ids (1D) or target patches (2D)."""
+    frames: int = 1
+    """Frames (2D); tokens per frame is ``tokens / frames``."""
+
+
+# ----------------------------------------------------------------------------- building blocks
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x W^T + b``."""
+    y = x @ weight.T
+    return y if bias is None else y + bias
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x / sqrt(mean(x^2) + eps) * w`` with ``eps`` the dtype's machine epsilon (torch's default)."""
+    eps = torch.finfo(x.dtype).eps
+    return x / torch.sqrt((x * x).mean(dim=-1, keepdim=True) + eps) * weight
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """``(x - mean) / sqrt(biased var + eps) * w + b``."""
+    mean = x.mean(dim=-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + eps) * weight + bias
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """``x * sigmoid(x)``, sigmoid written out."""
+    return x / (1.0 + torch.exp(-x))
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU, tanh approximation: ``x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def softmax_rows(scores: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim: ``exp(s - max) / sum(exp(s - max))``."""
+    shifted = scores - scores.max(dim=-1, keepdim=True).values.detach()
+    e = torch.exp(shifted)
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool) -> torch.Tensor:
+    """One head group ``(heads, n, Dh)``: ``softmax(q k^T / sqrt(Dh) + mask) v``."""
+    n, head_dim = q.shape[-2], q.shape[-1]
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(head_dim)
+    if causal:
+        future = torch.ones(n, n, dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+    return softmax_rows(scores) @ v
+
+
+def rotary(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """RoFormer's rotary embedding (rotate-half form, base 10000) of ``(n, heads, Dh)``."""
+    half = x.shape[-1] // 2
+    inv_freq = torch.tensor([10000.0 ** (-i / half) for i in range(half)], dtype=x.dtype)
+    angle = positions.to(x.dtype)[:, None] * inv_freq[None, :]
+    cos, sin = torch.cos(angle)[:, None, :], torch.sin(angle)[:, None, :]
+    x1, x2 = x[..., :half], x[..., half:2 * half]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos, x[..., 2 * half:]], dim=-1)
+
+
+def qkv_heads(h: torch.Tensor, weight: torch.Tensor, num_heads: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Project to per-head ``[q | k | v]`` and split: each ``(n, heads, Dh)``."""
+    n = h.shape[0]
+    head_dim = weight.shape[0] // (3 * num_heads)
+    qkv = linear(h, weight).reshape(n, num_heads, 3 * head_dim)
+    return qkv[..., :head_dim], qkv[..., head_dim:2 * head_dim], qkv[..., 2 * head_dim:]
+
+
+# ----------------------------------------------------------------------------- 1D: LLaMA-style
+def llama_logits(params: Params, token_ids: torch.Tensor, *, num_layers: int, num_heads: int) -> torch.Tensor:
+    """Logits ``(n, vocab)`` of one whole sample."""
+    h = params["embed.weight"][token_ids]
+    positions = torch.arange(token_ids.shape[0])
+    for i in range(num_layers):
+        p = f"layers.{i}."
+        x = rms_norm(h, params[p + "attn_norm.weight"])
+        q, k, v = qkv_heads(x, params[p + "attn.qkv.weight"], num_heads)
+        q, k = rotary(q, positions), rotary(k, positions)
+        o = attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), causal=True)
+        h = h + linear(o.transpose(0, 1).reshape(h.shape[0], -1), params[p + "attn.out.weight"])
+        x = rms_norm(h, params[p + "mlp_norm.weight"])
+        gated = silu(linear(x, params[p + "mlp.gate.weight"])) * linear(x, params[p + "mlp.up.weight"])
+        h = h + linear(gated, params[p + "mlp.down.weight"])
+    return linear(rms_norm(h, params["norm.weight"]), params["head.weight"])
+
+
+def cross_entropy_per_token(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``log(sum(exp(logits))) - logits[target]`` per token, log-sum-exp written out."""
+    top = logits.max(dim=-1, keepdim=True).values.detach()
+    lse = torch.log(torch.exp(logits - top).sum(dim=-1)) + top[:, 0]
+    picked = torch.stack([logits[t, int(targets[t])] for t in range(logits.shape[0])])
+    return lse - picked
+
+
+# ----------------------------------------------------------------------------- 2D: STDiT-style
+def sincos(positions: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[sin(p w_i), cos(p w_i)]`` with ``w_i = 10000^(-i / (dim/2))``."""
+    half = dim // 2
+    freqs = torch.tensor([10000.0 ** (-i / half) for i in range(half)], dtype=dtype)
+    angle = positions.to(dtype)[:, None] * freqs[None, :]
+    return torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)
+
+
+def dit_block(params: Params, prefix: str, h: torch.Tensor, *, frames: int, num_heads: int,
+              temporal: bool) -> torch.Tensor:
+    """One block: attention within each frame (spatial) or across frames per position (temporal)."""
+    n = h.shape[0]
+    spatial = n // frames
+    x = layer_norm(h, params[prefix + "attn_norm.weight"], params[prefix + "attn_norm.bias"])
+    q, k, v = qkv_heads(x, params[prefix + "attn.qkv.weight"], num_heads)
+    # Token t is frame t // spatial, position t % spatial (frame-major).
+    if temporal:
+        sets = [[f * spatial + s for f in range(frames)] for s in range(spatial)]
+    else:
+        sets = [[f * spatial + s for s in range(spatial)] for f in range(frames)]
+    rows = []
+    for idx in sets:
+        index = torch.tensor(idx)
+        o = attention(q[index].transpose(0, 1), k[index].transpose(0, 1), v[index].transpose(0, 1),
+                      causal=False)
+        rows.append((index, o.transpose(0, 1)))
+    out = torch.zeros_like(q).index_put(tuple([torch.cat([r[0] for r in rows])]),
+                                        torch.cat([r[1] for r in rows]))
+    h = h + linear(out.reshape(n, -1), params[prefix + "attn.out.weight"])
+    x = layer_norm(h, params[prefix + "mlp_norm.weight"], params[prefix + "mlp_norm.bias"])
+    x = gelu_tanh(linear(x, params[prefix + "mlp.0.weight"], params[prefix + "mlp.0.bias"]))
+    return h + linear(x, params[prefix + "mlp.2.weight"], params[prefix + "mlp.2.bias"])
+
+
+def stdit_prediction(params: Params, patches: torch.Tensor, *, frames: int, num_layers: int,
+                     num_heads: int) -> torch.Tensor:
+    """Per-patch prediction ``(n, channels)`` of one whole sample."""
+    n = patches.shape[0]
+    spatial = n // frames
+    hidden = params["embed.weight"].shape[0]
+    t = torch.arange(n)
+    h = (linear(patches, params["embed.weight"], params["embed.bias"])
+         + sincos(t % spatial, hidden, patches.dtype) + sincos(t // spatial, hidden, patches.dtype))
+    for i in range(num_layers):
+        for part, temporal in (("spatial", False), ("temporal", True)):
+            h = dit_block(params, f"layers.{i}.{part}.", h, frames=frames, num_heads=num_heads,
+                          temporal=temporal)
+    h = layer_norm(h, params["norm.weight"], params["norm.bias"])
+    return linear(h, params["head.weight"], params["head.bias"])
+
+
+# ----------------------------------------------------------------------------- the step
+def step_loss(params: Params, samples: Sequence[NaiveSample], *, kind: str, normalizer: str,
+              num_layers: int, num_heads: int) -> torch.Tensor:
+    """The plain large-batch loss of a step: a global mean over tokens or over samples.
+
+    Args:
+        params: Parameter tensors by name.
+        samples: Every sample of the step (any order).
+        kind: ``1d`` (cross-entropy) or ``2d`` (mean squared error over channels).
+        normalizer: ``tokens`` (mean over all tokens) or ``samples`` (mean of per-sample means).
+        num_layers: Layers of the model.
+        num_heads: Attention heads.
+    """
+    per_sample: list[torch.Tensor] = []
+    for sample in samples:
+        if kind == "1d":
+            logits = llama_logits(params, sample.inputs, num_layers=num_layers, num_heads=num_heads)
+            per_sample.append(cross_entropy_per_token(logits, sample.targets))
+        else:
+            pred = stdit_prediction(params, sample.inputs, frames=sample.frames, num_layers=num_layers,
+                                    num_heads=num_heads)
+            per_sample.append(((pred - sample.targets) ** 2).sum(dim=-1) / pred.shape[-1])
+    if normalizer == "tokens":
+        total_tokens = sum(int(t.shape[0]) for t in per_sample)
+        return sum((t.sum() for t in per_sample), per_sample[0].new_zeros(())) / total_tokens
+    return sum((t.sum() / t.shape[0] for t in per_sample), per_sample[0].new_zeros(())) / len(per_sample)
+
+
+def step_gradients(params: Params, samples: Sequence[NaiveSample], *, kind: str, normalizer: str,
+                   num_layers: int, num_heads: int) -> tuple[float, dict[str, torch.Tensor]]:
+    """The step loss and its gradient with respect to every parameter (by name)."""
+    leaves = {name: t.detach().clone().requires_grad_(True) for name, t in params.items()}
+    loss = step_loss(leaves, samples, kind=kind, normalizer=normalizer, num_layers=num_layers,
+                     num_heads=num_heads)
+    grads = torch.autograd.grad(loss, list(leaves.values()))
+    return float(loss.detach()), dict(zip(leaves, grads, strict=True))
