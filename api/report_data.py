@@ -1,8 +1,9 @@
 """What the report pictures of stored epochs need, read from the plan store (``dcp report epoch``
 and the service's report routes).
 
-Stored plans never change, so an epoch's per-step figures are kept in a small in-process cache
-and only steps stored since are read (by SQLite's JSON functions, ``PlanStore.step_figures``).
+A stored plan changes only when it is re-planned (a new digest), so an epoch's per-step figures
+are kept in a small in-process cache and only the steps stored or re-planned since are read (by
+SQLite's JSON functions, ``PlanStore.step_figures``).
 """
 
 from __future__ import annotations
@@ -51,26 +52,30 @@ def epoch_title(record: EpochRecord) -> str:
 
 
 class EpochFiguresCache:
-    """Per-step figures of the most recently asked epochs (thread-safe)."""
+    """Per-step figures of the most recently asked epochs, by plan digest (thread-safe): a step
+    re-planned since (a new digest) is read again."""
 
     def __init__(self, *, max_epochs: int = 8) -> None:
         self.max_epochs = max_epochs
         self._lock = threading.Lock()
-        self._epochs: OrderedDict[str, dict[int, StepFigures]] = OrderedDict()
+        self._epochs: OrderedDict[str, dict[int, tuple[str, StepFigures]]] = OrderedDict()
 
     def steps(self, store: PlanStore, epoch_id: str) -> list[StepFigures]:
-        """Figures of every stored step of the epoch, by step (reads only the steps not cached)."""
+        """Figures of every stored step of the epoch, by step (reads only new or changed steps)."""
+        digests = store.digests(epoch_id)
         with self._lock:
-            known = dict(self._epochs.get(epoch_id, {}))
-        missing = sorted(set(store.digests(epoch_id)) - set(known))
+            cached = self._epochs.get(epoch_id, {})
+            known = {s: v for s, v in cached.items() if digests.get(s) == v[0]}
+        missing = sorted(set(digests) - set(known))
         for row in store.step_figures(epoch_id, missing):
-            known[int(row["step"])] = StepFigures.of_plan(row)
+            step = int(row["step"])
+            known[step] = (digests[step], StepFigures.of_plan(row))
         with self._lock:
             self._epochs[epoch_id] = known
             self._epochs.move_to_end(epoch_id)
             while len(self._epochs) > self.max_epochs:
                 self._epochs.popitem(last=False)
-        return [known[s] for s in sorted(known)]
+        return [known[s][1] for s in sorted(known)]
 
 
 def cluster_of(record: EpochRecord) -> ClusterSpec:
@@ -86,7 +91,7 @@ def step_picture_input(store: PlanStore, record: EpochRecord, step: int, *,
 
     Raises:
         StepNotStoredError: when the step has no stored plan.
-        KeyError: when the epoch's cost model is no longer registered.
+        KeyError: when the plan's cost model is no longer registered.
         CostModelChangedError: when the registered one is not the one the plans were made with.
         ValueError: when the baseline cannot be rebuilt.
     """
@@ -95,8 +100,8 @@ def step_picture_input(store: PlanStore, record: EpochRecord, step: int, *,
         raise StepNotStoredError(f"step {step} of epoch {record.id!r} has no stored plan")
     plan = Plan.model_validate_json(found[1])
     spec = record.spec
-    file = get_cost_model(spec["cost_model_id"])
-    if file.digest() != spec["cost_model_digest"]:
+    file = get_cost_model(plan.cost_model_id)
+    if plan.cost_model_id == spec["cost_model_id"] and file.digest() != spec["cost_model_digest"]:
         raise CostModelChangedError(
             f"cost model {spec['cost_model_id']!r} now registered is not the one epoch {record.id!r} "
             "was planned with (its digest differs); upload that file again under its id")

@@ -17,6 +17,7 @@ from dcp_cli import manifest as manifest_cmd
 from dcp_cli import plan as plan_cmd
 from dcp_cli import presets as presets_cmd
 from dcp_cli import profile as profile_cmds
+from dcp_cli import report as report_cmd
 
 app = typer.Typer(
     name="dcp",
@@ -36,7 +37,7 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
     )
 
 
-for _module in (presets_cmd, manifest_cmd, epoch_cmd, plan_cmd, cost, profile_cmds, check, serve):
+for _module in (presets_cmd, manifest_cmd, epoch_cmd, plan_cmd, report_cmd, cost, profile_cmds, check, serve):
     _module.register(app)
 
 if __name__ == "__main__":

@@ -62,14 +62,14 @@ def _esc(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def epoch_html(info: EpochInfo, steps: Sequence[StepFigures], *, epoch_svg: bytes,
+def epoch_html(info: EpochInfo, steps: Sequence[StepFigures], *, epoch_svg: bytes | None,
                gantt_svg: bytes | None = None, gantt_step: int | None = None) -> str:
     """The summary page.
 
     Args:
         info: The job.
         steps: The stored steps' figures.
-        epoch_svg: The epoch chart (``report.epoch_report.epoch_image``, SVG).
+        epoch_svg: The epoch chart (``report.epoch_report.epoch_image``, SVG; None without a step).
         gantt_svg: One step's Gantt chart (``report.plan_report.plan_image``, SVG), if any.
         gantt_step: Which step that is.
     """
@@ -102,7 +102,7 @@ def epoch_html(info: EpochInfo, steps: Sequence[StepFigures], *, epoch_svg: byte
         "Speedup = the baseline's predicted step time / the plan's.</p>",
         "<dl>" + "".join(f"<dt>{_esc(k)}</dt><dd>{_esc(v)}</dd>" for k, v in facts) + "</dl>",
     ]
-    if steps:
+    if steps and epoch_svg is not None:
         parts += [
             "<h2>Speedup over each baseline</h2>",
             "<table><tr><th class=name>baseline</th><th>total</th><th>mean</th><th>min</th><th>max</th>"

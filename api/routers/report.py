@@ -1,0 +1,236 @@
+"""Pictures of stored epochs: a step's Gantt chart beside the strongest baseline's (SVG, PNG), the
+epoch's speedup and gap per step (SVG, PNG, JSON) and its one-page HTML summary.
+
+Rendered pictures are cached per app (``ReportCache``) under a key that names everything they
+show (a step's plan digest; the epoch's per-step figures), so a re-planned step is drawn again;
+rendering runs on a worker thread (``report.render`` renders
+one figure at a time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from pydantic import BaseModel, Field
+
+from api.deps import ServiceState, State
+from api.errors import COMMON_RESPONSES, conflict, not_found
+from api.report_data import (
+    CostModelChangedError,
+    EpochFiguresCache,
+    StepNotStoredError,
+    epoch_info,
+    epoch_title,
+    step_picture_input,
+)
+from api.routers.epochs import MAX_STEP, EpochId, StepIndex, _missing_step, _record
+from api.store import ACTIVE_STATES, EpochRecord, InvalidStoredCostModelError
+from report.epoch_report import StepFigures, epoch_image
+from report.html import epoch_html
+from report.plan_report import plan_image
+from report.render import MEDIA_TYPES, ImageFormat
+
+logger = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/v1/epochs", tags=["reports"], responses=COMMON_RESPONSES)
+
+_NOT_FOUND = {"description": "Unknown epoch, or step not planned yet (Retry-After while the job runs)."}
+_CONFLICT = {"description": "The epoch's cost model is no longer registered, or differs from the one "
+                            "its plans were made with."}
+
+
+def _content(media_type: str, what: str) -> dict[str, Any]:
+    schema = {"type": "string", "format": "binary"} if media_type == "image/png" else {"type": "string"}
+    return {"description": what, "content": {media_type: {"schema": schema}}}
+
+
+class ReportCache:
+    """Rendered pictures by key (LRU, bounded) and the epochs' per-step figures."""
+
+    def __init__(self, *, max_items: int = 64) -> None:
+        self.max_items = max_items
+        self.figures = EpochFiguresCache()
+        self._lock = threading.Lock()
+        self._items: OrderedDict[tuple[Any, ...], bytes] = OrderedDict()
+
+    def get_or_render(self, key: tuple[Any, ...], make: Callable[[], bytes]) -> bytes:
+        """The cached bytes of ``key``, or ``make()`` stored under it."""
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        data = make()
+        with self._lock:
+            self._items[key] = data
+            while len(self._items) > self.max_items:
+                self._items.popitem(last=False)
+        return data
+
+
+def report_cache(request: Request) -> ReportCache:
+    """The app's picture cache (created on first use)."""
+    cache: ReportCache | None = getattr(request.app.state, "report_cache", None)
+    if cache is None:
+        cache = ReportCache()
+        request.app.state.report_cache = cache
+    return cache
+
+
+def _gantt_bytes(state: ServiceState, cache: ReportCache, epoch_id: str, step: int, fmt: ImageFormat,
+                 baseline: bool) -> bytes:
+    """A step's Gantt chart (runs on a worker thread; raises the route's HTTP errors)."""
+    record = _record(state, epoch_id)
+    found = state.store.get_plan(epoch_id, step)
+    if found is None:
+        _missing_step(record, step)  # raises a 404
+        raise AssertionError("unreachable")
+    key = ("gantt", epoch_id, step, found[0], fmt, baseline)
+
+    def make() -> bytes:
+        try:
+            data = step_picture_input(state.store, record, step, get_cost_model=state.registry.get,
+                                      with_baseline=baseline)
+        except StepNotStoredError as exc:
+            not_found(str(exc))
+        except KeyError as exc:
+            conflict(f"epoch {epoch_id!r} was planned with a cost model that is no longer registered "
+                     f"({exc.args[0]})")
+        except (CostModelChangedError, InvalidStoredCostModelError) as exc:
+            conflict(str(exc))
+        except ValueError as exc:
+            conflict(f"the strongest baseline of step {step} cannot be rebuilt: {exc}")
+        return plan_image(data, fmt)
+
+    return cache.get_or_render(key, make)
+
+
+def _steps(state: ServiceState, cache: ReportCache, record: EpochRecord) -> list[StepFigures]:
+    return cache.figures.steps(state.store, record.id)
+
+
+def _fingerprint(steps: list[StepFigures]) -> int:
+    """A hash of everything the epoch chart shows."""
+    return hash(tuple((s.step, s.predicted_step_time_s, s.lower_bound_s, tuple(sorted(s.baselines_s.items())))
+                      for s in steps))
+
+
+def _no_steps(record: EpochRecord) -> None:
+    active = record.state in ACTIVE_STATES
+    not_found(f"epoch {record.id!r} has no planned step yet (job {record.state})"
+              + ("; retry later" if active else ""), retry_after_s=1 if active else None)
+
+
+def _epoch_bytes(state: ServiceState, cache: ReportCache, epoch_id: str, fmt: ImageFormat) -> bytes:
+    record = _record(state, epoch_id)
+    steps = _steps(state, cache, record)
+    if not steps:
+        _no_steps(record)
+    key = ("epoch", epoch_id, record.steps_done, record.steps_total, _fingerprint(steps), fmt)
+    return cache.get_or_render(key, lambda: epoch_image(steps, title=epoch_title(record), fmt=fmt))
+
+
+BaselineFlag = Annotated[bool, Query(description="Draw the strongest baseline's plan of the same batch below.")]
+Cache = Annotated[ReportCache, Depends(report_cache)]
+
+
+def _gantt_route(fmt: ImageFormat) -> Callable[..., Any]:
+    async def gantt(epoch_id: EpochId, step: StepIndex, state: State, cache: Cache,
+                    baseline: BaselineFlag = True) -> Response:
+        data = await asyncio.to_thread(_gantt_bytes, state, cache, epoch_id, step, fmt, baseline)
+        return Response(content=data, media_type=MEDIA_TYPES[fmt])
+
+    gantt.__doc__ = (f"The Gantt chart of a stored step ({fmt.upper()}): every group's micro-batches over "
+                     "time (compute, recompute, all-to-all, idle, gradient sync, from the plan's cost "
+                     "model) above the same batch under the strongest baseline.")
+    return gantt
+
+
+def _epoch_route(fmt: ImageFormat) -> Callable[..., Any]:
+    async def chart(epoch_id: EpochId, state: State, cache: Cache) -> Response:
+        data = await asyncio.to_thread(_epoch_bytes, state, cache, epoch_id, fmt)
+        return Response(content=data, media_type=MEDIA_TYPES[fmt])
+
+    chart.__doc__ = (f"The epoch chart ({fmt.upper()}): predicted speedup over each baseline and gap to "
+                     "the lower bound, per stored step.")
+    return chart
+
+
+for _fmt in ("svg", "png"):
+    router.add_api_route(
+        f"/{{epoch_id}}/steps/{{step}}/gantt.{_fmt}", _gantt_route(_fmt), methods=["GET"],  # type: ignore[arg-type]
+        response_class=Response, name=f"step_gantt_{_fmt}", summary=f"Step Gantt chart ({_fmt.upper()})",
+        responses={200: _content(MEDIA_TYPES[_fmt], "The chart."), 404: _NOT_FOUND, 409: _CONFLICT})
+    router.add_api_route(
+        f"/{{epoch_id}}/report.{_fmt}", _epoch_route(_fmt), methods=["GET"],  # type: ignore[arg-type]
+        response_class=Response, name=f"epoch_chart_{_fmt}", summary=f"Epoch chart ({_fmt.upper()})",
+        responses={200: _content(MEDIA_TYPES[_fmt], "The chart."),
+                   404: {"description": "Unknown epoch, or no step planned yet."}})
+
+
+class StepFiguresOut(BaseModel):
+    """What one stored plan says about its step."""
+
+    step: int
+    predicted_step_time_s: float = Field(description="The plan's predicted step time.")
+    lower_bound_s: float = Field(description="Its lower bound.")
+    bound_kind: str
+    gap: float = Field(description="predicted / bound - 1.")
+    status: str = Field(description="Solver status.")
+    baselines_s: dict[str, float] = Field(description="Each baseline's predicted step time.")
+    speedups: dict[str, float] = Field(description="Baseline time / plan time, and 'strongest' (the "
+                                                   "fastest baseline but naive).")
+    strongest_baseline: str | None = Field(description="Which baseline is the strongest at this step.")
+
+
+@router.get("/{epoch_id}/figures", response_model=list[StepFiguresOut],
+            responses={404: {"description": "Unknown epoch."}})
+async def epoch_figures(epoch_id: EpochId, state: State, cache: Cache) -> list[StepFiguresOut]:
+    """Per stored step: predicted time, lower bound and gap, each baseline's time and the speedups."""
+    from planner.baselines import strongest
+
+    def read() -> list[StepFiguresOut]:
+        steps = _steps(state, cache, _record(state, epoch_id))
+        return [StepFiguresOut(step=s.step, predicted_step_time_s=s.predicted_step_time_s,
+                               lower_bound_s=s.lower_bound_s, bound_kind=s.bound_kind, gap=s.gap,
+                               status=s.status, baselines_s=dict(s.baselines_s), speedups=s.speedups(),
+                               strongest_baseline=(strongest(s.baselines_s) or (None,))[0])
+                for s in steps]
+
+    return await asyncio.to_thread(read)
+
+
+@router.get("/{epoch_id}/report.html", response_class=Response,
+            responses={200: _content("text/html", "The one-page summary (self-contained)."),
+                       404: _NOT_FOUND, 409: _CONFLICT})
+async def epoch_report_html(
+        epoch_id: EpochId, state: State, cache: Cache,
+        step: Annotated[int | None, Query(ge=0, le=MAX_STEP, description="Step whose Gantt chart the page "
+                                          "shows (default: the planned step with the largest gap).")] = None,
+) -> Response:
+    """One self-contained page: the job, the speedup over each baseline (total, mean, min, max), the
+    epoch chart and one step's Gantt chart beside the strongest baseline's (images inline)."""
+
+    def build() -> bytes:
+        record = _record(state, epoch_id)
+        steps = _steps(state, cache, record)
+        if step is not None and step not in {s.step for s in steps}:
+            _missing_step(record, step)
+        chosen = step if step is not None else (
+            max(steps, key=lambda s: (s.gap, -s.step)).step if steps else None)
+        key = ("html", epoch_id, record.state, record.steps_done, _fingerprint(steps), chosen)
+
+        def make() -> bytes:
+            epoch_svg = _epoch_bytes(state, cache, epoch_id, "svg") if steps else None
+            gantt = _gantt_bytes(state, cache, epoch_id, chosen, "svg", True) if chosen is not None else None
+            return epoch_html(epoch_info(record), steps, epoch_svg=epoch_svg, gantt_svg=gantt,
+                              gantt_step=chosen).encode("utf-8")
+
+        return cache.get_or_render(key, make)
+
+    return Response(content=await asyncio.to_thread(build), media_type="text/html")
