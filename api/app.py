@@ -29,7 +29,7 @@ from api.limits import RequestGuardMiddleware
 from api.metrics import LatencyMiddleware, Metrics
 from api.pool import SolverPool
 from api.registry import CostModelRegistry
-from api.routers import cost_models, epochs, health, plans
+from api.routers import cost_models, dashboard, epochs, health, plans, report
 from api.settings import Settings
 from api.store import PlanStore
 
@@ -114,7 +114,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         swagger_ui_parameters={"validatorUrl": None},
     )
     app.state.metrics = Metrics()
-    for router in (plans.router, epochs.router, cost_models.router, health.router):
+    for router in (plans.router, epochs.router, report.router, cost_models.router, health.router,
+                   dashboard.router):
         app.include_router(router)
 
     def current_store() -> PlanStore | None:
