@@ -88,10 +88,30 @@ class PlannerConfig:
     """Relative gap above which the partition LP bound is computed."""
     compute_baselines: bool = True
     """Compute the baselines (needed for the never-slower-than-a-baseline guarantee)."""
+    polish_baseline: bool = True
+    """When a baseline's plan beats the search's, seed the local search with its groups (and
+    lay it out with ``intra_policies``); the result, if faster than the baseline, is returned
+    with method ``<baseline>+search`` and status ``HEURISTIC`` (off: the baseline as is)."""
     baseline_group_size: int | None = None
     """One more fixed SP size for the bucket baseline (``bucket-sp{d}``), besides 1, 2, 4, 8."""
-    memory_safety_fraction: float = 1e-9
-    """Relative slack kept below the memory cap to absorb floating-point summation order."""
+    intra_policies: bool = True
+    """DCP-intra: choose checkpoint policies per micro-batch jointly with the micro-batch split
+    (``planner.search.intra``; samples of a micro-batch share the memory, so activations are
+    kept where they save most recompute per byte, and a micro-batch fewer can pay for some
+    recompute). Off: every sample at its cheapest policy alone (``k_min``), packed first-fit
+    (the "inter only" ablation of ``bench/plan_quality.py``)."""
+    intra_search: bool = False
+    """Price groups with the per-micro-batch policies during the local search too (not only
+    when the final draft is laid out): slower (every group re-laid out at every move), for
+    budgets of 0.5 s and more (``for_budget``); needs ``intra_policies``."""
+    memory_safety_fraction: float = 0.05
+    """Share of the activation budget (memory cap minus model states and fixed buffers) kept
+    free as a margin against activation-memory error of the cost model: plans use at most
+    ``(1 - fraction)`` of it, so activations up to ``1 / (1 - fraction) - 1`` (5.3% at the
+    default 0.05) above the model's figure still fit. The default matches the cost model's 5%
+    memory target (issue 9); with a fitted memory term of known error, set it at least that
+    large (``bench/model_sensitivity.py``: activations 30% over the model put 94 of 100
+    margin-less plans over the cap). 0 plans right up to the cap."""
 
     @classmethod
     def for_budget(cls, time_limit_s: float, **overrides: object) -> PlannerConfig:

@@ -3,8 +3,10 @@
 Samples with the same shape cost the same, so the planner works on *classes* (unique
 ``(frames, tokens per frame)`` shapes). For each class and allowed size ``d`` the table holds
 the cheapest checkpoint policy that lets the sample fit a micro-batch on its own (``k_min``),
-its time and activation bytes under that policy, and the time and bytes of any other policy
-(both linear in ``k`` for ``k >= 1``), all from ``costmodel.evaluate.CostModel``.
+its time and activation bytes under that policy, and what the intra-step policy choice
+(``planner.search.intra``) needs for any other policy: time and bytes at ``k = 0`` and their
+change per recomputed layer (both exactly linear in ``k`` for ``0 <= k <= L - 1``; ``k = L`` is
+dominated by ``L - 1``), all from ``costmodel.evaluate.CostModel``.
 """
 
 from __future__ import annotations
@@ -100,8 +102,10 @@ class CostTable:
     """
 
     def __init__(self, cost_model: CostModel, samples: Sequence[Sample], *, sizes: Sequence[int],
-                 memory_safety_fraction: float = 0.0) -> None:
+                 memory_safety_fraction: float = 0.0, intra_policies: bool = False) -> None:
         self.cost_model = cost_model
+        self.intra_policies = intra_policies
+        """Whether the search prices groups with per-micro-batch policies (``search.intra``)."""
         self.samples = list(samples)
         self.classes = SampleClasses.of(self.samples)
         self.sizes = list(sizes)
@@ -113,6 +117,12 @@ class CostTable:
         self.overhead_s_by_size = np.array(
             [cost_model.microbatch_fixed_s(group_size=d) for d in self.sizes], dtype=np.float64)
         self.overhead_s = float(self.overhead_s_by_size.min()) if self.sizes else 0.0
+        # The parts of a micro-batch's fixed time (``CostModel.microbatch_fixed_s``): a constant,
+        # and per layer call ``(forward + backward, forward)`` seconds for each size.
+        self.microbatch_base_s = float(cost_model.file.compute.microbatch_overhead_s)
+        calls = [cost_model.layer_call_s(group_size=d) for d in self.sizes]
+        self.call_s_by_size = np.array([f + b for f, b in calls], dtype=np.float64)
+        self.call_fwd_s_by_size = np.array([f for f, _ in calls], dtype=np.float64)
         self.grad_sync_s = cost_model.grad_sync_time_s()
         budget = cost_model.activation_budget_bytes()
         self.budget_bytes = budget * (1.0 - memory_safety_fraction) if budget > 0 else budget
@@ -120,8 +130,13 @@ class CostTable:
         self.k_min = np.full((num_c, num_d), -1, dtype=np.int64)
         self.time_s = np.full((num_c, num_d), INF)
         self.mem_bytes = np.full((num_c, num_d), INF)
-        self.recompute_s_per_layer = np.zeros((num_c, num_d))
+        # Per policy k in [0, L-1]: time = time0_s + k * recompute_s_per_layer and
+        # bytes = mem0_bytes - k * saved_bytes_per_layer (read by planner.search.intra).
         self.time0_s = np.zeros((num_c, num_d))
+        self.recompute_s_per_layer = np.zeros((num_c, num_d))
+        self.mem0_bytes = np.zeros((num_c, num_d))
+        self.saved_bytes_per_layer = np.zeros((num_c, num_d))
+        self._columns: dict[int, tuple[list[float], ...]] = {}
         for j, d in enumerate(self.sizes):
             self._fill_size(j, d)
         # Fastest fitting size per class (ties: smaller size).
@@ -162,13 +177,28 @@ class CostTable:
                              spatial=c.spatial)
         t0 = cm.sample_time_s(c.tokens, group_size=d, recompute_layers=0, frames=c.frames,
                               spatial=c.spatial)
-        tl = cm.sample_time_s(c.tokens, group_size=d, recompute_layers=layers, frames=c.frames,
+        t1 = cm.sample_time_s(c.tokens, group_size=d, recompute_layers=1, frames=c.frames,
                               spatial=c.spatial)
+        act1 = cm.activation_bytes(c.tokens, group_size=d, recompute_layers=1)
         self.k_min[:, j] = np.where(ok, k, -1)
         self.time_s[:, j] = np.where(ok, t, INF)
         self.mem_bytes[:, j] = np.where(ok, act, INF)
         self.time0_s[:, j] = t0
-        self.recompute_s_per_layer[:, j] = (tl - t0) / max(layers, 1)
+        self.recompute_s_per_layer[:, j] = t1 - t0
+        self.mem0_bytes[:, j] = act0
+        self.saved_bytes_per_layer[:, j] = act0 - act1 if layers >= 2 else 0.0
+
+    def column(self, j: int) -> tuple[list[float], ...]:
+        """Per-class rows of size column ``j`` as lists (cached): ``(time0_s,
+        recompute_s_per_layer, mem0_bytes, saved_bytes_per_layer, time_s, mem_bytes, k_min)``."""
+        col = self._columns.get(j)
+        if col is None:
+            col = (self.time0_s[:, j].tolist(), self.recompute_s_per_layer[:, j].tolist(),
+                   self.mem0_bytes[:, j].tolist(), self.saved_bytes_per_layer[:, j].tolist(),
+                   self.time_s[:, j].tolist(), self.mem_bytes[:, j].tolist(),
+                   self.k_min[:, j].astype(np.float64).tolist())
+            self._columns[j] = col
+        return col
 
     def size_index(self, d: int) -> int:
         """Column of group size ``d``.

@@ -26,6 +26,8 @@ from planner.costs import CostTable, allowed_sizes
 from planner.placement import representable
 from planner.plan import LowerBound, Plan, SolverStatus
 from planner.search.heuristic import heuristic_plan
+from planner.search.intra import intra_draft
+from planner.search.local_search import polish
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +90,8 @@ def prepare(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: Cost
     if budget <= 0:
         raise ValueError(f"model states and working buffers need {cm.fixed_bytes():.6g} bytes per "
                          f"rank, over the memory cap {cluster.memory_cap_bytes:.6g} bytes")
-    table = CostTable(cm, samples, sizes=sizes, memory_safety_fraction=config.memory_safety_fraction)
+    table = CostTable(cm, samples, sizes=sizes, memory_safety_fraction=config.memory_safety_fraction,
+                      intra_policies=config.intra_policies and config.intra_search)
     if not table.fits_anywhere.all():
         c = int((~table.fits_anywhere).nonzero()[0][0])
         sample = samples[table.classes.members[c][0]]
@@ -140,6 +143,8 @@ def plan_batch(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: C
                               max_ejections=config.local_search_max_ejections,
                               max_resizes=config.max_resize_tries,
                               deep_min_gap=config.deep_search_min_gap)
+    if config.intra_policies and not config.intra_search:
+        draft = intra_draft(table, draft)
     best_time = draft_step_time_s(draft, arrays, cm)
     status: SolverStatus = "HEURISTIC"
     method = "heuristic"
@@ -153,10 +158,13 @@ def plan_batch(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: C
         result = cpsat.improve(table, draft, config=config, deadline=deadline)
         solver_bound = result.bound_s
         if result.draft is not None:
-            cand_time = draft_step_time_s(result.draft, arrays, cm)
+            cand = result.draft
+            if config.intra_policies and result.method != "cpsat-exact":  # exact: policies inside
+                cand = intra_draft(table, cand)
+            cand_time = draft_step_time_s(cand, arrays, cm)
             if cand_time < best_time * (1 - 1e-9) or (
                     result.status == "OPTIMAL" and cand_time <= best_time * (1 + 1e-9)):
-                draft, best_time = result.draft, cand_time
+                draft, best_time = cand, cand_time
                 status = "OPTIMAL" if result.status == "OPTIMAL" else "FEASIBLE"
                 method = result.method
             elif result.status == "OPTIMAL":
@@ -176,6 +184,14 @@ def plan_batch(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: C
                     baseline_best[0], best_time)
         best_time, method, draft = baseline_best[0], baseline_best[1], baseline_best[2]
         status = "BASELINE"
+        if config.polish_baseline:
+            # The search's own moves and intra policies, seeded with the baseline's groups.
+            polished = polish(table, draft, max_moves=config.local_search_max_moves,
+                              intra=config.intra_policies)
+            t = draft_step_time_s(polished, arrays, cm)
+            if t < best_time * (1 - 1e-9):
+                best_time, draft = t, polished
+                status, method = "HEURISTIC", f"{baseline_best[1]}+search"
     bound_value, bound_kind = prep.bounds.best_s, prep.bounds.best_kind
     if solver_bound is not None:
         with_sync = solver_bound + table.grad_sync_s

@@ -29,6 +29,7 @@ import numpy as np
 from planner.assemble import Draft, DraftGroup
 from planner.costs import CostTable
 from planner.placement import place_groups
+from planner.search.intra import intra_layout
 from planner.search.local_search import GroupState, local_search, repack
 from planner.search.multisets import candidate_multisets, packed_multiset
 from planner.search.resize import resize_search
@@ -116,7 +117,8 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
     groups = layout.groups
     num_groups = len(groups)
     cls = table.classes.class_of
-    o, budget = table.overhead_s, table.budget_bytes
+    budget = table.budget_bytes
+    o_g: list[float] = table.overhead_s_by_size[[g.col for g in groups]].tolist()
     # Plain lists: per sample, a few operations on a few dozen groups, where numpy's per-call
     # cost would dominate. Same arithmetic and tie-breaks (first index) as the vector form.
     load = [0.0] * num_groups
@@ -134,7 +136,7 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
         while pos < end:
             c = cls[order[pos]]
             m_row, t_row = mem_bytes[c], time_s[c]
-            finish = [load[g] + t_row[g] + (o if free[g] < m_row[g] else 0.0) for g in span]
+            finish = [load[g] + t_row[g] + (o_g[g] if free[g] < m_row[g] else 0.0) for g in span]
             gi = -1
             limit = inf
             if target_s is not None:
@@ -162,7 +164,7 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
                 if end - pos > 1 and num_groups > 1:
                     limit = best2
             g_state = groups[gi]
-            ld, fr = load[gi], free[gi]
+            ld, fr, o = load[gi], free[gi], o_g[gi]
             first = True
             while pos < end:
                 i = order[pos]
@@ -190,11 +192,17 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
 
 
 def to_draft(table: CostTable, groups: list[GroupState]) -> Draft:
-    """Drafts with each sample at its cheapest fitting policy, micro-batches largest first."""
+    """The groups as a draft: each sample at its cheapest fitting policy in the groups'
+    micro-batches, or with ``table.intra_policies`` the best split and policies per group
+    (``intra.intra_layout``)."""
     cls = table.classes.class_of
     draft: Draft = []
     for g in groups:
-        mbs = [[(i, int(table.k_min[cls[i], g.col])) for i in sorted(mb)] for mb in g.mbs]
+        if table.intra_policies:
+            mbs = intra_layout(table, g.col, [i for mb in g.mbs for i in mb])[1]
+            mbs = [sorted(mb) for mb in mbs]
+        else:
+            mbs = [[(i, int(table.k_min[cls[i], g.col])) for i in sorted(mb)] for mb in g.mbs]
         draft.append(DraftGroup(size=g.size, first_rank=g.first_rank, micro_batches=mbs))
     return draft
 

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from planner.assemble import Draft, DraftGroup
 from planner.costs import CostTable
+from planner.search.intra import intra_draft, intra_layout
 
 
 @dataclass(slots=True)
@@ -37,9 +39,14 @@ class GroupState:
 
 
 def group_time(table: CostTable, g: GroupState) -> float:
+    """A group's time: its samples at ``k_min`` plus its size's micro-batch overhead per
+    micro-batch; with ``table.intra_policies``, the time of its best split and policies
+    (``intra.intra_layout``, at most the former)."""
+    if table.intra_policies:
+        return intra_layout(table, g.col, [i for mb in g.mbs for i in mb])[0]
     cls = table.classes.class_of
     return (sum(table.time_s[cls[i], g.col] for mb in g.mbs for i in mb)
-            + table.overhead_s * len(g.mbs))
+            + float(table.overhead_s_by_size[g.col]) * len(g.mbs))
 
 
 def repack(table: CostTable, g: GroupState) -> None:
@@ -98,10 +105,13 @@ def local_search(table: CostTable, groups: list[GroupState], *, max_moves: int,
     if len(groups) < 2:
         return
     cls = table.classes.class_of
-    o = table.overhead_s
     cols = np.array([g.col for g in groups], dtype=np.int64)
+    o_g = table.overhead_s_by_size[cols]  # micro-batch overhead of each group
     time_s = table.time_s[:, cols]
     mem_b = table.mem_bytes[:, cols]
+    if table.intra_policies:  # loads priced with per-micro-batch policies from the start
+        for g in groups:
+            g.load_s = group_time(table, g)
     load = np.array([g.load_s for g in groups])
     max_free = np.array([max(g.free_bytes, default=-1.0) for g in groups])
     counts = np.zeros((len(groups), table.classes.num_classes), dtype=np.int64)
@@ -116,6 +126,7 @@ def local_search(table: CostTable, groups: list[GroupState], *, max_moves: int,
         load[gi] = g.load_s
         max_free[gi] = max(g.free_bytes, default=-1.0)
 
+    rejected: set[tuple[int, int, int]] = set()  # (class, from, to) moves undone since a change
     for _ in range(max_moves):
         top = int(np.argmax(load))
         g = groups[top]
@@ -129,10 +140,13 @@ def local_search(table: CostTable, groups: list[GroupState], *, max_moves: int,
                 if (c, alone) in seen:
                     continue
                 seen.add((c, alone))
-                new_src = current - time_s[c, top] - (o if alone else 0.0)
-                new_dst = load + time_s[c] + o * (max_free < mem_b[c])
+                new_src = current - time_s[c, top] - (o_g[top] if alone else 0.0)
+                new_dst = load + time_s[c] + o_g * (max_free < mem_b[c])
                 new_dst[top] = np.inf
                 cand = np.maximum(new_dst, new_src)
+                for key in rejected:
+                    if key[0] == c and key[1] == top:
+                        cand[key[2]] = np.inf
                 h = int(np.argmin(cand))
                 if cand[h] < current * (1 - 1e-12) and (best is None or cand[h] < best[0]):
                     best = (float(cand[h]), i, h)
@@ -144,8 +158,20 @@ def local_search(table: CostTable, groups: list[GroupState], *, max_moves: int,
             counts[h, cls[i]] += 1
             refresh(top)
             refresh(h)
+            if not table.intra_policies or max(load[top], load[h]) < current * (1 - 1e-12):
+                rejected.clear()
+                continue
+            # Priced with per-micro-batch policies the move does not pay: undo it.
+            rejected.add((cls[i], top, h))
+            _remove(table, groups[h], i)
+            _insert(table, g, i)
+            counts[top, cls[i]] += 1
+            counts[h, cls[i]] -= 1
+            refresh(top)
+            refresh(h)
             continue
         if _swap(table, groups, top, load, counts, time_s, refresh):
+            rejected.clear()
             continue
         if max_ejections <= 0:
             break
@@ -357,3 +383,38 @@ def _eject(table: CostTable, groups: list[GroupState], load: np.ndarray,
     for k in touched:
         refresh(k)
     return touched
+
+
+def states_of(table: CostTable, draft: list[tuple[int, int, list[int]]]) -> list[GroupState]:
+    """Groups ``(size, first rank, sample indices)`` as search states, each packed
+    first-fit-decreasing with every sample at its ``k_min`` (for seeding the local search with
+    another plan, e.g. a baseline's)."""
+    states = []
+    for size, first_rank, members in draft:
+        g = GroupState(size=size, col=table.size_index(size), first_rank=first_rank,
+                       mbs=[list(members)] if members else [])
+        g.free_bytes = [-1.0] * len(g.mbs)
+        if members:
+            g.mbs = []
+            g.free_bytes = []
+            for i in sorted(members, key=lambda i: (-table.mem_bytes[table.classes.class_of[i],
+                                                                     g.col], i)):
+                _insert(table, g, i)
+        g.load_s = group_time(table, g)
+        states.append(g)
+    return states
+
+
+def polish(table: CostTable, draft: Draft, *, max_moves: int, intra: bool) -> Draft:
+    """Another plan's groups improved by the local search (then per-group repacking, and with
+    ``intra`` the per-micro-batch policies of ``intra.intra_draft``)."""
+    states = states_of(table, [(g.size, g.first_rank, [i for mb in g.micro_batches for i, _ in mb])
+                               for g in draft])
+    local_search(table, states, max_moves=max_moves)
+    cls = table.classes.class_of
+    out: Draft = []
+    for g in states:
+        repack(table, g)
+        mbs = [[(i, int(table.k_min[cls[i], g.col])) for i in sorted(mb)] for mb in g.mbs]
+        out.append(DraftGroup(size=g.size, first_rank=g.first_rank, micro_batches=mbs))
+    return intra_draft(table, out) if intra else out

@@ -1,0 +1,200 @@
+"""DCP-intra: checkpoint policies chosen per micro-batch, jointly with the micro-batch split.
+
+Samples in one micro-batch share one rank's memory, so the choice is not per sample: a
+micro-batch whose samples need ``E`` bytes more than the budget at ``k = 0`` must recompute
+layers worth ``E`` bytes, and it may take them from whichever samples recompute most cheaply.
+On size column ``j`` a sample at policy ``k`` (``0 <= k <= L - 1``) costs, exactly under the
+cost model (``planner.costs.CostTable``):
+
+    time(k)  = time0 + k * r      r: seconds of recomputing one layer
+    bytes(k) = mem0  - k * b      b: bytes one recomputed layer saves
+
+and a micro-batch adds a fixed time ``base + (L + max k - min k) * call + max k * call_fwd``
+(``CostModel.microbatch_fixed_s``: mixing policies splits layer calls, recompute adds forward
+calls). For one micro-batch the choice is a knapsack with ``L - 1`` identical units per sample
+(cover ``E`` bytes at least recompute time): filling the samples of least ``r / b`` first (the
+activations kept are those that save most time per byte) is optimal but for the last, partly
+used sample; the cap on ``max k`` (a few values) and a uniform policy trade the fixed calls
+against it. Across micro-batches: from the first-fit-decreasing split at ``k_min`` (each sample's
+cheapest policy alone) down to fewer micro-batches, each split balancing bytes, while the
+total falls: one micro-batch fewer saves its fixed time and costs recompute.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+
+from planner.assemble import Draft, DraftGroup
+from planner.costs import CostTable
+
+Layout = list[list[tuple[int, int]]]
+"""Micro-batches of ``(sample index, recompute layers)``."""
+
+_MEM_SLACK = 1e-9
+"""Relative slack kept below the budget against floating-point summation order."""
+
+
+def _fixed_s(table: CostTable, j: int, ks: Sequence[int]) -> float:
+    hi, lo = max(ks), min(ks)
+    return (table.microbatch_base_s + (table.num_layers + hi - lo) * float(table.call_s_by_size[j])
+            + hi * float(table.call_fwd_s_by_size[j]))
+
+
+def kmin_layout(table: CostTable, j: int, members: Sequence[int]) -> Layout:
+    """First-fit decreasing by bytes with every sample at its ``k_min`` (inter-only policies)."""
+    cls = table.classes.class_of
+    mem = table.column(j)[5]
+    kmin = table.column(j)[6]
+    order = sorted(members, key=lambda i: (-mem[cls[i]], i))
+    mbs: Layout = []
+    free: list[float] = []
+    for i in order:
+        m = mem[cls[i]]
+        for pos, f in enumerate(free):
+            if f >= m:
+                mbs[pos].append((i, int(kmin[cls[i]])))
+                free[pos] -= m
+                break
+        else:
+            mbs.append([(i, int(kmin[cls[i]]))])
+            free.append(table.budget_bytes - m)
+    return mbs
+
+
+def layout_time_s(table: CostTable, j: int, layout: Layout) -> float:
+    """Time of a group's micro-batches under the search's cost rows (aligned placement)."""
+    cls = table.classes.class_of
+    t0, r = table.column(j)[0], table.column(j)[1]
+    total = 0.0
+    for mb in layout:
+        if mb:
+            total += _fixed_s(table, j, [k for _, k in mb])
+            total += sum(t0[cls[i]] + k * r[cls[i]] for i, k in mb)
+    return total
+
+
+def microbatch_policies(table: CostTable, j: int, members: Sequence[int]
+                        ) -> tuple[float, list[tuple[int, int]]] | None:
+    """Cheapest policies for samples sharing one micro-batch: ``(time_s, [(i, k)])`` or None.
+
+    None when the samples cannot fit together even with ``L - 1`` layers recomputed each.
+    """
+    cls = table.classes.class_of
+    t0, r, m0, b = table.column(j)[:4]
+    top = table.num_layers - 1
+    budget = table.budget_bytes * (1 - _MEM_SLACK)
+    excess = sum(m0[cls[i]] for i in members) - budget
+    base_s = sum(t0[cls[i]] for i in members)
+    if excess <= 0:
+        return base_s + _fixed_s(table, j, [0]), [(i, 0) for i in members]
+    if top <= 0:
+        return None
+    # Recompute first where one layer's recompute buys the most bytes per second.
+    order = sorted((i for i in members if b[cls[i]] > 0), key=lambda i: (r[cls[i]] / b[cls[i]], i))
+    if sum(b[cls[i]] for i in order) * top < excess:
+        return None
+    best: tuple[float, list[tuple[int, int]]] | None = None
+    total_b = sum(b[cls[i]] for i in order)
+    k_uniform = math.ceil(excess / total_b)
+    caps = sorted({top, max(k_uniform, (top + 1) // 2), max(k_uniform, (top + 3) // 4)},
+                  reverse=True)
+    for cap in caps:
+        ks: dict[int, int] = {}
+        left = excess
+        extra_s = 0.0
+        for i in order:
+            c = cls[i]
+            k = min(cap, math.ceil(left / b[c]))
+            ks[i] = k
+            left -= k * b[c]
+            extra_s += k * r[c]
+            if left <= 0:
+                break
+        if left > 0:
+            continue
+        pol = [ks.get(i, 0) for i in members]
+        t = base_s + extra_s + _fixed_s(table, j, pol)
+        if best is None or t < best[0]:
+            best = (t, list(zip(members, pol, strict=True)))
+    if k_uniform <= top and len(order) == len(members):
+        pol = [k_uniform] * len(members)
+        t = base_s + k_uniform * sum(r[cls[i]] for i in members) + _fixed_s(table, j, pol)
+        if best is None or t < best[0]:
+            best = (t, list(zip(members, pol, strict=True)))
+    return best
+
+
+def _balanced_split(table: CostTable, j: int, members: Sequence[int], count: int
+                    ) -> list[list[int]]:
+    """``count`` micro-batches: ``members`` (largest ``k = 0`` bytes first) each into the one
+    holding fewest bytes."""
+    cls = table.classes.class_of
+    m0 = table.column(j)[2]
+    heap = [(0.0, pos) for pos in range(count)]
+    out: list[list[int]] = [[] for _ in range(count)]
+    for i in members:
+        load, pos = heapq.heappop(heap)
+        out[pos].append(i)
+        heapq.heappush(heap, (load + m0[cls[i]], pos))
+    return out
+
+
+def intra_layout(table: CostTable, j: int, members: Sequence[int]) -> tuple[float, Layout]:
+    """Micro-batch split and per-sample policies of one group: ``(time_s, layout)``.
+
+    Candidates: the first-fit-decreasing split at ``k_min``, re-optimised per micro-batch, then
+    balanced splits into one micro-batch fewer at a time while the total time falls (or until
+    the samples no longer fit). The cheapest is returned.
+    """
+    if not members:
+        return 0.0, []
+    base = kmin_layout(table, j, members)
+    best_s, best = layout_time_s(table, j, base), base
+    # The k_min split with its policies re-chosen per micro-batch (kept when cheaper).
+    refit: Layout = []
+    refit_s = 0.0
+    for kmin_mb in base:
+        res = microbatch_policies(table, j, [i for i, _ in kmin_mb])
+        if res is None:
+            refit = []
+            break
+        refit_s += res[0]
+        refit.append(res[1])
+    if refit and refit_s < best_s:
+        best_s, best = refit_s, refit
+    previous = best_s
+    cls = table.classes.class_of
+    m0 = table.column(j)[2]
+    by_bytes = sorted(members, key=lambda i: (-m0[cls[i]], i))
+    for count in range(len(base) - 1, 0, -1):
+        split = _balanced_split(table, j, by_bytes, count)
+        total = 0.0
+        layout: Layout = []
+        for mb in split:
+            res = microbatch_policies(table, j, mb)
+            if res is None:
+                total = math.inf
+                break
+            total += res[0]
+            layout.append(res[1])
+        if total < best_s:
+            best_s, best = total, layout
+        if total >= previous:
+            break
+        previous = total
+    return best_s, best
+
+
+def intra_draft(table: CostTable, draft: Draft) -> Draft:
+    """A draft with each group's split and policies re-chosen (``intra_layout``) where that is
+    faster under the search's cost rows; groups and their samples unchanged."""
+    out: Draft = []
+    for g in draft:
+        j = table.size_index(g.size)
+        current = layout_time_s(table, j, g.micro_batches)
+        t, layout = intra_layout(table, j, [i for mb in g.micro_batches for i, _ in mb])
+        mbs = [sorted(mb) for mb in layout] if t < current else g.micro_batches
+        out.append(DraftGroup(size=g.size, first_rank=g.first_rank, micro_batches=mbs))
+    return out
