@@ -28,8 +28,9 @@ from api.lease import StoreLease
 from api.limits import RequestGuardMiddleware
 from api.metrics import LatencyMiddleware, Metrics
 from api.pool import SolverPool
+from api.recalibration import Recalibrator
 from api.registry import CostModelRegistry
-from api.routers import cost_models, dashboard, epochs, health, plans, report
+from api.routers import cost_models, dashboard, epochs, health, measurements, plans, report
 from api.settings import Settings
 from api.store import PlanStore
 
@@ -70,8 +71,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                           retry=RetryPolicy(max_transient_retries=settings.job_max_transient_retries,
                                             max_backoff_s=settings.job_max_backoff_s,
                                             deadline_margin_s=settings.plan_deadline_margin_s))
+        recalibrator = Recalibrator(store=store, get_cost_model=registry.get, pool=executor, metrics=metrics)
         state = ServiceState(settings=settings, store=store, registry=registry, executor=executor,
-                             jobs=jobs, metrics=metrics)
+                             jobs=jobs, metrics=metrics, recalibrator=recalibrator)
         app.state.service = state
 
         async def warm() -> None:
@@ -97,6 +99,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             warm_task.cancel()
             await asyncio.to_thread(jobs.shutdown)
+            await asyncio.to_thread(recalibrator.shutdown)
             await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
             store.close()
             if lease is not None:
@@ -114,15 +117,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         swagger_ui_parameters={"validatorUrl": None},
     )
     app.state.metrics = Metrics()
-    for router in (plans.router, epochs.router, report.router, cost_models.router, health.router,
-                   dashboard.router):
+    for router in (plans.router, epochs.router, report.router, cost_models.router, measurements.router,
+                   health.router, dashboard.router):
         app.include_router(router)
 
     def current_store() -> PlanStore | None:
         service: ServiceState | None = getattr(app.state, "service", None)
         return None if service is None else service.store
 
-    app.add_middleware(RankViewFastPath, get_store=current_store)
+    def current_recalibrator() -> Recalibrator | None:
+        service: ServiceState | None = getattr(app.state, "service", None)
+        return None if service is None else service.recalibrator
+
+    app.add_middleware(RankViewFastPath, get_store=current_store, get_recalibrator=current_recalibrator)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
                            allow_methods=["GET", "POST", "DELETE"], allow_headers=["Authorization", "Content-Type"])

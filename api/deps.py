@@ -13,6 +13,7 @@ from api.errors import conflict, not_found, unprocessable
 from api.jobs import JobManager
 from api.metrics import Metrics
 from api.pool import SolverPool
+from api.recalibration import Recalibrator
 from api.registry import CostModelRegistry, resolve_cluster
 from api.settings import Settings
 from api.store import InvalidStoredCostModelError, PlanStore
@@ -38,6 +39,8 @@ class ServiceState:
     """Prometheus metrics."""
     ready: bool = field(default=False)
     """True once the pool's workers are started."""
+    recalibrator: Recalibrator | None = None
+    """Measurements, cost-model revisions and re-planning (``api.recalibration``)."""
 
     def planning_inputs(self, *, cluster: str | ClusterSpec, cost_model_id: str
                         ) -> tuple[ClusterSpec, CostModelFile]:

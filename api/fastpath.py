@@ -14,10 +14,14 @@ from __future__ import annotations
 import re
 import sqlite3
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.store import PlanStore
+
+if TYPE_CHECKING:
+    from api.recalibration import Recalibrator
 
 RANK_VIEW_ROUTE = "/v1/epochs/{epoch_id}/steps/{step}/ranks/{rank}"
 _PATH = re.compile(r"^/v1/epochs/([A-Za-z0-9._-]{1,128})/steps/([0-9]{1,9})/ranks/([0-9]{1,9})$")
@@ -26,9 +30,11 @@ _PATH = re.compile(r"^/v1/epochs/([A-Za-z0-9._-]{1,128})/steps/([0-9]{1,9})/rank
 class RankViewFastPath:
     """Serves stored rank views directly; falls through for everything else."""
 
-    def __init__(self, app: ASGIApp, *, get_store: Callable[[], PlanStore | None]) -> None:
+    def __init__(self, app: ASGIApp, *, get_store: Callable[[], PlanStore | None],
+                 get_recalibrator: Callable[[], Recalibrator | None] = lambda: None) -> None:
         self.app = app
         self.get_store = get_store
+        self.get_recalibrator = get_recalibrator
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "GET":
@@ -36,8 +42,11 @@ class RankViewFastPath:
             store = self.get_store() if match else None
             if match and store is not None:
                 epoch_id, step, rank = match.group(1), int(match.group(2)), int(match.group(3))
+                recalibrator = self.get_recalibrator()
+                # The first fetch of a step freezes it (never re-planned afterwards).
+                fetch = store.get_rank_view if recalibrator is None else recalibrator.revisions.fetch_rank_view
                 try:
-                    view = store.get_rank_view(epoch_id, step, rank, fast=True)
+                    view = fetch(epoch_id, step, rank, fast=True)
                 except (ValueError, sqlite3.Error):
                     view = None
                 if view is not None:

@@ -202,8 +202,11 @@ async def get_rank_step(epoch_id: EpochId, step: StepIndex,
     """Rank ``rank``'s part of one step (its group and micro-batches) with the plan digest."""
 
     def read() -> Response:
+        # The first fetch of a step freezes it (api.revisions_store): never re-planned afterwards.
+        fetch = (state.store.get_rank_view if state.recalibrator is None
+                 else state.recalibrator.revisions.fetch_rank_view)
         try:
-            view = state.store.get_rank_view(epoch_id, step, rank)
+            view = fetch(epoch_id, step, rank)
         except ValueError as exc:
             not_found(str(exc))
         if view is None:

@@ -1,0 +1,261 @@
+"""Recalibration jobs: measurements -> new cost-model revision (on the solver pool) -> re-plan.
+
+``Recalibrator.maybe_start`` is called after measurements are stored; when an epoch has
+``every_steps`` more measured steps than at its last fit, a thread of the service gathers the
+measured groups with the micro-batches their plans gave them and submits the fit
+(:func:`fit_revision_task`, ``costmodel.recalibrate``) to the solver pool: nothing of it runs
+in a request. The fit becomes revision ``id@rev`` of the epoch's cost model (immutable, with
+its held-out quality). An epoch that follows revisions then has every stored step above its
+frozen step re-planned with the revision on the pool (same samples, same step seed) and
+written only while still unfetched (``RevisionStore.replace_unfrozen``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import asdict
+from typing import Any
+
+from prometheus_client import Gauge
+
+from api.measurements_store import GroupMeasurement, MeasurementStore
+from api.metrics import Metrics
+from api.pool import SolverPool
+from api.revisions_store import RecalibrationState, Revision, RevisionStore
+from api.store import PlanStore
+from costmodel.evaluate import CostModel, nodes_spanned
+from costmodel.recalibrate import TERMS, TermScales, fit_scales, scale_file, term_times_s
+from costmodel.schema import CostModelFile
+from costmodel.specs import ClusterSpec, Sample
+from planner.epoch import StepResult, StepTask, plan_step
+from planner.plan import Plan
+
+logger = logging.getLogger(__name__)
+
+FIT_DEADLINE_S = 120.0
+"""Wall-clock limit of one fit on the pool."""
+REPLAN_WRITE_STEPS = 8
+"""Re-planned steps written per transaction (lowest steps first: ranks reach them soonest)."""
+
+
+def observations(groups: Sequence[GroupMeasurement], plans: dict[int, Plan]) -> list[dict[str, Any]]:
+    """One record per measured micro-batch: its samples, policies, group and measured time.
+
+    Groups whose plan is not the one measured (digest) or whose micro-batch count differs are
+    left out (they cannot happen for accepted measurements of a frozen step).
+    """
+    out = []
+    for g in groups:
+        plan = plans.get(g.step)
+        if plan is None or plan.digest() != g.digest:
+            continue
+        group = next((x for x in plan.groups if x.first_rank == g.first_rank), None)
+        if group is None or len(group.micro_batches) != len(g.times_s):
+            continue
+        for mb, measured in zip(group.micro_batches, g.times_s, strict=True):
+            out.append({"step": g.step, "first_rank": g.first_rank, "group_size": group.size,
+                        "samples": [ps.sample.model_dump(exclude_none=True) for ps in mb.samples],
+                        "policies": [ps.recompute_layers for ps in mb.samples],
+                        "predicted_s": mb.predicted_time_s, "measured_s": measured})
+    return out
+
+
+def fit_revision_task(base_json: str, cluster_json: str, records: list[dict[str, Any]],
+                      prior: dict[str, float]) -> dict[str, Any]:
+    """Fit per-term factors on measured micro-batches (runs in a pool worker).
+
+    Returns:
+        ``{"scales": {...}, "quality": {...}}``.
+    """
+    import numpy as np
+
+    base = CostModelFile.model_validate_json(base_json)
+    cluster = ClusterSpec.model_validate_json(cluster_json)
+    model = CostModel(file=base, cluster=cluster)
+    doubled = CostModel(file=scale_file(base, TermScales(alltoall=2.0)), cluster=cluster)
+    terms = [term_times_s(model, [Sample.model_validate(s) for s in r["samples"]], group_size=r["group_size"],
+                          recompute_layers=r["policies"], doubled_alltoall=doubled,
+                          num_nodes=nodes_spanned(first_rank=r["first_rank"], group_size=r["group_size"],
+                                                  gpus_per_node=cluster.gpus_per_node))
+             for r in records]
+    fit = fit_scales(np.array(terms), np.array([r["measured_s"] for r in records]),
+                     steps=[r["step"] for r in records], prior=TermScales(**prior))
+    return {"scales": fit.scales.as_dict(), "quality": asdict(fit.quality)}
+
+
+class Recalibrator:
+    """Runs recalibrations and re-plans on threads of the service, the work on the pool."""
+
+    def __init__(self, *, store: PlanStore, get_cost_model: Callable[[str], CostModelFile],
+                 pool: SolverPool, metrics: Metrics | None = None) -> None:
+        self.store = store
+        self.measurements = MeasurementStore(store)
+        self.revisions = RevisionStore(store)
+        self.get_cost_model = get_cost_model
+        self.pool = pool
+        self._lock = threading.Lock()
+        self._running: dict[str, threading.Thread] = {}
+        self._again: set[str] = set()
+        self._closed = threading.Event()
+        self.term_ratio: Gauge | None = None
+        self.epoch_revision: Gauge | None = None
+        if metrics is not None:
+            self.term_ratio = Gauge(
+                "dcp_cost_model_term_ratio", "Predicted / measured time per term of a cost model "
+                "(1 / the newest revision's factor).", ["cost_model_id", "term"], registry=metrics.registry)
+            self.epoch_revision = Gauge("dcp_epoch_cost_model_revision",
+                                        "Cost-model revision of an epoch's newest plans.", ["epoch_id"],
+                                        registry=metrics.registry)
+
+    # ----------------------------------------------------------- scheduling
+    def due(self, epoch_id: str, state: RecalibrationState | None = None) -> bool:
+        """True when the epoch has ``every_steps`` more measured steps than at its last fit."""
+        state = state or self.revisions.state(epoch_id)
+        if state.every_steps <= 0:
+            return False
+        return self.measurements.measured_steps(epoch_id) - state.steps_at_fit >= state.every_steps
+
+    def maybe_start(self, epoch_id: str) -> str:
+        """Start a recalibration when due: ``off``, ``not due``, ``scheduled`` or ``running``."""
+        state = self.revisions.state(epoch_id)
+        if state.every_steps <= 0:
+            return "off"
+        with self._lock:
+            if epoch_id in self._running:
+                self._again.add(epoch_id)
+                return "running"
+            if not self.due(epoch_id, state):
+                return "not due"
+            thread = threading.Thread(target=self._loop, args=(epoch_id,), name=f"recal-{epoch_id}",
+                                      daemon=True)
+            self._running[epoch_id] = thread
+        thread.start()
+        return "scheduled"
+
+    def _loop(self, epoch_id: str) -> None:
+        try:
+            while not self._closed.is_set():
+                try:
+                    self.recalibrate(epoch_id)
+                except Exception:
+                    logger.exception("epoch %s: recalibration failed", epoch_id)
+                with self._lock:
+                    if epoch_id not in self._again or not self.due(epoch_id):
+                        self._again.discard(epoch_id)
+                        return
+                    self._again.discard(epoch_id)
+        finally:
+            with self._lock:
+                self._running.pop(epoch_id, None)
+
+    def busy(self, epoch_id: str) -> bool:
+        """True while a recalibration of the epoch runs."""
+        with self._lock:
+            return epoch_id in self._running
+
+    def shutdown(self, *, timeout_s: float = 30.0) -> None:
+        """Let running recalibrations finish (at most ``timeout_s``)."""
+        self._closed.set()
+        with self._lock:
+            threads = list(self._running.values())
+        for thread in threads:
+            thread.join(timeout=timeout_s)
+
+    # --------------------------------------------------------------- work
+    def _plans(self, epoch_id: str, steps: set[int]) -> dict[int, Plan]:
+        found = {}
+        for step in sorted(steps):
+            row = self.store.get_plan(epoch_id, step)
+            if row is not None:
+                found[step] = Plan.model_validate_json(row[1])
+        return found
+
+    def recalibrate(self, epoch_id: str) -> Revision | None:
+        """Fit a new revision from the epoch's measurements; re-plan when the epoch follows.
+
+        Returns:
+            The new revision, or None when there was nothing to fit.
+        """
+        record = self.store.get_epoch(epoch_id)
+        if record is None:
+            raise KeyError(f"unknown epoch {epoch_id!r}")
+        state = self.revisions.state(epoch_id)
+        measured_steps = self.measurements.measured_steps(epoch_id)
+        groups = self.measurements.groups(epoch_id)
+        records = observations(groups, self._plans(epoch_id, {g.step for g in groups}))
+        if not records:
+            return None
+        base = self.get_cost_model(record.spec["cost_model_id"])
+        prior = self._scales(base.id, state.current_rev)
+        cluster_json = ClusterSpec.model_validate(record.spec["cluster"]).model_dump_json()
+        future: Future[dict[str, Any]] = self.pool.submit_with_deadline(
+            FIT_DEADLINE_S, fit_revision_task, base.model_dump_json(), cluster_json, records, prior.as_dict())
+        result = future.result()
+        scales = TermScales(**result["scales"])
+        quality = result["quality"]
+
+        def make_file(rev: int) -> CostModelFile:
+            return scale_file(base, scales, new_id=f"{base.id}@{rev}",
+                              note=f"recalibrated on {quality['num_points']} measured micro-batches of "
+                                   f"epoch {epoch_id}: factors {scales.as_dict()}")
+
+        revision = self.revisions.add_revision(base, make_file=make_file, scales=scales.as_dict(),
+                                               fit=quality, source_epoch=epoch_id)
+        logger.info("epoch %s: cost model %s, factors %s, held-out MAPE %s -> %s", epoch_id, revision.ref,
+                    scales.as_dict(), quality["heldout_mape_before"], quality["heldout_mape_after"])
+        if self.term_ratio is not None:
+            for term in TERMS:
+                self.term_ratio.labels(base.id, term).set(1.0 / getattr(scales, term))
+        self.revisions.record_fit(epoch_id, steps_at_fit=measured_steps,
+                                  rev=revision.rev if state.follow else state.current_rev)
+        if state.follow:
+            self.replan(epoch_id, revision)
+        if self.epoch_revision is not None:
+            self.epoch_revision.labels(epoch_id).set(self.revisions.state(epoch_id).current_rev)
+        return revision
+
+    def _scales(self, cost_model_id: str, rev: int) -> TermScales:
+        if rev == 0:
+            return TermScales()
+        for r in self.revisions.revisions(cost_model_id):
+            if r.rev == rev:
+                return TermScales(**r.scales)
+        return TermScales()
+
+    def replan(self, epoch_id: str, revision: Revision) -> tuple[list[int], list[int]]:
+        """Re-plan every stored step above the frozen step with ``revision`` (on the pool).
+
+        Returns:
+            ``(steps replaced, steps left: fetched meanwhile)``.
+        """
+        record = self.store.get_epoch(epoch_id)
+        assert record is not None
+        frozen = self.revisions.state(epoch_id).frozen_through
+        steps = sorted(s for s in self.store.digests(epoch_id) if s > frozen)
+        cluster_json = ClusterSpec.model_validate(record.spec["cluster"]).model_dump_json()
+        file_json = revision.file.model_dump_json()
+        futures = [self.pool.submit_with_deadline(
+            FIT_DEADLINE_S, plan_step,
+            StepTask(step=s, samples_json=self.store.batch_json(epoch_id, s), cluster_json=cluster_json,
+                     cost_model_json=file_json, options=record.spec["options"], seed=record.spec["seed"]))
+            for s in steps]
+        replaced: list[int] = []
+        left: list[int] = []
+        batch: list[StepResult] = []
+        for future in futures:
+            batch.append(future.result())
+            if len(batch) >= REPLAN_WRITE_STEPS:
+                done, kept = self.revisions.replace_unfrozen(epoch_id, batch, rev=revision.rev)
+                replaced += done
+                left += kept
+                batch = []
+        if batch:
+            done, kept = self.revisions.replace_unfrozen(epoch_id, batch, rev=revision.rev)
+            replaced += done
+            left += kept
+        logger.info("epoch %s: re-planned %d steps with %s (%d fetched meanwhile, left as they were)",
+                    epoch_id, len(replaced), revision.ref, len(left))
+        return replaced, left

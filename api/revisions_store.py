@@ -1,0 +1,213 @@
+"""Cost-model revisions, per-epoch recalibration state and frozen steps, in the plan store.
+
+* A revision ``id@rev`` (``rev >= 1``; ``id@0`` is the uploaded or embedded file) is written
+  once and never changed, with the factors it applied to ``id@0`` and its fit quality.
+* Freezing: the first fetch of a step's rank view raises the epoch's ``frozen_through`` to that
+  step *in the transaction that reads the view* (:meth:`RevisionStore.fetch_rank_view`); a
+  re-planned step is written only when it is above ``frozen_through``, checked in the
+  transaction that writes it (:meth:`RevisionStore.replace_unfrozen`). SQLite serialises the
+  two, so a step any rank has fetched never changes. Steps at or below a fetched one are frozen
+  too (ranks fetch in order): more than needed, never less. A per-process cache skips the write
+  once a step is known frozen.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from api.store import PlanStore
+from api.store_schema import transaction
+from costmodel.schema import CostModelFile
+from planner.epoch import StepResult
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class RecalibrationState:
+    """One epoch's recalibration settings and progress."""
+
+    follow: bool
+    """Re-plan the steps not fetched yet with each new revision."""
+    every_steps: int
+    """Recalibrate after this many newly measured steps (0 = never)."""
+    frozen_through: int
+    """Highest step any rank has fetched (-1: none)."""
+    steps_at_fit: int
+    """Measured steps at the last recalibration."""
+    current_rev: int
+    """Revision the epoch's newest plans use (0: the original file)."""
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class Revision:
+    """A stored cost-model revision."""
+
+    cost_model_id: str
+    """Base id."""
+    rev: int
+    """Revision number (>= 1)."""
+    file: CostModelFile
+    """Its coefficients (``id`` is ``base@rev``)."""
+    scales: dict[str, float]
+    """Factors per term applied to revision 0."""
+    fit: dict[str, Any]
+    """Fit quality (``costmodel.recalibrate.FitQuality`` fields)."""
+    source_epoch: str | None
+    """Epoch whose measurements it was fitted on."""
+    created_at: float
+    """Unix time."""
+
+    @property
+    def ref(self) -> str:
+        """``id@rev``."""
+        return f"{self.cost_model_id}@{self.rev}"
+
+
+def revision_ref(cost_model_id: str, rev: int) -> str:
+    """``id@rev``; revision 0 is the base id itself."""
+    return cost_model_id if rev == 0 else f"{cost_model_id}@{rev}"
+
+
+class RevisionStore:
+    """Queries of the revision and recalibration tables."""
+
+    def __init__(self, store: PlanStore) -> None:
+        self.store = store
+        self._frozen: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ state
+    def state(self, epoch_id: str) -> RecalibrationState:
+        """The epoch's state (defaults when nothing was recorded)."""
+        row = self.store._conn().execute("SELECT * FROM epoch_recalibration WHERE epoch_id=?",
+                                         (epoch_id,)).fetchone()
+        if row is None:
+            return RecalibrationState(follow=False, every_steps=0, frozen_through=-1, steps_at_fit=0,
+                                      current_rev=0)
+        return RecalibrationState(follow=bool(row["follow"]), every_steps=row["every_steps"],
+                                  frozen_through=row["frozen_through"], steps_at_fit=row["steps_at_fit"],
+                                  current_rev=row["current_rev"])
+
+    def configure(self, epoch_id: str, *, follow: bool, every_steps: int) -> RecalibrationState:
+        """Set the epoch's recalibration settings."""
+        with transaction(self.store._conn()) as conn:
+            conn.execute("INSERT INTO epoch_recalibration(epoch_id, follow, every_steps) VALUES (?, ?, ?) "
+                         "ON CONFLICT(epoch_id) DO UPDATE SET follow=excluded.follow, "
+                         "every_steps=excluded.every_steps", (epoch_id, int(follow), every_steps))
+        return self.state(epoch_id)
+
+    def record_fit(self, epoch_id: str, *, steps_at_fit: int, rev: int) -> None:
+        """Note a recalibration of the epoch (its measured steps then, the revision it follows)."""
+        with transaction(self.store._conn()) as conn:
+            conn.execute("INSERT INTO epoch_recalibration(epoch_id, steps_at_fit, current_rev) VALUES (?, ?, ?) "
+                         "ON CONFLICT(epoch_id) DO UPDATE SET steps_at_fit=excluded.steps_at_fit, "
+                         "current_rev=excluded.current_rev", (epoch_id, steps_at_fit, rev))
+
+    # --------------------------------------------------------------- freezing
+    def fetch_rank_view(self, epoch_id: str, step: int, rank: int, *, fast: bool = False) -> str | None:
+        """``PlanStore.get_rank_view``, freezing the step when it is served for the first time.
+
+        Raises:
+            ValueError: when the step is stored but the rank is outside its world.
+            sqlite3.Error: a busy store (``fast``: after the fast connection's short timeout).
+        """
+        with self._lock:
+            frozen = self._frozen.get(epoch_id)
+        if frozen is None:
+            row = self.store._conn(fast=fast).execute(
+                "SELECT frozen_through FROM epoch_recalibration WHERE epoch_id=?", (epoch_id,)).fetchone()
+            frozen = -1 if row is None else int(row["frozen_through"])
+        if step <= frozen:
+            return self.store.get_rank_view(epoch_id, step, rank, fast=fast)
+        with transaction(self.store._conn(fast=fast)) as conn:
+            view = self.store.get_rank_view(epoch_id, step, rank, fast=fast)
+            if view is not None:
+                conn.execute("INSERT INTO epoch_recalibration(epoch_id, frozen_through) VALUES (?, ?) "
+                             "ON CONFLICT(epoch_id) DO UPDATE SET frozen_through="
+                             "max(frozen_through, excluded.frozen_through)", (epoch_id, step))
+        if view is not None:
+            with self._lock:
+                self._frozen[epoch_id] = max(self._frozen.get(epoch_id, -1), step, frozen)
+        return view
+
+    def replace_unfrozen(self, epoch_id: str, results: Sequence[StepResult], *, rev: int
+                         ) -> tuple[list[int], list[int]]:
+        """Store re-planned steps that no rank has fetched, in one transaction.
+
+        Returns:
+            ``(steps replaced, steps left because they were frozen or not stored)``.
+        """
+        replaced: list[int] = []
+        left: list[int] = []
+        now = time.time()
+        with transaction(self.store._conn()) as conn:
+            row = conn.execute("SELECT frozen_through FROM epoch_recalibration WHERE epoch_id=?",
+                               (epoch_id,)).fetchone()
+            frozen = -1 if row is None else int(row["frozen_through"])
+            for r in results:
+                assert r.step is not None
+                old = conn.execute("SELECT gap, predicted_step_time_s, speedup_vs_bucket FROM plans "
+                                   "WHERE epoch_id=? AND step=?", (epoch_id, r.step)).fetchone()
+                if r.step <= frozen or old is None:
+                    left.append(r.step)
+                    continue
+                conn.execute("UPDATE plans SET digest=?, plan=?, gap=?, predicted_step_time_s=?, "
+                             "speedup_vs_bucket=? WHERE epoch_id=? AND step=?",
+                             (r.digest, r.plan_json, r.gap, r.predicted_step_time_s, r.speedup_vs_bucket,
+                              epoch_id, r.step))
+                conn.execute("DELETE FROM plan_groups WHERE epoch_id=? AND step=?", (epoch_id, r.step))
+                conn.executemany("INSERT INTO plan_groups(epoch_id, step, first_rank, last_rank, view) "
+                                 "VALUES (?, ?, ?, ?, ?)",
+                                 [(epoch_id, r.step, first, last, view) for first, last, view in r.group_views])
+                old_speedup = old["speedup_vs_bucket"]
+                new_speedup = r.speedup_vs_bucket
+                conn.execute(
+                    "UPDATE epochs SET sum_gap = sum_gap + ?, sum_step_time_s = sum_step_time_s + ?, "
+                    "sum_speedup = sum_speedup + ?, num_speedup = num_speedup + ? WHERE id=?",
+                    (r.gap - old["gap"], r.predicted_step_time_s - old["predicted_step_time_s"],
+                     (new_speedup or 0.0) - (old_speedup or 0.0),
+                     int(new_speedup is not None) - int(old_speedup is not None), epoch_id))
+                conn.execute("INSERT OR REPLACE INTO step_revisions(epoch_id, step, rev, replanned_at) "
+                             "VALUES (?, ?, ?, ?)", (epoch_id, r.step, rev, now))
+                replaced.append(r.step)
+        return replaced, left
+
+    def step_revisions(self, epoch_id: str) -> dict[int, int]:
+        """Revision of every re-planned step (steps absent: revision 0)."""
+        rows = self.store._conn().execute("SELECT step, rev FROM step_revisions WHERE epoch_id=?", (epoch_id,))
+        return {r["step"]: r["rev"] for r in rows}
+
+    # -------------------------------------------------------------- revisions
+    def add_revision(self, base: CostModelFile, *, make_file: Any, scales: dict[str, float],
+                     fit: dict[str, Any], source_epoch: str | None) -> Revision:
+        """Write the next revision of ``base`` (``make_file(rev) -> CostModelFile``) and return it."""
+        with transaction(self.store._conn()) as conn:
+            row = conn.execute("SELECT MAX(rev) AS r FROM cost_model_revisions WHERE cost_model_id=?",
+                               (base.id,)).fetchone()
+            rev = (row["r"] or 0) + 1
+            file: CostModelFile = make_file(rev)
+            created = time.time()
+            conn.execute("INSERT INTO cost_model_revisions(cost_model_id, rev, body, digest, scales, fit, "
+                         "source_epoch, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                         (base.id, rev, file.model_dump_json(), file.digest(), json.dumps(scales),
+                          json.dumps(fit), source_epoch, created))
+        return Revision(cost_model_id=base.id, rev=rev, file=file, scales=scales, fit=fit,
+                        source_epoch=source_epoch, created_at=created)
+
+    def revisions(self, cost_model_id: str) -> list[Revision]:
+        """Every revision of a cost model, oldest first."""
+        rows = self.store._conn().execute(
+            "SELECT * FROM cost_model_revisions WHERE cost_model_id=? ORDER BY rev", (cost_model_id,))
+        return [Revision(cost_model_id=r["cost_model_id"], rev=r["rev"],
+                         file=CostModelFile.model_validate_json(r["body"]), scales=json.loads(r["scales"]),
+                         fit=json.loads(r["fit"]), source_epoch=r["source_epoch"], created_at=r["created_at"])
+                for r in rows]
+
+    def latest(self, cost_model_id: str) -> Revision | None:
+        """The newest revision, if any."""
+        found = self.revisions(cost_model_id)
+        return found[-1] if found else None

@@ -1,0 +1,138 @@
+"""Measurements route, recalibration, revisions and frozen steps through the real app and pool."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from api.measurements_store import MeasurementStore, RankMeasurement
+from api.store import PlanStore
+from planner.plan import Plan, RankPlan
+
+from .conftest import AUTH, COST_MODEL, FAST, manifest_lines
+
+
+def _epoch(client: TestClient, epoch_id: str, *, num_samples: int = 48) -> dict[str, Any]:
+    body = {"epoch_id": epoch_id, "manifest_jsonl": manifest_lines(num_samples), "batch": {"samples_per_step": 8},
+            "seed": 3, "cluster": "h200x8", "cost_model_id": COST_MODEL, "options": FAST}
+    assert client.post("/v1/epochs", json=body, headers=AUTH).status_code == 202
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        status = client.get(f"/v1/epochs/{epoch_id}").json()
+        if status["state"] == "done":
+            return dict(status)
+        assert status["state"] in ("queued", "running"), status
+        time.sleep(0.05)
+    raise AssertionError("epoch not done")
+
+
+def _view(client: TestClient, epoch_id: str, step: int, rank: int) -> RankPlan:
+    response = client.get(f"/v1/epochs/{epoch_id}/steps/{step}/ranks/{rank}")
+    assert response.status_code == 200, response.text
+    return RankPlan.model_validate_json(response.content)
+
+
+def _plan(client: TestClient, epoch_id: str, step: int) -> tuple[Plan, str]:
+    body = client.get(f"/v1/epochs/{epoch_id}/steps/{step}").json()
+    return Plan.model_validate(body["plan"]), body["digest"]
+
+
+def _measured(view: RankPlan, factor: float) -> dict[str, Any]:
+    """What a rank would post if every micro-batch took ``factor`` times its prediction."""
+    return {"step": view.step, "rank": view.rank, "plan_digest": view.plan_digest,
+            "micro_batch_times_s": [factor * mb.predicted_time_s for mb in view.group.micro_batches],
+            "peak_bytes": None}
+
+
+def test_bad_measurements_are_refused_and_nothing_is_stored(client: TestClient) -> None:
+    _epoch(client, "m1")
+    _epoch(client, "m2", num_samples=16)
+    good = _measured(_view(client, "m1", 0, 0), 1.0)
+    path = "/v1/epochs/m1/measurements"
+
+    def post(*steps: dict[str, Any]) -> Any:
+        return client.post(path, json={"steps": list(steps)}, headers=AUTH)
+
+    other = _measured(_view(client, "m2", 0, 0), 1.0)
+    cases = [
+        ({**good, "plan_digest": other["plan_digest"]}, 409, "not the digest of step 0"),
+        ({**good, "step": 6}, 404, "has 6 steps; step 6 does not exist"),
+        ({**good, "rank": 9}, 422, "rank 9 is not in the world"),
+        ({**good, "micro_batch_times_s": [*good["micro_batch_times_s"], 0.1]}, 422, "micro-batches"),
+        ({**good, "micro_batch_times_s": [-1.0] * len(good["micro_batch_times_s"])}, 422, "greater than 0"),
+    ]
+    for bad, code, reason in cases:
+        response = post(good, bad)  # one bad step: the whole post is refused
+        assert response.status_code == code, response.text
+        assert reason in response.text
+    nan = client.post(path, content=b'{"steps":[{"step":0,"rank":0,"plan_digest":"' + b"0" * 64
+                      + b'","micro_batch_times_s":[NaN]}]}', headers={**AUTH, "content-type": "application/json"})
+    assert nan.status_code == 422
+    assert client.post("/v1/epochs/nope/measurements", json={"steps": [good]}, headers=AUTH).status_code == 404
+    assert client.post(path, json={"steps": [good]}).status_code == 401
+    report = client.get("/v1/epochs/m1/recalibration").json()
+    assert report["measured_steps"] == 0 and report["steps"] == []
+
+    first = post(good).json()
+    assert first == {"stored": 1, "duplicates": 0, "recalibration": "off"}
+    assert post(good).json()["duplicates"] == 1  # a retried post changes nothing
+    statuses = [post(good).status_code for _ in range(60)]
+    assert 429 in statuses  # a flood from one rank is rate-limited
+
+
+def test_recalibration_publishes_a_revision_and_replans_only_unfetched_steps(client: TestClient) -> None:
+    _epoch(client, "r1")
+    before = {s: _plan(client, "r1", s) for s in range(6)}
+    views = {(s, r): _view(client, "r1", s, r) for s in range(2) for r in range(8)}  # freezes 0..1
+    settings = client.post("/v1/epochs/r1/recalibration", json={"follow": True, "every_steps": 2},
+                           headers=AUTH)
+    assert settings.status_code == 200 and settings.json()["frozen_through"] == 1
+    steps = [_measured(view, 3.0) for view in views.values()]
+    steps[0]["micro_batch_times_s"] = [30 * t for t in steps[0]["micro_batch_times_s"]]  # one straggler
+    assert client.post("/v1/epochs/r1/measurements", json={"steps": steps}, headers=AUTH).json()["stored"] == 16
+    deadline = time.monotonic() + 60
+    report: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        report = client.get("/v1/epochs/r1/recalibration").json()
+        if report["revisions"] and not report["busy"]:
+            break
+        time.sleep(0.05)
+    revision = report["revisions"][0]
+    assert revision["ref"] == f"{COST_MODEL}@1" and report["current_ref"] == revision["ref"]
+    # Every prediction was 3x too fast (one step 90x, a straggler): the fit predicts the rest.
+    assert math.isclose(revision["scales"]["compute"], 3.0, rel_tol=0.1), revision
+    assert revision["fit"]["train_mape_before"] > 0.6 and revision["fit"]["train_mape_after"] < 0.05
+    assert [e["rev"] for e in report["steps"]] == [0, 0]
+    for step, (plan, digest) in before.items():
+        after, after_digest = _plan(client, "r1", step)
+        assert sorted(after.sample_ids) == sorted(plan.sample_ids)  # samples per step never change
+        if step <= 1:
+            assert after_digest == digest  # fetched: frozen
+        else:
+            assert after.cost_model_id == f"{COST_MODEL}@1"
+            assert after.predicted_step_time_s > 2.5 * plan.predicted_step_time_s
+    file = client.get(f"/v1/cost-models/{COST_MODEL}/revisions/1").json()
+    assert file["id"] == f"{COST_MODEL}@1"
+    assert client.get(f"/v1/cost-models/{COST_MODEL}/revisions/2").status_code == 404
+    metrics = client.get("/metrics").text
+    assert 'dcp_epoch_cost_model_revision{epoch_id="r1"} 1.0' in metrics
+    assert "dcp_cost_model_term_ratio" in metrics
+
+
+def test_oldest_measurements_are_folded_per_group_not_lost(tmp_path: Any) -> None:
+    store = PlanStore.open(tmp_path / "s.sqlite")
+    measurements = MeasurementStore(store, max_rows_per_epoch=8)
+    rows = [RankMeasurement(step=s, rank=r, first_rank=r - r % 2, group_size=2, digest="d" * 64,
+                            times_s=(1.0 + s + r % 2, 2.0), peak_bytes=r)
+            for s in range(5) for r in range(4)]
+    for s in range(5):
+        measurements.add("e", rows[4 * s:4 * s + 4])
+    assert measurements.num_rows("e") <= 8
+    groups = measurements.groups("e")
+    assert [(g.step, g.first_rank) for g in groups] == [(s, f) for s in range(5) for f in (0, 2)]
+    for g in groups:  # the median over the group's two ranks, folded or not
+        assert g.times_s == (1.5 + g.step, 2.0) and g.num_ranks == 2
+    store.close()
