@@ -1,0 +1,127 @@
+"""The report routes and the dashboard through TestClient: pictures of a real stored epoch, the
+OpenAPI document's content types, 404 with a reason and 422 for bad parameters."""
+
+from __future__ import annotations
+
+import io
+import re
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from api.app import create_app
+from api.settings import Settings
+from planner.plan import Plan
+
+from .conftest import AUTH, COST_MODEL, FAST, TOKEN, manifest_lines
+
+pytestmark = pytest.mark.timeout(180)
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    """One service for the module, with one epoch ``rep`` of 2 steps planned."""
+    tmp: Path = tmp_path_factory.mktemp("report")
+    (tmp / "data").mkdir()
+    settings = Settings(db_path=tmp / "plans.sqlite", data_dir=tmp / "data", num_workers=1, auth_token=TOKEN)
+    with TestClient(create_app(settings)) as c:
+        _epoch(c, "rep")
+        yield c
+
+
+def _epoch(client: TestClient, epoch_id: str) -> dict[str, Any]:
+    body = {"epoch_id": epoch_id, "manifest_jsonl": manifest_lines(24), "batch": {"samples_per_step": 12},
+            "seed": 1, "cluster": "h200x8", "cost_model_id": COST_MODEL, "options": FAST}
+    assert client.post("/v1/epochs", json=body, headers=AUTH).status_code == 202
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        status = client.get(f"/v1/epochs/{epoch_id}").json()
+        if status["state"] not in ("queued", "running"):
+            assert status["state"] == "done", status
+            return status
+        time.sleep(0.1)
+    raise AssertionError("epoch not done")
+
+
+def test_pictures_of_a_stored_epoch(client: TestClient) -> None:
+    plan = Plan.model_validate(client.get("/v1/epochs/rep/steps/1").json()["plan"])
+    svg = client.get("/v1/epochs/rep/steps/1/gantt.svg")
+    assert svg.status_code == 200 and svg.headers["content-type"].startswith("image/svg+xml")
+    root = ET.fromstring(svg.content)
+    bars = [g for g in root.iter(f"{SVG}g") if g.get("id") == "dcp-microbatches"]
+    assert len(bars) == 1 and len(list(bars[0].iter(f"{SVG}path"))) == sum(
+        len(g.micro_batches) for g in plan.groups)
+    assert any(g.get("id") == "baseline-microbatches" for g in root.iter(f"{SVG}g"))
+    alone = ET.fromstring(client.get("/v1/epochs/rep/steps/1/gantt.svg?baseline=false").content)
+    assert not any(g.get("id") == "baseline-microbatches" for g in alone.iter(f"{SVG}g"))
+    png = client.get("/v1/epochs/rep/steps/0/gantt.png")
+    assert png.status_code == 200 and png.headers["content-type"] == "image/png"
+    Image.open(io.BytesIO(png.content)).verify()
+    chart = client.get("/v1/epochs/rep/report.svg")
+    assert chart.status_code == 200
+    assert sum(1 for g in ET.fromstring(chart.content).iter(f"{SVG}g")
+               if (g.get("id") or "").startswith("gap-step")) == 2
+    assert client.get("/v1/epochs/rep/report.png").content.startswith(b"\x89PNG")
+    figures = client.get("/v1/epochs/rep/figures").json()
+    assert [f["step"] for f in figures] == [0, 1]
+    assert figures[1]["predicted_step_time_s"] == plan.predicted_step_time_s
+    assert figures[1]["gap"] == pytest.approx(plan.gap)
+    assert figures[1]["speedups"]["strongest"] >= 1.0 - 1e-9
+    page = client.get("/v1/epochs/rep/report.html?step=1")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert not re.search(r"https?://", page.text) and "Step 1: the plan beside" in page.text
+    assert page.text.count('src="data:image/svg+xml;base64,') == 2
+
+
+def test_unknown_ids_answer_404_with_a_reason_and_bad_params_422(client: TestClient) -> None:
+    for url in ("/v1/epochs/nope/report.svg", "/v1/epochs/nope/report.html", "/v1/epochs/nope/figures",
+                "/v1/epochs/nope/steps/0/gantt.png"):
+        response = client.get(url)
+        assert response.status_code == 404 and "unknown epoch 'nope'" in response.json()["detail"], url
+    response = client.get("/v1/epochs/rep/steps/7/gantt.svg")
+    assert response.status_code == 404 and "has 2 steps; step 7 does not exist" in response.json()["detail"]
+    assert client.get("/v1/epochs/rep/report.html?step=9").status_code == 404
+    for url, loc in (("/v1/epochs/rep/steps/0/gantt.svg?baseline=maybe", ["query", "baseline"]),
+                     ("/v1/epochs/rep/report.html?step=-1", ["query", "step"]),
+                     ("/v1/epochs/rep/steps/x/gantt.svg", ["path", "step"]),
+                     ("/v1/epochs/bad%20id/report.svg", ["path", "epoch_id"])):
+        response = client.get(url)
+        assert response.status_code == 422 and response.json()["detail"][0]["loc"] == loc, url
+
+
+def test_openapi_declares_the_pictures_content_types(client: TestClient) -> None:
+    paths = client.get("/openapi.json").json()["paths"]
+    expected = {"/v1/epochs/{epoch_id}/steps/{step}/gantt.svg": "image/svg+xml",
+                "/v1/epochs/{epoch_id}/steps/{step}/gantt.png": "image/png",
+                "/v1/epochs/{epoch_id}/report.svg": "image/svg+xml",
+                "/v1/epochs/{epoch_id}/report.png": "image/png",
+                "/v1/epochs/{epoch_id}/report.html": "text/html",
+                "/v1/epochs/{epoch_id}/figures": "application/json",
+                "/dashboard": "text/html", "/dashboard/dashboard.js": "text/javascript",
+                "/dashboard/dashboard.css": "text/css"}
+    for path, media_type in expected.items():
+        ok = paths[path]["get"]["responses"]["200"]["content"]
+        assert list(ok) == [media_type], (path, ok)
+        assert "404" in paths[path]["get"]["responses"] or path.startswith("/dashboard")
+
+
+def test_dashboard_page_and_assets_are_served_locally(client: TestClient) -> None:
+    page = client.get("/dashboard")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    refs = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert "/dashboard/dashboard.js" in refs and "/dashboard/dashboard.css" in refs
+    for ref in refs:
+        assert not re.match(r"(?i)https?:|//", ref), ref
+        if ref.startswith("/dashboard/"):
+            assert client.get(ref).status_code == 200
+    script = client.get("/dashboard/dashboard.js").text
+    assert not re.search(r"https?://", script)
+    assert "/v1/epochs" in script and "gantt.svg" in script and "report.svg" in script

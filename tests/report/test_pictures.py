@@ -1,0 +1,105 @@
+"""The pictures are what they claim: SVG that parses with one bar per micro-batch, valid PNG that is
+not blank, an epoch chart with one gap bar per step, an HTML page that references nothing outside."""
+
+from __future__ import annotations
+
+import io
+import re
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+
+import pytest
+from PIL import Image
+
+from costmodel.evaluate import CostModel
+from costmodel.presets import default_cost_model_file, load_cluster
+from planner.baseline_plan import strongest_baseline_plan
+from planner.config import PlannerConfig
+from planner.plan import Plan
+from planner.planning import plan_batch
+from planner.workload import WorkloadSpec, sample_batch
+from report.epoch_report import StepFigures, epoch_image, summarise
+from report.html import EpochInfo, epoch_html
+from report.plan_report import PlanPictureInput, plan_image
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+@pytest.fixture(scope="module")
+def plans() -> list[tuple[Plan, PlanPictureInput]]:
+    spec = WorkloadSpec.preset("video-short")
+    cluster = load_cluster("h200x8")
+    file = default_cost_model_file(spec.model, cluster.hardware.name)
+    cm = CostModel(file=file, cluster=cluster)
+    out = []
+    for step in range(3):
+        samples = sample_batch(spec, num_samples=48, seed=2, step=step)
+        config = PlannerConfig(seed=step, use_cpsat=False)
+        plan = plan_batch(samples, cluster=cluster, cost_model=file, config=config, step=step)
+        baseline = strongest_baseline_plan(plan, samples, cluster=cluster, cost_model=file, config=config)
+        out.append((plan, PlanPictureInput(plan=plan, cost_model=cm, baseline=baseline, label=f"step {step}")))
+    return out
+
+
+def _paths_in_group(root: ET.Element, gid: str) -> int:
+    groups = [e for e in root.iter(f"{SVG}g") if e.get("id") == gid]
+    assert len(groups) == 1, f"no single <g id={gid!r}>"
+    return sum(1 for e in groups[0].iter() if e.tag in (f"{SVG}path", f"{SVG}use"))
+
+
+def test_gantt_svg_has_one_bar_per_micro_batch(plans: list[tuple[Plan, PlanPictureInput]]) -> None:
+    plan, data = plans[0]
+    assert data.baseline is not None
+    root = ET.fromstring(plan_image(data, "svg"))
+    assert root.tag == f"{SVG}svg"
+    assert _paths_in_group(root, "dcp-microbatches") == sum(len(g.micro_batches) for g in plan.groups)
+    assert _paths_in_group(root, "baseline-microbatches") == sum(
+        len(g.micro_batches) for g in data.baseline.groups)
+    assert _paths_in_group(root, "dcp-compute") >= 1 and _paths_in_group(root, "dcp-grad_sync") == 1
+    text = " ".join("".join(t.itertext()) for t in root.iter(f"{SVG}text"))
+    for label in ("time from the start of the step (s)", "compute (forward + backward)", "all-to-all",
+                  "recompute", "gradient sync", "idle", "strongest baseline", "(SP "):
+        assert label in text, label
+
+
+def test_gantt_png_is_a_png_and_not_blank(plans: list[tuple[Plan, PlanPictureInput]]) -> None:
+    png = plan_image(plans[1][1], "png")
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    Image.open(io.BytesIO(png)).verify()
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    assert image.width >= 1000 and image.height >= 500
+    colors = image.getcolors(maxcolors=1 << 20) or []
+    assert len(colors) > 50  # bars, text, legend: far from a blank page
+    assert max(c for c, _ in colors) < 0.8 * image.width * image.height
+
+
+def test_epoch_chart_and_summary(plans: list[tuple[Plan, PlanPictureInput]]) -> None:
+    steps = [StepFigures.of_plan(plan.model_dump(mode="json")) for plan, _ in plans]
+    assert [s.gap for s in steps] == pytest.approx([p.gap for p, _ in plans])
+    svg = epoch_image(steps, title="test epoch", fmt="svg")
+    root = ET.fromstring(svg)
+    bars = [e for e in root.iter(f"{SVG}g") if (e.get("id") or "").startswith("gap-step")]
+    assert len(bars) == len(steps)
+    lines = {e.get("id") for e in root.iter(f"{SVG}g") if (e.get("id") or "").startswith("speedup-")}
+    assert "speedup-strongest" in lines and "speedup-bucket-sp4" in lines
+    summary = {b.name: b for b in summarise(steps)}
+    assert summary["strongest"].min_speedup >= 1.0 - 1e-9  # never slower than a baseline it computed
+    info = EpochInfo(epoch_id="e", state="done", steps_done=3, steps_total=3, cluster_name="h200x8", num_gpus=8,
+                     cost_model_id=plans[0][0].cost_model_id, batch_rule="samples per step 48", seed=2,
+                     manifest="test (144 samples)")
+    page = epoch_html(info, steps, epoch_svg=svg, gantt_svg=plan_image(plans[0][1], "svg"), gantt_step=0)
+    assert not re.search(r"https?://", page, flags=re.IGNORECASE)
+
+    class Refs(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.refs: list[str] = []
+
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            self.refs += [v or "" for k, v in attrs if k in ("src", "href")]
+
+    parser = Refs()
+    parser.feed(page)
+    assert len(parser.refs) == 2 and all(r.startswith("data:image/svg+xml;base64,") for r in parser.refs)
+    for name in ("strongest", "bucket-sp4", "static-best"):
+        assert f">{name}" in page or name in page
