@@ -1,0 +1,91 @@
+"""The dashboard in a real headless browser (Debian's chromium), served by a real ``dcp serve`` on
+loopback: the script runs and loads both pictures, every request it makes is answered 200 by the
+service itself, and the screenshot shows the page's style and the charts' colours (not blank).
+
+Skipped where /usr/bin/chromium is not installed (``apt-get install chromium``)."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from .conftest import COST_MODEL, FAST, manifest_lines
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+pytestmark = [pytest.mark.timeout(240),
+              pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium (/usr/bin/chromium)")]
+
+_COUNT = re.compile(r'^dcp_http_request_duration_seconds_count\{method="(\w+)",route="([^"]+)",'
+                    r'status="(\d+)"\} ([0-9.e+]+)$')
+
+# What the page must fetch from the service (route templates as /metrics names them).
+ASSETS = ("/dashboard", "/dashboard/dashboard.js", "/dashboard/dashboard.css", "/v1/epochs",
+          "/v1/epochs/{epoch_id}/figures", "/v1/epochs/{epoch_id}/report.svg",
+          "/v1/epochs/{epoch_id}/steps/{step}/gantt.svg")
+
+
+def _requests(server: Any) -> dict[tuple[str, str], float]:
+    counts: dict[tuple[str, str], float] = {}
+    for line in server.request("GET", "/metrics").text.splitlines():
+        m = _COUNT.match(line)
+        if m and m.group(1) == "GET":
+            counts[(m.group(2), m.group(3))] = counts.get((m.group(2), m.group(3)), 0.0) + float(m.group(4))
+    return counts
+
+
+def _chromium(tmp_path: Path, url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    profile = tmp_path / "chromium-profile"
+    profile.mkdir(exist_ok=True)
+    env = {**os.environ, "HOME": str(tmp_path)}
+    return subprocess.run([str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                           "--disable-extensions", "--hide-scrollbars", f"--user-data-dir={profile}",
+                           "--virtual-time-budget=30000", "--window-size=1280,1600", *args, url],
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
+def _near(image: Image.Image, rgb: tuple[int, int, int], tol: int = 12) -> int:
+    return sum(count for count, c in image.getcolors(maxcolors=1 << 22) or []
+               if all(abs(a - b) <= tol for a, b in zip(c, rgb, strict=True)))
+
+
+def test_dashboard_loads_every_asset_and_renders(server_factory: Any, tmp_path: Path) -> None:
+    server = server_factory(token=None).start()
+    body = {"epoch_id": "browser", "manifest_jsonl": manifest_lines(36), "batch": {"samples_per_step": 12},
+            "seed": 0, "cluster": "h200x8", "cost_model_id": COST_MODEL, "options": FAST}
+    assert server.request("POST", "/v1/epochs", json=body).status_code == 202
+    deadline = time.monotonic() + 120
+    while server.request("GET", "/v1/epochs/browser").json()["state"] != "done":
+        assert time.monotonic() < deadline, "epoch not done"
+        time.sleep(0.2)
+    before = _requests(server)
+
+    dom = _chromium(tmp_path, f"{server.url}/dashboard", "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert 'data-status="ready"' in dom.stdout, dom.stdout[:3000]
+    assert 'data-images="2"' in dom.stdout  # the epoch chart and the step's Gantt chart loaded
+    assert 'data-epoch="browser"' in dom.stdout and dom.stdout.count("data-step=") == 3
+
+    shot = tmp_path / "dashboard.png"
+    run = _chromium(tmp_path, f"{server.url}/dashboard", f"--screenshot={shot}")
+    assert run.returncode == 0 and shot.exists(), run.stderr[-2000:]
+    image = Image.open(io.BytesIO(shot.read_bytes())).convert("RGB")
+    assert image.size == (1280, 1600)
+    colors = image.getcolors(maxcolors=1 << 22) or []
+    assert len(colors) > 200 and max(c for c, _ in colors) < 0.9 * image.width * image.height  # not blank
+    assert _near(image, (0x24, 0x36, 0x4B)) > 1280 * 20  # the style sheet's header band
+    assert _near(image, (0x4C, 0x78, 0xA8)) > 2000  # the charts' compute bars and gap bars
+
+    after = _requests(server)
+    new = {key: after[key] - before.get(key, 0.0) for key in after if after[key] > before.get(key, 0.0)}
+    for route in ASSETS:
+        assert new.get((route, "200"), 0) >= 2, (route, new)  # once per browser run
+    assert all(status == "200" for (route, status) in new if route != "/metrics"), new
