@@ -53,8 +53,13 @@ def _chromium(tmp_path: Path, url: str, *args: str) -> subprocess.CompletedProce
 
 
 def _near(image: Image.Image, rgb: tuple[int, int, int], tol: int = 12) -> int:
-    return sum(count for count, c in image.getcolors(maxcolors=1 << 22) or []
-               if all(abs(a - b) <= tol for a, b in zip(c, rgb, strict=True)))
+    """Pixels within ``tol`` of a colour in every channel."""
+    total = 0
+    for count, color in image.getcolors(maxcolors=1 << 22) or []:
+        assert isinstance(color, tuple)
+        if all(abs(int(a) - b) <= tol for a, b in zip(color, rgb, strict=True)):
+            total += count
+    return total
 
 
 def test_dashboard_loads_every_asset_and_renders(server_factory: Any, tmp_path: Path) -> None:
