@@ -22,8 +22,9 @@ class PlannerConfig:
 
     time_limit_s: float = 0.05
     """Wall-clock cap for the whole planner call (the CP-SAT phase gets what is left)."""
-    cpsat_deterministic_time: float = 0.02
-    """CP-SAT budget in its deterministic time units (reproducible, roughly seconds)."""
+    cpsat_deterministic_time: float = 0.005
+    """CP-SAT budget per solve in its deterministic time units (reproducible, roughly seconds):
+    per neighbourhood of the large-neighbourhood search."""
     num_workers: int = 1
     """CP-SAT search workers (1 keeps the search deterministic and single-core)."""
     seed: int = 0
@@ -37,14 +38,24 @@ class PlannerConfig:
     loss_normalization: LossNormalization = "tokens"
     """Global loss normaliser: total tokens or total samples of the step."""
     use_cpsat: bool = True
-    """Run CP-SAT after the heuristic: the exact model on tiny batches, and the aggregated
-    model on larger ones when ``aggregated_cpsat`` is set (off: heuristic and baselines only)."""
+    """Run CP-SAT after the heuristic: the exact model on tiny batches, and the
+    large-neighbourhood search on larger ones when ``aggregated_cpsat`` is set (off: heuristic
+    and baselines only)."""
     aggregated_cpsat: bool = False
-    """Run the aggregated CP-SAT model on batches above the exact size (it needs more than the
-    default 50 ms budget to pay off; ``for_budget`` turns it on from 0.5 s)."""
+    """Run CP-SAT on batches above the exact size: the large-neighbourhood search
+    (``planner.search.lns``; the name is the API's option, from the aggregated model it
+    replaced). Off in the default 50 ms preset (one round costs 5-30 ms); ``for_budget``
+    turns it on from 0.2 s."""
+    lns_rounds: int = 16
+    """Most neighbourhoods CP-SAT re-solves (sized for 256 samples: proportionally fewer on
+    larger batches, at least 1); each gets ``cpsat_deterministic_time``."""
+    lns_max_samples: int = 12
+    """Most samples freed per neighbourhood (whole micro-batches of the groups chosen)."""
+    lns_light_groups: int = 2
+    """Least loaded groups in every neighbourhood, besides the slowest and one drawn at random."""
     exact_max_samples: int = 8
     """Batches up to this many samples (and ``exact_max_ranks`` ranks) get the exact per-sample
-    CP-SAT model, which proves optimality; larger batches get the aggregated model."""
+    CP-SAT model, which proves optimality; larger batches get the large-neighbourhood search."""
     exact_max_ranks: int = 4
     """See ``exact_max_samples``."""
     exact_time_limit_s: float = 5.0
@@ -119,7 +130,8 @@ class PlannerConfig:
 
         The limits are work counts and CP-SAT deterministic time, so the plan stays
         reproducible; they were sized on one core for 256 samples at 32 GPUs
-        (``bench/plan_quality.py``, budgets table). The aggregated CP-SAT model runs from 0.5 s.
+        (``bench/plan_quality.py``, budgets table). The CP-SAT large-neighbourhood search runs
+        from 0.5 s.
         """
         if time_limit_s < 0.1:
             work: dict[str, object] = {}  # the defaults are the 50 ms preset
@@ -129,10 +141,10 @@ class PlannerConfig:
                         max_resize_tries=8)
         else:
             # CP-SAT's deterministic time is ~5-12 s of wall time per unit on the 2-core
-            # development machine: 0.02 leaves the wall-clock cap unused in most calls.
+            # development machine: 16 neighbourhoods at 0.005 take ~0.4-0.8 s.
             work = dict(num_lpt_runs=48, num_refined=3, local_search_max_moves=600,
-                        num_target_probes=8, aggregated_cpsat=True,
-                        cpsat_deterministic_time=0.02, lp_bound_iterations=8,
+                        num_target_probes=8, aggregated_cpsat=True, lns_rounds=16,
+                        cpsat_deterministic_time=0.005, lp_bound_iterations=8,
                         lp_bound_integral=True, max_resize_tries=16, deep_search_min_gap=0.01)
         work.update(overrides)
         return cls(time_limit_s=time_limit_s, **work)  # type: ignore[arg-type]

@@ -2,10 +2,12 @@
 checkpoint policies (DESIGN.md, 'The optimisation').
 
 Pipeline: check the input; tabulate costs per sample class and allowed size; compute the lower
-bounds; run the heuristic (candidate multisets, LPT, local search); hand its draft to CP-SAT as
-a hint (the exact per-sample model for tiny batches, the aggregated model otherwise) and keep
-CP-SAT's plan only when it is better; compute the baselines and return the best baseline
-instead whenever it is predicted faster. Every returned plan passes ``validate_plan``.
+bounds; run the heuristic (candidate multisets, LPT, local search) and lay its groups out with
+per-micro-batch policies (``search.intra``); hand its draft to CP-SAT as a hint (the exact
+per-sample model for tiny batches, the large-neighbourhood search otherwise) and keep CP-SAT's
+plan only when it is better; compute the baselines, and where one is predicted faster, polish
+its groups with the local search (or return it as is). Every returned plan passes
+``validate_plan``.
 """
 
 from __future__ import annotations
@@ -107,9 +109,34 @@ def prepare(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: Cost
                     arrays=BatchArrays.of(samples))
 
 
+@dataclass(slots=True)
+class SearchStats:
+    """How a plan was found, for benchmarks (not part of the plan)."""
+
+    heuristic_step_time_s: float = 0.0
+    """Step time of the heuristic's draft (intra policies applied), before CP-SAT."""
+    cpsat_step_time_s: float | None = None
+    """Step time of CP-SAT's draft when it returned one."""
+    cpsat_improved: bool = False
+    """CP-SAT's draft was kept (faster than the heuristic's)."""
+    lns_rounds: int = 0
+    """Neighbourhoods the large-neighbourhood search solved."""
+    lns_improved_rounds: int = 0
+    """Of those, the ones whose result was kept."""
+
+
 def plan_batch(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: CostModelFile,
                config: PlannerConfig | None = None, step: int | None = None,
                reference_sample: Sample | None = None) -> Plan:
+    """Plan one optimizer step (``plan_batch_with_stats`` without the statistics)."""
+    return plan_batch_with_stats(samples, cluster=cluster, cost_model=cost_model, config=config,
+                                 step=step, reference_sample=reference_sample)[0]
+
+
+def plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec,
+                          cost_model: CostModelFile, config: PlannerConfig | None = None,
+                          step: int | None = None, reference_sample: Sample | None = None
+                          ) -> tuple[Plan, SearchStats]:
     """Plan one optimizer step.
 
     Args:
@@ -123,7 +150,7 @@ def plan_batch(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: C
 
     Returns:
         A valid plan with its lower bound, solver status and every baseline's predicted step
-        time; never predicted slower than a baseline it computed.
+        time (never predicted slower than a baseline it computed), and how it was found.
 
     Raises:
         ValueError: see ``prepare``.
@@ -146,6 +173,7 @@ def plan_batch(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: C
     if config.intra_policies and not config.intra_search:
         draft = intra_draft(table, draft)
     best_time = draft_step_time_s(draft, arrays, cm)
+    stats = SearchStats(heuristic_step_time_s=best_time)
     status: SolverStatus = "HEURISTIC"
     method = "heuristic"
     solver_bound: float | None = None
@@ -157,11 +185,16 @@ def plan_batch(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: C
                             else config.time_limit_s)
         result = cpsat.improve(table, draft, config=config, deadline=deadline)
         solver_bound = result.bound_s
+        if result.lns is not None:
+            stats.lns_rounds, stats.lns_improved_rounds = (result.lns.rounds,
+                                                           result.lns.improved_rounds)
         if result.draft is not None:
             cand = result.draft
             if config.intra_policies and result.method != "cpsat-exact":  # exact: policies inside
                 cand = intra_draft(table, cand)
             cand_time = draft_step_time_s(cand, arrays, cm)
+            stats.cpsat_step_time_s = cand_time
+            stats.cpsat_improved = cand_time < best_time * (1 - 1e-9)
             if cand_time < best_time * (1 - 1e-9) or (
                     result.status == "OPTIMAL" and cand_time <= best_time * (1 + 1e-9)):
                 draft, best_time = cand, cand_time
@@ -222,4 +255,4 @@ def plan_batch(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: C
                     baselines_s=baselines)
     plan = assemble_plan(draft, samples, cost_model=cm, meta=meta, arrays=arrays)
     return plan.model_copy(update={"solver": plan.solver.model_copy(
-        update={"wall_time_s": time.perf_counter() - start})})
+        update={"wall_time_s": time.perf_counter() - start})}), stats

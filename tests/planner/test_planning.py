@@ -10,7 +10,7 @@ from costmodel.evaluate import CostModel
 from costmodel.presets import default_cost_model_file, load_cluster
 from costmodel.specs import Sample
 from planner.config import PlannerConfig
-from planner.planning import plan_batch
+from planner.planning import plan_batch, plan_batch_with_stats
 from planner.validate import simulate, validate_plan
 from planner.workload import WorkloadSpec, sample_batch
 from tests.planner.tiny import samples_of, tiny_cluster, tiny_cost_model
@@ -138,7 +138,7 @@ def test_tiny_time_limit_falls_back_to_a_valid_plan() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_aggregated_model_under_a_tiny_limit_keeps_a_valid_plan() -> None:
+def test_lns_under_a_tiny_limit_keeps_a_valid_plan() -> None:
     spec, cluster, cmf, cm = _setup("video-balanced", "h200x32")
     samples = sample_batch(spec, num_samples=200, seed=1, step=0)
     config = PlannerConfig(aggregated_cpsat=True, time_limit_s=1e-4, cpsat_deterministic_time=1e-4)
@@ -214,16 +214,17 @@ def test_config_rejects_bad_values(field: str, value: object) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_aggregated_model_bound_is_below_its_plan() -> None:
+def test_lns_plan_is_valid_and_claims_no_bound() -> None:
     spec, cluster, cmf, cm = _setup("video-short", "h200x32")
     samples = sample_batch(spec, num_samples=160, seed=9, step=3)
-    with_cpsat = plan_batch(samples, cluster=cluster, cost_model=cmf,
-                            config=PlannerConfig(aggregated_cpsat=True, time_limit_s=2.0,
-                                                 cpsat_deterministic_time=0.05))
-    assert validate_plan(with_cpsat, samples, cost_model=cm) == []
-    bound = with_cpsat.solver.objective_bound_s  # None when CP-SAT proved nothing in time
-    assert bound is None or 0 < bound <= with_cpsat.predicted_step_time_s * (1 + 1e-9)
-    assert with_cpsat.lower_bound.value_s <= with_cpsat.predicted_step_time_s
+    plan, stats = plan_batch_with_stats(
+        samples, cluster=cluster, cost_model=cmf,
+        config=PlannerConfig(aggregated_cpsat=True, time_limit_s=5.0, lns_rounds=3,
+                             cpsat_deterministic_time=0.01))
+    assert validate_plan(plan, samples, cost_model=cm) == []
+    assert stats.lns_rounds == 3
+    assert plan.solver.objective_bound_s is None  # the neighbourhoods prove nothing global
+    assert plan.lower_bound.value_s <= plan.predicted_step_time_s
 
 
 def test_a_bound_above_a_valid_plan_is_refused_loudly(caplog: pytest.LogCaptureFixture) -> None:
