@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -158,7 +159,11 @@ def report_epoch(
     from report.html import epoch_html
     from report.plan_report import plan_image
 
-    store = PlanStore.open(store_path)
+    try:
+        store = PlanStore.open(store_path)
+    except (sqlite3.DatabaseError, ValueError) as exc:
+        fail(f"STORE {store_path} is not a plan store ({exc}); give the file dcp epoch --out or "
+             "dcp serve --db wrote")
     try:
         epochs = store.list_epochs()
         if epoch_id is None:
