@@ -26,7 +26,7 @@ class Settings(BaseSettings):
 
     host: str = Field(default="127.0.0.1", description="Interface to bind (loopback by default).")
     port: int = Field(default=8000, ge=0, le=65535, description="TCP port (0 = any free port).")
-    db_path: Path = Field(default=Path("dcp-plans.sqlite"),
+    db_path: Path = Field(default=Path("plans.sqlite"),
                           description="SQLite file of the plan store (created when absent).")
     data_dir: Path = Field(default=Path("data"),
                            description="Server-side manifests must lie under this directory.")
