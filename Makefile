@@ -35,7 +35,7 @@ test: install-test
 
 lint: install-test
 	$(BIN)/ruff check .
-	$(BIN)/mypy costmodel planner api executor dcp_cli ingest
+	$(BIN)/mypy costmodel planner api executor dcp_cli ingest report
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

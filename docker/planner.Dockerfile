@@ -11,7 +11,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     DCP_HOST=0.0.0.0 \
     DCP_PORT=8000 \
     DCP_DB_PATH=/var/lib/dcp/plans.sqlite \
-    DCP_DATA_DIR=/var/lib/dcp/data
+    DCP_DATA_DIR=/var/lib/dcp/data \
+    MPLCONFIGDIR=/tmp/matplotlib
 
 WORKDIR /app
 COPY pyproject.toml README.md ./
@@ -20,6 +21,7 @@ COPY planner ./planner
 COPY api ./api
 COPY executor ./executor
 COPY ingest ./ingest
+COPY report ./report
 COPY dcp_cli ./dcp_cli
 # Base dependencies only: the service never imports torch (nor the dataset readers of the data extra).
 RUN pip install . \

@@ -25,6 +25,7 @@ COPY planner ./planner
 COPY api ./api
 COPY executor ./executor
 COPY ingest ./ingest
+COPY report ./report
 COPY dcp_cli ./dcp_cli
 COPY examples ./examples
 # The pinned torch above satisfies the torch extra, so pip keeps it (no second download).
