@@ -102,10 +102,15 @@ def draft_costs(draft: Draft, arrays: BatchArrays, cost_model: CostModel) -> lis
         acts = np.asarray(cost_model.activation_bytes(arrays.tokens[idx], group_size=size,
                                                       recompute_layers=ks), dtype=np.float64)
         starts = np.asarray(bounds, dtype=np.int64)
-        ends = [*bounds[1:], len(k_list)]
-        fixed_s = np.array([cost_model.microbatch_fixed_s(group_size=size, num_nodes=nodes,
-                                                          recompute_layers=ks[a:b])
-                            for a, b in zip(bounds, ends, strict=True)], dtype=np.float64)
+        # CostModel.microbatch_fixed_s for every micro-batch at once: the overhead, one
+        # forward+backward call per layer plus one per layer where policies differ, one
+        # forward call per recomputed layer (CostModel.layer_calls). The validator recomputes
+        # each micro-batch with CostModel.microbatch_time_s itself.
+        hi = np.maximum.reduceat(ks, starts)
+        lo = np.minimum.reduceat(ks, starts)
+        call_f, call_b = cost_model.layer_call_s(group_size=size, num_nodes=nodes)
+        fixed_s = (cost_model.file.compute.microbatch_overhead_s
+                   + (cost_model.num_layers + hi - lo) * (call_f + call_b) + hi * call_f)
         mb_times = (fixed_s + np.add.reduceat(times, starts)).tolist()
         mb_peaks = (fixed + np.add.reduceat(acts, starts)).tolist()
         pos = first_mb = 0

@@ -137,6 +137,7 @@ class CostTable:
         self.mem0_bytes = np.zeros((num_c, num_d))
         self.saved_bytes_per_layer = np.zeros((num_c, num_d))
         self._columns: dict[int, tuple[list[float], ...]] = {}
+        self._rows: tuple[list[list[float]], list[list[float]], list[list[int]]] | None = None
         for j, d in enumerate(self.sizes):
             self._fill_size(j, d)
         # Fastest fitting size per class (ties: smaller size).
@@ -199,6 +200,16 @@ class CostTable:
                    self.k_min[:, j].astype(np.float64).tolist())
             self._columns[j] = col
         return col
+
+    def rows(self) -> tuple[list[list[float]], list[list[float]], list[list[int]]]:
+        """Per class, over every size column (cached): time and bytes at ``k_min`` and the
+        rank of each size by GPU-seconds (0: the most efficient; ties by column)."""
+        if self._rows is None:
+            sizes = np.asarray(self.sizes, dtype=np.float64)
+            area = self.time_s * sizes[None, :]
+            rank = np.argsort(np.argsort(area, axis=1, kind="stable"), axis=1, kind="stable")
+            self._rows = (self.time_s.tolist(), self.mem_bytes.tolist(), rank.tolist())
+        return self._rows
 
     def size_index(self, d: int) -> int:
         """Column of group size ``d``.

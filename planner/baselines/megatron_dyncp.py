@@ -24,6 +24,7 @@ weaker one); each group's samples are packed first-fit decreasing by bytes into 
 
 from __future__ import annotations
 
+import heapq
 import math
 
 from costmodel.specs import Sample
@@ -120,11 +121,25 @@ def megatron_dyncp_draft(table: CostTable, *, seed: int = 0,
         free -= sizes[g]
         sizes[g] *= 2
         loads[g] = sum(time_s(i, sizes[g]) for i in members[g])
-    for i in leftovers:  # already longest first
-        fits = [g for g, d in enumerate(sizes) if d >= need[i]]
-        g = min(fits, key=lambda g: (loads[g] + time_s(i, sizes[g]), g))
-        loads[g] += time_s(i, sizes[g])
+    # Leftovers, already longest first, each to the group where it finishes first (ties: the
+    # lower index); groups of one size differ only by load, so a heap per size.
+    heaps: dict[int, list[tuple[float, int]]] = {}
+    for g, d in enumerate(sizes):
+        heaps.setdefault(d, []).append((loads[g], g))
+    for heap in heaps.values():
+        heapq.heapify(heap)
+    for i in leftovers:
+        choice: tuple[float, int, int] | None = None  # (finish, group, size)
+        for d, heap in heaps.items():
+            if d >= need[i]:
+                finish = heap[0][0] + time_s(i, d)
+                if choice is None or (finish, heap[0][1]) < choice[:2]:
+                    choice = (finish, heap[0][1], d)
+        assert choice is not None  # every leftover's size exists (it was opened for a longer one)
+        finish, g, d = choice
+        loads[g] = finish
         members[g].append(i)
+        heapq.heapreplace(heaps[d], (finish, g))
     groups = place_layout(sizes, table)
     if groups is None:
         return None

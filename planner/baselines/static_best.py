@@ -53,7 +53,15 @@ def static_best_draft(table: CostTable, *, seed: int = 0,
     del seed, reference
     arrays = BatchArrays.of(table.samples)
     best: tuple[float, Draft] | None = None
+    num_gpus = table.cost_model.cluster.num_gpus
     for d in table.sizes:
+        # Skip a size whose groups cannot beat the best draft so far even perfectly balanced
+        # (its samples' table times spread evenly, or its longest sample alone, plus the
+        # sync), with a 10% margin for placements slower than the table's aligned one.
+        times = table.time_s[table.classes.class_of, table.size_index(d)]
+        floor_s = max(float(times.max()), float(times.sum()) / (num_gpus // d)) + table.grad_sync_s
+        if best is not None and floor_s > 1.1 * best[0]:
+            continue
         draft = lpt_draft(table, group_size=d)
         if draft is None:
             continue

@@ -22,15 +22,14 @@ Everything is deterministic (sorted orders, index tie-breaks); limits are move c
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import numpy as np
 
 from planner.assemble import Draft, DraftGroup
 from planner.costs import CostTable
-from planner.placement import place_groups
 from planner.search.intra import intra_layout
 from planner.search.local_search import GroupState, local_search, repack
+from planner.search.lpt import lpt
 from planner.search.multisets import candidate_multisets, packed_multiset
 from planner.search.resize import resize_search
 
@@ -71,124 +70,6 @@ def bucket_runs(table: CostTable, order: list[int], *, tolerance: float) -> list
         ends.append(end)
         pos = end
     return ends
-
-
-@dataclass(slots=True)
-class _Layout:
-    """Groups of one multiset with per-class cost rows gathered per group (class x group)."""
-
-    groups: list[GroupState]
-    time_s: np.ndarray
-    mem_bytes: np.ndarray
-    area_rank: np.ndarray
-    """Rank of each group's size by the class's GPU-seconds on it (0: most efficient)."""
-
-
-def _layout(table: CostTable, multiset: list[int]) -> _Layout | None:
-    cluster = table.cost_model.cluster
-    placed = place_groups(multiset, num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node)
-    if placed is None:
-        return None
-    groups = [GroupState(size=d, col=table.size_index(d), first_rank=r) for d, r in placed]
-    cols = np.array([g.col for g in groups], dtype=np.int64)
-    sizes = np.asarray(table.sizes, dtype=np.float64)
-    area = table.time_s * sizes[None, :]
-    rank = np.argsort(np.argsort(area, axis=1, kind="stable"), axis=1, kind="stable")
-    return _Layout(groups=groups, time_s=table.time_s[:, cols], mem_bytes=table.mem_bytes[:, cols],
-                   area_rank=rank[:, cols].astype(np.float64))
-
-
-def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: float | None = None,
-        strict: bool = False, runs: list[int] | None = None) -> list[GroupState] | None:
-    """Assign samples to the groups of a multiset.
-
-    Without a target: earliest finish first (LPT). With a target makespan: among the groups
-    where the sample finishes by the target, the one that runs it in the fewest GPU-seconds
-    (then the fullest: best fit); earliest finish when no group meets the target. Each group
-    fills its last micro-batch until the next sample does not fit, then opens another.
-    ``strict`` gives up (None) as soon as a sample cannot meet the target. ``runs`` (from
-    ``bucket_runs``; default: runs of identical samples) are placed in bulk: the group chosen
-    for a run's next sample keeps taking the run's following samples, each at its own exact
-    cost, while the per-sample rule would still choose it had they been copies.
-    """
-    layout = _layout(table, multiset)
-    if layout is None:
-        return None
-    groups = layout.groups
-    num_groups = len(groups)
-    cls = table.classes.class_of
-    budget = table.budget_bytes
-    o_g: list[float] = table.overhead_s_by_size[[g.col for g in groups]].tolist()
-    # Plain lists: per sample, a few operations on a few dozen groups, where numpy's per-call
-    # cost would dominate. Same arithmetic and tie-breaks (first index) as the vector form.
-    load = [0.0] * num_groups
-    free = [-1.0] * num_groups  # free bytes of each group's open micro-batch
-    scale = 4.0 * (target_s or 1.0) + 1.0  # key = area rank * scale - finish orders both
-    keys: list[list[float]] = (layout.area_rank * scale).tolist()
-    inf = np.inf
-    if runs is None:
-        runs = bucket_runs(table, order, tolerance=0.0)
-    time_s: list[list[float]] = layout.time_s.tolist()
-    mem_bytes: list[list[float]] = layout.mem_bytes.tolist()
-    span = range(num_groups)
-    pos = 0
-    for end in runs:
-        while pos < end:
-            c = cls[order[pos]]
-            m_row, t_row = mem_bytes[c], time_s[c]
-            finish = [load[g] + t_row[g] + (o_g[g] if free[g] < m_row[g] else 0.0) for g in span]
-            gi = -1
-            limit = inf
-            if target_s is not None:
-                key_row = keys[c]
-                best_key = inf
-                for g in span:
-                    f = finish[g]
-                    if f <= target_s and key_row[g] - f < best_key:
-                        best_key, gi = key_row[g] - f, g
-                if gi < 0:
-                    if strict:
-                        return None
-                else:
-                    limit = target_s
-            if gi < 0:
-                best1 = best2 = inf
-                for g in span:
-                    f = finish[g]
-                    if f < best1:
-                        best1, best2, gi = f, best1, g
-                    elif f < best2:
-                        best2 = f
-                if gi < 0:
-                    return None
-                if end - pos > 1 and num_groups > 1:
-                    limit = best2
-            g_state = groups[gi]
-            ld, fr, o = load[gi], free[gi], o_g[gi]
-            first = True
-            while pos < end:
-                i = order[pos]
-                ci = cls[i]
-                t, m = time_s[ci][gi], mem_bytes[ci][gi]
-                opens = fr < m
-                nxt = ld + t + (o if opens else 0.0)
-                if not first and (nxt > limit or t == inf):
-                    break
-                first = False
-                if opens:
-                    fr = budget - m
-                    g_state.mbs.append([i])
-                    g_state.free_bytes.append(fr)
-                else:
-                    fr -= m
-                    g_state.mbs[-1].append(i)
-                    g_state.free_bytes[-1] = fr
-                ld = nxt
-                pos += 1
-            load[gi], free[gi] = ld, fr
-    for gi, state in enumerate(groups):
-        state.load_s = float(load[gi])
-    return groups
 
 
 def to_draft(table: CostTable, groups: list[GroupState]) -> Draft:

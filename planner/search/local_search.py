@@ -188,18 +188,16 @@ def local_search(table: CostTable, groups: list[GroupState], *, max_moves: int,
 
 def _swap(table: CostTable, groups: list[GroupState], top: int, load: np.ndarray, counts: np.ndarray,
           time_s: np.ndarray, refresh: Callable[[int], None], *, max_tries: int = 4,
-          max_classes: int = 4) -> bool:
+          max_classes: int = 4, max_partners: int = 32) -> bool:
     """Swap a sample of the slowest group with a cheaper one elsewhere; True if it helped.
 
-    Every (class on the slowest group, other group, class there) triple is scored at once; the
-    few best are tried with exact micro-batch packing, the first that lowers both groups below
-    the current makespan is kept.
+    Every (class on the slowest group, class on one of the ``max_partners`` least loaded other
+    groups) pair is scored at once; the few best are tried with exact micro-batch packing, the
+    first that lowers both groups below the current makespan is kept.
     """
     cls = table.classes.class_of
     g = groups[top]
     current = load[top]
-    present = counts > 0
-    present[top] = False
     firsts: dict[int, int] = {}
     for mb in g.mbs:
         for i in mb:
@@ -207,29 +205,34 @@ def _swap(table: CostTable, groups: list[GroupState], top: int, load: np.ndarray
     # The classes that take longest on the slowest group are the ones worth swapping out.
     top_classes = np.array(sorted(firsts, key=lambda c: (-time_s[c, top], c))[:max_classes],
                            dtype=np.int64)
-    # new_top[a, k]: slowest group after swapping class top_classes[a] out and k in.
-    new_top = current - time_s[top_classes, top][:, None] + time_s[:, top][None, :]
+    others = np.flatnonzero(np.arange(len(groups)) != top)
+    if others.size > max_partners:
+        others = others[np.argsort(load[others], kind="stable")[:max_partners]]
+    # (partner group, class present there) pairs.
+    hp, ck = np.nonzero(counts[others] > 0)
+    if hp.size == 0:
+        return False
+    hs = others[hp]
+    # new_top[a, p]: slowest group after swapping class top_classes[a] out and ck[p] in.
+    new_top = current - time_s[top_classes, top][:, None] + time_s[ck, top][None, :]
     with np.errstate(invalid="ignore"):
-        # new_h[a, h, k]: group h after swapping k out and class top_classes[a] in.
-        new_h = load[None, :, None] - time_s.T[None, :, :] + time_s[top_classes][:, :, None]
-        cand = np.maximum(new_h, new_top[:, None, :])
-    cand = np.where(present[None, :, :], cand, np.inf)
+        # new_h[a, p]: group hs[p] after swapping ck[p] out and class top_classes[a] in.
+        new_h = load[hs][None, :] - time_s[ck, hs][None, :] + time_s[top_classes][:, hs]
+        cand = np.maximum(new_h, new_top)
     cand[np.isnan(cand)] = np.inf
     flat = cand.ravel()
     good = np.flatnonzero(flat < current * (1 - 1e-12))
     if good.size == 0:
         return False
     tries = good[np.argsort(flat[good], kind="stable")][:max_tries]
-    num_groups, num_classes = cand.shape[1], cand.shape[2]
     for index in tries:
-        a, rest = divmod(int(index), num_groups * num_classes)
-        h, ck = divmod(rest, num_classes)
-        ci = int(top_classes[a])
-        if ci == ck:
+        a, p = divmod(int(index), hs.size)
+        ci, h, c_k = int(top_classes[a]), int(hs[p]), int(ck[p])
+        if ci == c_k:
             continue
         i = firsts[ci]
         other = groups[h]
-        k = next(x for m in other.mbs for x in m if cls[x] == ck)
+        k = next(x for m in other.mbs for x in m if cls[x] == c_k)
         saved = ([list(m) for m in g.mbs], list(g.free_bytes),
                  [list(m) for m in other.mbs], list(other.free_bytes))
         _remove(table, g, i)
@@ -238,8 +241,8 @@ def _swap(table: CostTable, groups: list[GroupState], top: int, load: np.ndarray
         _insert(table, other, i)
         if max(group_time(table, g), group_time(table, other)) < current * (1 - 1e-12):
             counts[top, ci] -= 1
-            counts[top, ck] += 1
-            counts[h, ck] -= 1
+            counts[top, c_k] += 1
+            counts[h, c_k] -= 1
             counts[h, ci] += 1
             refresh(top)
             refresh(h)

@@ -10,10 +10,13 @@
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 from planner.costs import CostTable
 from planner.placement import fill_ranks, place_groups
+from planner.search.lpt import SCAN
 
 _EPS = 1e-12
 
@@ -132,8 +135,9 @@ def packed_multiset(table: CostTable, order: list[int], *, target_s: float,
     # Plain lists: a handful of open groups per size, where numpy's per-call cost dominates.
     loads: dict[int, list[float]] = {j: [0.0] * (n // d) for j, d in enumerate(table.sizes)}
     frees: dict[int, list[float]] = {j: [-1.0] * (n // d) for j, d in enumerate(table.sizes)}
-    time_rows: list[list[float]] = table.time_s.tolist()
-    mem_rows: list[list[float]] = table.mem_bytes.tolist()
+    time_rows, mem_rows, _ = table.rows()
+    # Open groups of each size sorted by load: the best fit is found by bisection.
+    by_load: dict[int, list[tuple[float, int]]] = {j: [] for j in range(len(table.sizes))}
     opened = dict.fromkeys(range(len(table.sizes)), 0)
     used = 0
     if runs is None:
@@ -158,11 +162,18 @@ def packed_multiset(table: CostTable, order: list[int], *, target_s: float,
                 if not count:
                     continue
                 t_c, m_c = time_rows[c][jj], mem_rows[c][jj]
-                load_j, free_j = loads[jj], frees[jj]
+                free_j, lst = frees[jj], by_load[jj]
                 best_finish = -np.inf
-                for k in range(count):  # the first of the latest finishes within the target
-                    finish = load_j[k] + t_c + (o if free_j[k] < m_c else 0.0)
-                    if best_finish < finish <= target_s:
+                # The first of the latest finishes within the target, among the groups just
+                # below the bisection point (a lower load cannot finish later).
+                p = bisect.bisect_right(lst, (target_s - t_c, np.inf))
+                for idx in range(p - 1, max(-1, p - 1 - SCAN), -1):
+                    ld_k, k = lst[idx]
+                    if ld_k + t_c + o < best_finish:
+                        break
+                    finish = ld_k + t_c + (o if free_j[k] < m_c else 0.0)
+                    if finish <= target_s and (finish > best_finish
+                                               or (finish == best_finish and k < best_k)):
                         best_finish, best_k = finish, k
                 if best_k >= 0:
                     j = jj
@@ -173,7 +184,9 @@ def packed_multiset(table: CostTable, order: list[int], *, target_s: float,
                     return None
                 best_k = opened[j]
                 opened[j] += 1
+                bisect.insort(by_load[j], (0.0, best_k))
             ld, fr = loads[j][best_k], frees[j][best_k]
+            old = (ld, best_k)
             first = True
             while pos < end:
                 ci = cls[order[pos]]
@@ -187,6 +200,9 @@ def packed_multiset(table: CostTable, order: list[int], *, target_s: float,
                 ld = nxt
                 pos += 1
             loads[j][best_k], frees[j][best_k] = ld, fr
+            lst = by_load[j]
+            del lst[bisect.bisect_left(lst, old)]
+            bisect.insort(lst, (ld, best_k))
     filler = fill_ranks(n - used, table.sizes)
     if filler is None:
         return None
