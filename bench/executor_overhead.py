@@ -35,6 +35,7 @@ import torch.multiprocessing as mp
 from costmodel.analytic import analytic_cost_model
 from costmodel.presets import load_cluster
 from costmodel.specs import ModelSpec
+from dcp_cli.progress import progress_bar
 from executor.client import PlannerClient, PlanPrefetcher, RetryPolicy
 from executor.groups import GroupRegistry
 from executor.runtime import Executor
@@ -140,14 +141,18 @@ def main() -> None:
     parser.add_argument("--samples-per-step", type=int, default=16)
     parser.add_argument("--compute-ms", type=float, default=20.0, help="Simulated compute per step.")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "executor_overhead.json")
+    parser.add_argument("--quiet", "-q", action="store_true", help="No progress bar: the table only.")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp_name:
+    with tempfile.TemporaryDirectory() as tmp_name, progress_bar(
+            "service + epoch precompute, then the ranks", quiet=args.quiet, total=2) as update:
         tmp = Path(tmp_name)
         proc, url = _start_service(tmp)
         try:
             _precompute(url, steps=args.steps, samples_per_step=args.samples_per_step)
+            update(1, 2)
             mp.spawn(_rank, args=(_free_port(), url, args.steps, args.compute_ms / 1e3, tmp_name),
                      nprocs=WORLD, join=True)
+            update(2, 2)
             per_rank = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(WORLD)]
         finally:
             proc.send_signal(signal.SIGTERM)

@@ -48,6 +48,7 @@ from costmodel.presets import hardware_names, load_hardware
 from costmodel.profiling.format import ComputeRecord, HeadRecord, Profile, read_profile
 from costmodel.profiling.sweep import SweepConfig, make_header, run_sweep
 from costmodel.specs import ClusterSpec, HardwareSpec, ModelSpec, Sample
+from dcp_cli.progress import make_progress
 from executor.context import SPContext
 from executor.layout import PackedLayout, SampleShape
 from executor.memory import ActivationMeter
@@ -246,6 +247,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (0 = torch default; 1 avoids OpenMP thrash on a busy CPU).")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--quiet", "-q", action="store_true", help="No progress bar: the tables only.")
     args = parser.parse_args()
     args.dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
     args.hardware = args.hardware or ("cpu" if args.device == "cpu" else "h200-sxm")
@@ -258,12 +260,17 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
                     "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None},
         "kinds": {}}
+    kinds = args.kinds.split(",")
+    bar = make_progress(quiet=args.quiet, transient=True)
+    task = bar.add_task(f"profiling, fitting and running {len(kinds)} kind(s)", total=len(kinds))
+    bar.start()
     with tempfile.TemporaryDirectory() as tmp:
-        for kind in args.kinds.split(","):
+        for kind in kinds:
             ffn = args.ffn or (args.hidden * 8 // 3 // 16 * 16 if kind == "1d" else 4 * args.hidden)
             cfg = ModelConfig(num_layers=args.layers, hidden=args.hidden, num_heads=args.heads,
                               ffn_hidden=ffn, vocab=args.vocab, in_channels=4)
             result = run_kind(kind, cfg, args, Path(tmp))
+            bar.advance(task)
             report["kinds"][kind] = result
             print(f"\n{kind}: {result['model']['name']} on {args.device} ({args.dtype}); fitted "
                   f"{result['cost_model_id']} in {result['fit_wall_s']:.0f} s, held-out fit MAPE "
@@ -279,6 +286,7 @@ def main() -> None:
                       f"{agg['mean_pred_kept_bytes'] / 2**20:>10.2f}{agg['kept_bytes_mape']:>9.1%}"
                       f"{agg['mean_peak_bytes'] / 2**20:>10.2f}"
                       f"{pred_b / 2**20:>10.2f}{agg['peak_bytes_mape']:>9.1%}")
+    bar.stop()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     print(f"wrote {out}")

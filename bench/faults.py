@@ -34,6 +34,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fuzz import _free_port
 
+from dcp_cli.progress import progress_bar
+
 logger = logging.getLogger("bench.faults")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -300,8 +302,9 @@ def main() -> int:
     """Run every case, print the table, write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "faults.json")
+    parser.add_argument("--quiet", "-q", action="store_true", help="No progress bar or log lines: the table only.")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     base = Path(tempfile.mkdtemp(prefix="dcp-faults-"))
     (base / "ref").mkdir()
@@ -315,13 +318,19 @@ def main() -> int:
              "store's file system turns read-only (ext4 error), fsck + restart": case_read_only,
              "second server on the same store": case_two_servers}
     results: dict[str, Any] = {}
-    for name, case in cases.items():
-        logger.info("case: %s", name)
-        try:
-            results[name] = case(base, reference)
-        except Exception as exc:  # a case that cannot run here (e.g. no mount) is reported, not hidden
-            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
-        logger.info("  %s", results[name])
+    with progress_bar(f"{len(cases)} fault cases", quiet=args.quiet, total=len(cases)) as update:
+        for name, case in cases.items():
+            logger.info("case: %s", name)
+            try:
+                results[name] = case(base, reference)
+            except Exception as exc:  # a case that cannot run here (e.g. no mount) is reported, not hidden
+                results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            logger.info("  %s", results[name])
+            update(len(results), len(cases))
+    print(f"{'case':<66} {'identical':>9} {'recovery_s':>10}  notes")
+    for name, r in results.items():
+        notes = str(r.get("error") or r.get("user_sees", ""))[:60]
+        print(f"{name:<66} {r.get('identical_to_reference', '-')!s:>9} {r.get('recovery_s', '-')!s:>10}  {notes}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"steps": FAULT_STEPS, "reference_steps": len(reference), "cases": results},
                                    indent=2) + "\n")

@@ -34,6 +34,8 @@ from typing import Any
 
 import httpx
 
+from dcp_cli.progress import progress_bar
+
 logger = logging.getLogger("bench.fuzz")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -152,20 +154,24 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "fuzz.json")
     parser.add_argument("--workdir", type=Path, default=None, help="where servers keep their files")
+    parser.add_argument("--quiet", "-q", action="store_true", help="No progress bar or log lines: the table only.")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
     base = args.workdir or Path(tempfile.mkdtemp(prefix="dcp-fuzz-"))
     runs = []
-    for mode in args.modes.split(","):
-        logger.info("fuzzing mode %s for %d s ...", mode, args.max_time_s)
-        runs.append(run_mode(mode, max_time_s=args.max_time_s, workers=args.workers, seed=args.seed,
-                             threads=args.threads, workdir=base / mode))
-    logger.info("%-6s %9s %9s %7s %7s %6s %8s  %s", "mode", "requests", "cases", "failed", "5xx", "tb",
-                "time_s", "status codes")
+    modes = args.modes.split(",")
+    with progress_bar(f"fuzzing {len(modes)} mode(s), {args.max_time_s} s each", quiet=args.quiet,
+                      total=len(modes)) as update:
+        for mode in modes:
+            logger.info("fuzzing mode %s for %d s ...", mode, args.max_time_s)
+            runs.append(run_mode(mode, max_time_s=args.max_time_s, workers=args.workers, seed=args.seed,
+                                 threads=args.threads, workdir=base / mode))
+            update(len(runs), len(modes))
+    print(f"{'mode':<6} {'requests':>9} {'cases':>9} {'failed':>7} {'5xx':>7} {'tb':>6} {'time_s':>8}  status codes")
     for r in runs:
-        logger.info("%-6s %9d %9d %7d %7d %6d %8.0f  %s", r["mode"], r["requests"],
-                    r["test_cases"].get("generated", 0), r["test_cases"].get("failed", 0), r["server_5xx"],
-                    r["server_tracebacks"], r["elapsed_s"], r["requests_by_status"])
+        print(f"{r['mode']:<6} {r['requests']:>9d} {r['test_cases'].get('generated', 0):>9d} "
+              f"{r['test_cases'].get('failed', 0):>7d} {r['server_5xx']:>7d} {r['server_tracebacks']:>6d} "
+              f"{r['elapsed_s']:>8.0f}  {r['requests_by_status']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"runs": runs}, indent=2) + "\n")
     return 0 if all(r["passed"] for r in runs) else 1

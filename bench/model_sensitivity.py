@@ -67,6 +67,7 @@ from costmodel.evaluate import CostModel, nodes_spanned  # noqa: E402
 from costmodel.presets import default_cost_model_file, load_cluster, workload_names  # noqa: E402
 from costmodel.schema import CostModelFile  # noqa: E402
 from costmodel.specs import ClusterSpec, Sample  # noqa: E402
+from dcp_cli.progress import progress_bar  # noqa: E402
 from planner.config import PlannerConfig  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 from planner.planning import plan_batch  # noqa: E402
@@ -472,6 +473,8 @@ def main() -> None:
                         help="Planner preset: PlannerConfig.for_budget(BUDGET_S).")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "model_sensitivity.json")
+    parser.add_argument("--quiet", "-q", action="store_true",
+                        help="No progress bar or per-cell lines: the tables only.")
     args = parser.parse_args()
     if not 0 < args.error < 1:
         parser.error(f"--error must be in (0, 1), got {args.error}")
@@ -486,15 +489,19 @@ def main() -> None:
     loadavg_start = os.getloadavg()
     start = time.perf_counter()
     cells = []
-    for workload in workloads:
-        for cluster_name in args.clusters:
-            cell = run_cell(workload, cluster_name, num_samples=args.num_samples, steps=args.steps,
-                            error=args.error, config=config, seed=args.seed)
-            cells.append(cell)
-            worst = max(cell["results"], key=lambda r: r["loss"]["mean"] or -1.0)
-            print(f"  {workload} {cluster_name}: {cell['elapsed_s']:.1f} s; worst mean loss "
-                  f"{_pct(worst['loss']['mean'])} ({worst['term']} {_sign(worst['factor'])})",
-                  file=sys.stderr, flush=True)
+    num_cells = len(workloads) * len(args.clusters)
+    with progress_bar(f"{num_cells} cells x {args.steps} steps", quiet=args.quiet, total=num_cells) as update:
+        for workload in workloads:
+            for cluster_name in args.clusters:
+                cell = run_cell(workload, cluster_name, num_samples=args.num_samples, steps=args.steps,
+                                error=args.error, config=config, seed=args.seed)
+                cells.append(cell)
+                update(len(cells), num_cells)
+                worst = max(cell["results"], key=lambda r: r["loss"]["mean"] or -1.0)
+                if not args.quiet:
+                    print(f"  {workload} {cluster_name}: {cell['elapsed_s']:.1f} s; worst mean loss "
+                          f"{_pct(worst['loss']['mean'])} ({worst['term']} {_sign(worst['factor'])})",
+                          file=sys.stderr, flush=True)
     results = [r for c in cells for r in c["results"]]
     summary = by_term(results)
     print(markdown_cells(results))

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from dcp_cli.model_check import CheckConfig, run_check
+from dcp_cli.progress import make_progress
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,6 +57,8 @@ def main() -> None:
     parser.add_argument("--memory-tokens", type=int, default=600)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "model_vs_executor_cpu.json")
+    parser.add_argument("--quiet", "-q", action="store_true",
+                        help="No progress bar or stage lines: the summary lines only.")
     args = parser.parse_args()
     results: dict[str, Any] = {
         "command": " ".join(["bench/model_vs_executor.py", *sys.argv[1:]]), "git_commit": _commit(),
@@ -63,14 +66,18 @@ def main() -> None:
                     "loadavg_at_start": os.getloadavg()},
         "runs": {},
     }
-    for kind in args.kinds.split(","):
+    kinds = args.kinds.split(",")
+    bar = make_progress(quiet=args.quiet, transient=True)
+    task = bar.add_task(f"checking {len(kinds)} kind(s)", total=len(kinds))
+    bar.start()
+    for kind in kinds:
         config = CheckConfig(kind=kind, clock=args.clock, num_steps=args.steps,  # type: ignore[arg-type]
                              samples_per_step=args.samples, tokens_max=args.tokens_max,
                              memory_tokens=args.memory_tokens, repeats=args.repeats,
                              sweep_repeats=args.repeats,
                              ffn_hidden=128 if kind == "1d" else 256)
         start = time.perf_counter()
-        report = run_check(config, progress=lambda text: print(f"  {text}", file=sys.stderr))
+        report = run_check(config, progress=lambda text: None if args.quiet else print(f"  {text}", file=sys.stderr))
         report["wall_s"] = time.perf_counter() - start
         report["loadavg_after"] = os.getloadavg()
         results["runs"][kind] = report
@@ -82,6 +89,8 @@ def main() -> None:
               f"{s['group_time_mape']:.1%}; peak MAPE {s['peak_mape']:.1%} (max {s['peak_max_error']:.1%}); "
               f"fit held-out MAPE {_fit_quality(report)}; "
               f"{report['wall_s']:.0f} s, load {report['loadavg_after'][0]:.1f}")
+        bar.advance(task)
+    bar.stop()
     results["machine"]["loadavg_at_end"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")

@@ -40,6 +40,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from costmodel.presets import default_cost_model_file, load_cluster, workload_names  # noqa: E402
+from dcp_cli.progress import make_progress  # noqa: E402
 from planner.baselines import strongest  # noqa: E402
 from planner.bounds.lp import partition_lp_bound  # noqa: E402
 from planner.config import PlannerConfig  # noqa: E402
@@ -197,6 +198,8 @@ def main() -> None:
     parser.add_argument("--cpu", type=int, default=0, help="Pin to this core (-1: no pinning).")
     parser.add_argument("--skip-grid", action="store_true")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--quiet", "-q", action="store_true",
+                        help="No progress bar or per-cell lines: the tables only.")
     args = parser.parse_args()
     pinned = _pin(None if args.cpu < 0 else args.cpu)
     workloads = args.workloads or workload_names()
@@ -215,16 +218,23 @@ def main() -> None:
         "default_config": "PlannerConfig() (50 ms budget)",
     }
     cells = []
+    num_cells = 0 if args.skip_grid else len(workloads) * len(args.clusters) * len(batches)
+    num_cells += len(args.budgets) * len(workloads)
+    bar = make_progress(quiet=args.quiet, transient=True)
+    task = bar.add_task(f"planning {num_cells} cells x {steps} steps", total=num_cells)
+    bar.start()
     if not args.skip_grid:
         for workload in workloads:
             for cluster_name in args.clusters:
                 for num_samples in batches:
                     cells.append(run_cell(workload, cluster_name, num_samples, steps,
                                           PlannerConfig()))
+                    bar.advance(task)
                     s = cells[-1]["summary"]
-                    print(f"  {workload} {cluster_name} {num_samples}: gap {s['gap_mean']:.3%} "
-                          f"x{_fmt(s['speedup_strongest_mean'])} (strongest) p50 {s['latency_p50_s'] * 1e3:.1f} ms",
-                          flush=True)
+                    if not args.quiet:
+                        print(f"  {workload} {cluster_name} {num_samples}: gap {s['gap_mean']:.3%} "
+                              f"x{_fmt(s['speedup_strongest_mean'])} (strongest) "
+                              f"p50 {s['latency_p50_s'] * 1e3:.1f} ms", flush=True)
         print()
         _print_grid(cells)
     result["grid"] = [c["summary"] for c in cells]
@@ -236,6 +246,8 @@ def main() -> None:
             cell = run_cell(workload, "h200x32", 256, steps, PlannerConfig.for_budget(budget))
             cell["summary"]["budget_s"] = budget
             budgets.append(cell["summary"])
+            bar.advance(task)
+    bar.stop()
     if budgets:
         print("\nquality by budget (256 samples, h200x32)")
         print(f"{'budget':>7s} {'workload':17s}{'gap mean':>9s}{'gap p95':>8s}{'lp mean':>8s}"

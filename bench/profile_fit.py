@@ -38,6 +38,7 @@ from costmodel.profiling.format import (
     write_profile,
 )
 from costmodel.profiling.sweep import SweepConfig, make_header, run_sweep
+from dcp_cli.progress import progress_bar
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = {"compute_time": 0.03, "activation_bytes": 0.02, "alltoall": 0.10}
@@ -120,23 +121,28 @@ def main() -> None:
     parser.add_argument("--comm-repeats", type=int, default=40, help="Timed repeats per comm point.")
     parser.add_argument("--comm-procs", type=int, default=2, help="gloo ranks for the comm profile.")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "profile_fit.json")
+    parser.add_argument("--quiet", "-q", action="store_true", help="No progress bar: the table only.")
     args = parser.parse_args()
     torch.set_num_threads(1)
     workdir = args.out.parent / "profiles"
     workdir.mkdir(parents=True, exist_ok=True)
-    comm, comm_wall_s = profile_comm(args.comm_procs, workdir, quick=args.quick, repeats=args.comm_repeats)
+    models = ("llama-7b", "stdit3-xl")
     rows: list[dict[str, Any]] = []
-    for name in ("llama-7b", "stdit3-xl"):
-        kind = load_model(name).kind
-        config = sweep_config(kind, quick=args.quick, repeats=args.repeats, cpu_clock=args.cpu_clock)
-        compute, profile_wall_s = profile_compute(name, config, workdir)
-        for statistic in ("median", "min"):
-            mape, mean_mape, fit_wall_s = fit_quality([compute, comm], statistic)
-            rows.append({"model": name, "profiled": SHAPES[name], "timing": statistic,
-                         "num_compute_records": len(compute.compute), "mape": mape,
-                         "mape_mean_over_splits": mean_mape,
-                         "profile_wall_s": profile_wall_s, "comm_profile_wall_s": comm_wall_s,
-                         "fit_wall_s": fit_wall_s})
+    with progress_bar("profiling comm, then each model", quiet=args.quiet, total=1 + len(models)) as update:
+        comm, comm_wall_s = profile_comm(args.comm_procs, workdir, quick=args.quick, repeats=args.comm_repeats)
+        update(1, 1 + len(models))
+        for i, name in enumerate(models):
+            kind = load_model(name).kind
+            config = sweep_config(kind, quick=args.quick, repeats=args.repeats, cpu_clock=args.cpu_clock)
+            compute, profile_wall_s = profile_compute(name, config, workdir)
+            for statistic in ("median", "min"):
+                mape, mean_mape, fit_wall_s = fit_quality([compute, comm], statistic)
+                rows.append({"model": name, "profiled": SHAPES[name], "timing": statistic,
+                             "num_compute_records": len(compute.compute), "mape": mape,
+                             "mape_mean_over_splits": mean_mape,
+                             "profile_wall_s": profile_wall_s, "comm_profile_wall_s": comm_wall_s,
+                             "fit_wall_s": fit_wall_s})
+            update(2 + i, 1 + len(models))
     terms = ("compute_time", "activation_bytes", "head_time", "alltoall", "allreduce")
     print("held-out MAPE: split seed 0 (mean over 8 splits)")
     print(f"{'model':<10} {'timing':<7} " + " ".join(f"{t:>17}" for t in terms)

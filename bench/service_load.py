@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from api.store import PlanStore  # noqa: E402
 from costmodel.specs import Sample  # noqa: E402
+from dcp_cli.progress import make_progress  # noqa: E402
 from planner.epoch import StepResult  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 from planner.workload import WorkloadSpec, sample_batch, synthesize_manifest  # noqa: E402
@@ -315,7 +316,14 @@ def main() -> None:
     parser.add_argument("--epoch-steps", type=int, default=None, help="Steps planned in phase 1.")
     parser.add_argument("--option", action="append", default=[], help="Planner option KEY=JSON.")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "service_load.json")
+    parser.add_argument("--quiet", "-q", action="store_true",
+                        help="No progress bar or per-phase figures: the table only.")
     args = parser.parse_args()
+
+    def say(text: str) -> None:
+        if not args.quiet:
+            print(text, flush=True)
+
     options: dict[str, Any] = {}
     for item in args.option:
         key, _, value = item.partition("=")
@@ -327,39 +335,46 @@ def main() -> None:
     results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
                                            "loadavg_1m_at_start": os.getloadavg()[0]},
                                "git_commit": commit, "quick": args.quick, "workers": args.workers}
+    runs: list[tuple[int, str, float, float | None]] = [
+        (256, "sequential", fetch_s, None), (256, "sequential", fetch_s, 1.0),
+        (256, "sequential", fetch_s / 3, 0.25), (32, "sequential", fetch_s / 3, None),
+        (1, "sequential", fetch_s / 6, None), (256, "random", fetch_s / 3, None)]
+    bar = make_progress(quiet=args.quiet, transient=True)
+    task = bar.add_task("service load phases", total=3 + len(runs))
+    bar.start()
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "plans.sqlite"
         log = Path(tmp) / "service.log"
         with Service(db, workers=args.workers, log=log) as svc:
-            print(f"phase 1: epoch precompute, {epoch_steps} steps x {SAMPLES_PER_STEP} samples", flush=True)
+            say(f"phase 1: epoch precompute, {epoch_steps} steps x {SAMPLES_PER_STEP} samples")
             load_before = os.getloadavg()[0]
             results["epoch"] = run_epoch_phase(svc, num_steps=epoch_steps, options=options)
             results["epoch"]["loadavg_1m_before_after"] = [load_before, os.getloadavg()[0]]
-            print(json.dumps(results["epoch"], indent=1), flush=True)
-            print("phase 2: synchronous plans", flush=True)
+            say(json.dumps(results["epoch"], indent=1))
+            bar.advance(task)
+            say("phase 2: synchronous plans")
             results["sync_plan"] = run_sync_phase(svc, num_requests=5 if args.quick else 30,
                                                   options=options)
-            print(json.dumps(results["sync_plan"], indent=1), flush=True)
-        print(f"phase 3: fill {FILL_STEPS} steps", flush=True)
+            say(json.dumps(results["sync_plan"], indent=1))
+            bar.advance(task)
+        say(f"phase 3: fill {FILL_STEPS} steps")
         results["fill"] = fill_store(db, source_epoch="bench-epoch", epoch_id="fill10k",
                                      num_steps=FILL_STEPS)
+        bar.advance(task)
         with Service(db, workers=args.workers, log=log) as svc:
             results["rss_idle_bytes"] = svc.rss_bytes()
-            runs: list[tuple[int, str, float, float | None]] = [
-                (256, "sequential", fetch_s, None), (256, "sequential", fetch_s, 1.0),
-                (256, "sequential", fetch_s / 3, 0.25), (32, "sequential", fetch_s / 3, None),
-                (1, "sequential", fetch_s / 6, None), (256, "random", fetch_s / 3, None)]
             results["fetch"] = []
             for clients, order, duration, interval in runs:
-                print(f"phase 4: fetch, {clients} clients, {order}, {duration:.0f} s, "
-                      f"interval {interval}", flush=True)
+                say(f"phase 4: fetch, {clients} clients, {order}, {duration:.0f} s, interval {interval}")
                 load_before = os.getloadavg()[0]
                 run = run_fetch(svc, epoch_id="fill10k", num_clients=clients, duration_s=duration,
                                 order=order, interval_s=interval)
                 run["loadavg_1m_before_after"] = [load_before, os.getloadavg()[0]]
                 run["rss_after_bytes"] = svc.rss_bytes()
                 results["fetch"].append(run)
-                print(json.dumps(run, indent=1), flush=True)
+                say(json.dumps(run, indent=1))
+                bar.advance(task)
+    bar.stop()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     print_table(results)
