@@ -121,7 +121,12 @@ def report_plan(
                 fail("--workload needs --cluster")
             spec = WorkloadSpec.preset(workload or "")
             cluster_spec = load_cluster(cluster)
-            file = file or default_cost_model_file(spec.model, cluster_spec.hardware.name)
+            if file is None:
+                try:
+                    file = default_cost_model_file(spec.model, cluster_spec.hardware.name)
+                except ValueError as exc:
+                    fail(f"--cluster {cluster}: no embedded cost model of {spec.model!r} on "
+                         f"{cluster_spec.hardware.name!r} ({exc}); pass --cost-model-file (dcp fit)")
             samples = sample_batch(spec, num_samples=batch_size, seed=seed, step=step)
             config = PlannerConfig.for_budget(budget_ms / 1000.0, seed=seed)
             reference = spec.max_sample

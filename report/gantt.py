@@ -71,12 +71,35 @@ def group_label(first_rank: int, size: int) -> str:
     return f"{ranks} (SP {size})"
 
 
+MAX_GROUP_LABELS = 24
+"""Up to this many groups each gets its label; beyond, runs of equal-size groups share one."""
+
+
+def group_ticks(groups: Sequence[tuple[int, int]]) -> tuple[list[float], list[str]]:
+    """Label positions (rank) and texts for ``(first_rank, size)`` groups in rank order."""
+    if len(groups) <= MAX_GROUP_LABELS:
+        return ([first + size / 2 for first, size in groups],
+                [group_label(first, size) for first, size in groups])
+    runs: list[list[tuple[int, int]]] = []
+    for first, size in groups:
+        if runs and runs[-1][-1][1] == size and runs[-1][-1][0] + size == first:
+            runs[-1].append((first, size))
+        else:
+            runs.append([(first, size)])
+    ticks, labels = [], []
+    for run in runs:
+        first, size = run[0]
+        last = run[-1][0] + size - 1
+        ticks.append((first + last + 1) / 2)
+        labels.append(group_label(first, size) if len(run) == 1
+                      else f"ranks {first}-{last} ({len(run)} groups of SP {size})")
+    return ticks, labels
+
+
 def _draw_panel(ax: Axes, panel: GanttPanel) -> None:
     tl = panel.timeline
     boxes: dict[str, list[list[tuple[float, float]]]] = {k: [] for k in COLORS}
     outlines: list[list[tuple[float, float]]] = []
-    ticks: list[float] = []
-    labels: list[str] = []
     for g in tl.groups:
         y0, y1 = g.first_rank + _PAD, g.first_rank + g.size - _PAD
         for mb in g.micro_batches:
@@ -89,8 +112,6 @@ def _draw_panel(ax: Axes, panel: GanttPanel) -> None:
             outlines.append(_box(mb.start_s, mb.end_s, y0, y1))
         if tl.idle_s(g) > 0:
             boxes["idle"].append(_box(g.busy_s, tl.compute_makespan_s, y0, y1))
-        ticks.append(g.first_rank + g.size / 2)
-        labels.append(group_label(g.first_rank, g.size))
     if tl.grad_sync_s > 0:
         boxes["grad_sync"].append(_box(tl.compute_makespan_s, tl.step_time_s, _PAD, tl.num_ranks - _PAD))
     for kind, polys in boxes.items():
@@ -101,9 +122,9 @@ def _draw_panel(ax: Axes, panel: GanttPanel) -> None:
     ax.add_collection(PolyCollection(outlines, facecolors="none", edgecolors="white", linewidths=0.8,
                                      gid=f"{panel.key}-microbatches"))
     ax.set_ylim(tl.num_ranks, 0)
+    ticks, labels = group_ticks([(g.first_rank, g.size) for g in tl.groups])
     ax.set_yticks(ticks)
-    size = 8.0 if len(ticks) <= 24 else max(4.0, 8.0 * 24 / len(ticks))
-    ax.set_yticklabels(labels, fontsize=size)
+    ax.set_yticklabels(labels, fontsize=8.0)
     ax.tick_params(axis="y", length=0)
     ax.set_ylabel("SP group (ranks)")
     shares = tl.totals_rank_s()

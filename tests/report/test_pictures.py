@@ -19,6 +19,7 @@ from planner.plan import Plan
 from planner.planning import plan_batch
 from planner.workload import WorkloadSpec, sample_batch
 from report.epoch_report import StepFigures, epoch_image, summarise
+from report.gantt import group_ticks
 from report.html import EpochInfo, epoch_html
 from report.plan_report import PlanPictureInput, plan_image
 
@@ -103,3 +104,13 @@ def test_epoch_chart_and_summary(plans: list[tuple[Plan, PlanPictureInput]]) -> 
     assert len(parser.refs) == 2 and all(r.startswith("data:image/svg+xml;base64,") for r in parser.refs)
     for name in ("strongest", "bucket-sp4", "static-best"):
         assert f">{name}" in page or name in page
+
+
+def test_many_groups_share_labels_by_runs_of_one_size() -> None:
+    few = [(0, 4), (4, 2), (6, 1), (7, 1)]
+    assert group_ticks(few) == ([2.0, 5.0, 6.5, 7.5],
+                                ["ranks 0-3 (SP 4)", "ranks 4-5 (SP 2)", "rank 6 (SP 1)", "rank 7 (SP 1)"])
+    many = [(0, 8), (8, 4), (12, 4), *[(16 + i, 1) for i in range(48)]]
+    ticks, labels = group_ticks(many)
+    assert labels == ["ranks 0-7 (SP 8)", "ranks 8-15 (2 groups of SP 4)", "ranks 16-63 (48 groups of SP 1)"]
+    assert ticks == [4.0, 12.0, 40.0]
