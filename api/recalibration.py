@@ -27,7 +27,7 @@ from api.pool import SolverPool
 from api.revisions_store import RecalibrationState, Revision, RevisionStore
 from api.store import PlanStore
 from costmodel.evaluate import CostModel, nodes_spanned
-from costmodel.recalibrate import TERMS, TermScales, fit_scales, scale_file, term_times_s
+from costmodel.recalibrate import TERMS, TermScales, TermSplitter, fit_scales, scale_file
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec, Sample
 from planner.epoch import StepResult, StepTask, plan_step
@@ -74,12 +74,11 @@ def fit_revision_task(base_json: str, cluster_json: str, records: list[dict[str,
 
     base = CostModelFile.model_validate_json(base_json)
     cluster = ClusterSpec.model_validate_json(cluster_json)
-    model = CostModel(file=base, cluster=cluster)
-    doubled = CostModel(file=scale_file(base, TermScales(alltoall=2.0)), cluster=cluster)
-    terms = [term_times_s(model, [Sample.model_validate(s) for s in r["samples"]], group_size=r["group_size"],
-                          recompute_layers=r["policies"], doubled_alltoall=doubled,
-                          num_nodes=nodes_spanned(first_rank=r["first_rank"], group_size=r["group_size"],
-                                                  gpus_per_node=cluster.gpus_per_node))
+    split = TermSplitter(CostModel(file=base, cluster=cluster))
+    terms = [split([Sample.model_validate(s) for s in r["samples"]], group_size=r["group_size"],
+                   recompute_layers=r["policies"],
+                   num_nodes=nodes_spanned(first_rank=r["first_rank"], group_size=r["group_size"],
+                                           gpus_per_node=cluster.gpus_per_node))
              for r in records]
     fit = fit_scales(np.array(terms), np.array([r["measured_s"] for r in records]),
                      steps=[r["step"] for r in records], prior=TermScales(**prior))

@@ -1,21 +1,25 @@
 """Online recalibration: per-term scale factors fitted on measured micro-batch times.
 
-A micro-batch's predicted time (``CostModel.microbatch_time_s``) is linear in three groups of
-coefficients, so it splits exactly into three terms:
+A micro-batch's predicted time (``CostModel.microbatch_time_s``) is linear in four groups of
+coefficients, so it splits exactly into four terms:
 
-* ``compute``: every compute coefficient of the layers and the head (per token, per pair,
-  per sample, per call; the half-performance lengths are shapes, not scales);
+* ``compute``: the dense work that grows with the tokens: per token (GEMMs, norms, MLP) and
+  the head per token;
+* ``attention``: the attention work, per pair (``s^2``, or spatial and temporal pairs);
 * ``alltoall``: the all-to-all fits (latency and inverse bandwidth together);
-* ``overhead``: the fixed cost per micro-batch (``microbatch_overhead_s``).
+* ``overhead``: the fixed costs: per call of a layer (launches, and the dense parts'
+  efficiency term ``per_token * linear_half_tokens``), per sample, per micro-batch.
 
-:func:`term_times_s` gives the three terms of one micro-batch (evaluated, not re-derived: the
-all-to-all term is the difference made by doubling its fits, the overhead is the coefficient,
-compute the rest). :func:`fit_scales` fits one factor per term, ``measured ~ sum_k s_k *
-term_k``, robustly: residuals are log ratios under a Huber loss (``scipy.optimize.
-least_squares(loss='huber')``), so a straggler step moves the factors by about
-``huber_scale / num_points``, not by its own error; a term with no signal in the data keeps its
-prior factor. Quality is the mean absolute percentage error on held-out steps before (prior
-factors) and after. :func:`scale_file` writes the factors into a new cost-model file.
+:func:`term_times_s` gives the three terms of one micro-batch, evaluated by the cost model
+itself (each term is the difference its doubling makes), so they sum to the prediction.
+:func:`fit_scales` fits one factor per term, ``measured ~ sum_k s_k * term_k``, robustly:
+residuals are log ratios under a Huber loss (``scipy.optimize.least_squares(loss='huber')``,
+started from the prior and from a linear fit, the lower cost kept),
+so a straggler step moves the predictions by about ``huber_scale / num_points``, not by its own
+error; a term with no signal in the data keeps its prior factor. Quality is the mean absolute
+percentage error on held-out steps before (prior factors) and after. :func:`scale_file` writes
+the factors into a new cost-model file (the attention half-performance length is a shape and
+stays; the dense one is rescaled so that its fixed part follows ``overhead``).
 """
 
 from __future__ import annotations
@@ -26,13 +30,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.optimize import least_squares
+from scipy.optimize import least_squares, nnls
 
 from costmodel.evaluate import CostModel
 from costmodel.schema import CostModelFile, LayerTimeTerms, LinkFit
 from costmodel.specs import Sample
 
-TERMS = ("compute", "alltoall", "overhead")
+TERMS = ("compute", "attention", "alltoall", "overhead")
 """The terms a micro-batch's time splits into, in column order."""
 
 
@@ -41,11 +45,13 @@ class TermScales:
     """One multiplicative factor per term (1 = the base file as it is)."""
 
     compute: float = 1.0
-    """Factor on every compute coefficient."""
+    """Factor on the dense work per token (layers and head)."""
+    attention: float = 1.0
+    """Factor on the attention work per pair."""
     alltoall: float = 1.0
     """Factor on the all-to-all times (latency times it, bandwidth divided by it)."""
     overhead: float = 1.0
-    """Factor on the fixed cost per micro-batch."""
+    """Factor on the fixed costs (per layer call, per sample, per micro-batch)."""
 
     def __post_init__(self) -> None:
         for name in TERMS:
@@ -55,7 +61,7 @@ class TermScales:
 
     def as_array(self) -> NDArray[np.float64]:
         """The factors in ``TERMS`` order."""
-        return np.array([self.compute, self.alltoall, self.overhead], dtype=np.float64)
+        return np.array([getattr(self, name) for name in TERMS], dtype=np.float64)
 
     def as_dict(self) -> dict[str, float]:
         """The factors by term name."""
@@ -67,8 +73,11 @@ class TermScales:
         return cls(**{name: float(v) for name, v in zip(TERMS, values, strict=True)})
 
 
-def _scaled_terms(terms: LayerTimeTerms, factor: float) -> LayerTimeTerms:
-    return terms.model_copy(update={k: v * factor for k, v in terms.model_dump().items()})
+def _scaled_terms(terms: LayerTimeTerms, scales: TermScales) -> LayerTimeTerms:
+    pairs = {k: getattr(terms, k) * scales.attention
+             for k in ("per_attn_pair", "per_spatial_pair", "per_temporal_pair")}
+    fixed = {k: getattr(terms, k) * scales.overhead for k in ("per_sample", "per_call")}
+    return terms.model_copy(update={"per_token": terms.per_token * scales.compute, **pairs, **fixed})
 
 
 def scale_file(file: CostModelFile, scales: TermScales, *, new_id: str | None = None,
@@ -83,10 +92,12 @@ def scale_file(file: CostModelFile, scales: TermScales, *, new_id: str | None = 
     """
     c = file.compute
     compute = c.model_copy(update={
-        "forward": _scaled_terms(c.forward, scales.compute),
-        "backward": _scaled_terms(c.backward, scales.compute),
+        "forward": _scaled_terms(c.forward, scales),
+        "backward": _scaled_terms(c.backward, scales),
         "head_s_per_token": c.head_s_per_token * scales.compute,
         "microbatch_overhead_s": c.microbatch_overhead_s * scales.overhead,
+        # per_token * linear_half_tokens is a fixed cost per call: it follows ``overhead``.
+        "linear_half_tokens": c.linear_half_tokens * scales.overhead / scales.compute,
     })
     alltoall = [LinkFit.model_validate({**f.model_dump(), "alpha_s": f.alpha_s * scales.alltoall,
                                         "bytes_per_s": f.bytes_per_s / scales.alltoall})
@@ -100,28 +111,32 @@ def scale_file(file: CostModelFile, scales: TermScales, *, new_id: str | None = 
     return CostModelFile.model_validate(data)
 
 
+class TermSplitter:
+    """Splits micro-batch predictions of one cost model into its terms (reuse it: it holds the
+    model with each term doubled)."""
+
+    def __init__(self, model: CostModel) -> None:
+        self.model = model
+        self._doubled = [CostModel(file=scale_file(model.file, TermScales(**{name: 2.0})),
+                                   cluster=model.cluster) for name in TERMS]
+
+    def __call__(self, samples: Sequence[Sample], *, group_size: int, recompute_layers: Sequence[int],
+                 num_nodes: int | None = None) -> NDArray[np.float64]:
+        """Seconds of one micro-batch per term (``TERMS`` order); they sum to its prediction."""
+        kwargs = {"group_size": group_size, "recompute_layers": recompute_layers, "num_nodes": num_nodes}
+        total = self.model.microbatch_time_s(samples, **kwargs)  # type: ignore[arg-type]
+        return np.array([m.microbatch_time_s(samples, **kwargs) - total  # type: ignore[arg-type]
+                         for m in self._doubled], dtype=np.float64)
+
+
 def term_times_s(model: CostModel, samples: Sequence[Sample], *, group_size: int,
-                 recompute_layers: Sequence[int], num_nodes: int | None = None,
-                 doubled_alltoall: CostModel | None = None) -> NDArray[np.float64]:
+                 recompute_layers: Sequence[int], num_nodes: int | None = None) -> NDArray[np.float64]:
     """Seconds of one micro-batch per term (``TERMS`` order); they sum to its predicted time.
 
-    Args:
-        model: The cost model bound to the cluster.
-        samples: The micro-batch's samples.
-        group_size: Its group size.
-        recompute_layers: Policy per sample.
-        num_nodes: Nodes the group spans (default: aligned contiguous).
-        doubled_alltoall: ``model`` with the all-to-all scaled by 2 (pass it when calling
-            often; built here otherwise).
+    (One-off form of :class:`TermSplitter`.)
     """
-    doubled = doubled_alltoall or CostModel(file=scale_file(model.file, TermScales(alltoall=2.0)),
-                                            cluster=model.cluster)
-    total = model.microbatch_time_s(samples, group_size=group_size, recompute_layers=recompute_layers,
-                                    num_nodes=num_nodes)
-    alltoall = doubled.microbatch_time_s(samples, group_size=group_size,
-                                         recompute_layers=recompute_layers, num_nodes=num_nodes) - total
-    overhead = model.file.compute.microbatch_overhead_s if samples else 0.0
-    return np.array([total - alltoall - overhead, alltoall, overhead], dtype=np.float64)
+    return TermSplitter(model)(samples, group_size=group_size, recompute_layers=recompute_layers,
+                               num_nodes=num_nodes)
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -210,11 +225,16 @@ def fit_scales(terms_s: NDArray[np.float64], measured_s: NDArray[np.float64], *,
         data = np.log(np.maximum(pred, 1e-300)) - np.log(m_train)
         return np.concatenate([data, math.sqrt(prior_weight) * (x - x0)])
 
+    fitted = base
     if np.any(active):
-        result = least_squares(residuals, x0, loss="huber", f_scale=huber_scale, method="trf")
-        fitted = full(result.x)
-    else:
-        fitted = base
+        # The objective is not convex in the factors: start from the prior and from the
+        # non-negative least-squares solution in relative error (a zero there keeps the prior),
+        # keep the lower cost.
+        linear, _ = nnls(t_train[:, active] / m_train[:, None], np.ones(len(m_train)))
+        starts = [x0, np.log(np.where(linear > 0, linear, base[active]))]
+        best = min((least_squares(residuals, start, loss="huber", f_scale=huber_scale, method="trf")
+                    for start in starts), key=lambda r: float(r.cost))
+        fitted = full(best.x)
     quality = FitQuality(
         heldout_mape_before=_mape(terms[held] @ base, measured[held]) if np.any(held) else None,
         heldout_mape_after=_mape(terms[held] @ fitted, measured[held]) if np.any(held) else None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
 import time
 from typing import Annotated, Any
@@ -99,6 +100,8 @@ class StepError(BaseModel):
     num_micro_batches: int = Field(description="Measured micro-batches (one per group and micro-batch).")
     mape: float = Field(description="Mean |predicted - measured| / measured.")
     mean_ratio: float = Field(description="Mean predicted / measured.")
+    mean_abs_log_ratio: float = Field(description="Mean |ln(predicted / measured)| (0: exact; symmetric "
+                                                  "in over- and under-prediction, unlike the MAPE).")
 
 
 class RevisionError(BaseModel):
@@ -107,6 +110,7 @@ class RevisionError(BaseModel):
     rev: int = Field(description="Revision (0: the original file).")
     num_steps: int = Field(description="Measured steps planned with it.")
     mape: float = Field(description="MAPE over their micro-batches.")
+    mean_abs_log_ratio: float = Field(description="Mean |ln(predicted / measured)| over them.")
 
 
 class RecalibrationReport(BaseModel):
@@ -239,15 +243,18 @@ def _report(state: ServiceState, recalibrator: Recalibrator, epoch_id: str) -> R
         per_step.setdefault(r["step"], []).append((r["predicted_s"], r["measured_s"]))
     steps = [StepError(step=s, rev=step_revs.get(s, 0), num_micro_batches=len(pairs),
                        mape=sum(abs(p - m) / m for p, m in pairs) / len(pairs),
-                       mean_ratio=sum(p / m for p, m in pairs) / len(pairs))
+                       mean_ratio=sum(p / m for p, m in pairs) / len(pairs),
+                       mean_abs_log_ratio=sum(abs(math.log(max(p, 1e-300) / m)) for p, m in pairs) / len(pairs))
              for s, pairs in sorted(per_step.items())]
     by_rev: dict[int, list[StepError]] = {}
     for e in steps:
         by_rev.setdefault(e.rev, []).append(e)
-    by_revision = [RevisionError(rev=rev, num_steps=len(errs),
-                                 mape=sum(e.mape * e.num_micro_batches for e in errs)
-                                 / sum(e.num_micro_batches for e in errs))
-                   for rev, errs in sorted(by_rev.items())]
+    by_revision = []
+    for rev, errs in sorted(by_rev.items()):
+        count = sum(e.num_micro_batches for e in errs)
+        by_revision.append(RevisionError(
+            rev=rev, num_steps=len(errs), mape=sum(e.mape * e.num_micro_batches for e in errs) / count,
+            mean_abs_log_ratio=sum(e.mean_abs_log_ratio * e.num_micro_batches for e in errs) / count))
     revisions = [RevisionOut(ref=r.ref, rev=r.rev, scales=r.scales, fit=r.fit, source_epoch=r.source_epoch,
                              created_at=r.created_at) for r in recalibrator.revisions.revisions(cost_model_id)]
     current = settings.current_rev

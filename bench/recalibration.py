@@ -1,0 +1,264 @@
+"""Online recalibration on gloo CPU ranks: prediction error over steps before and after.
+
+Starts a real ``dcp serve``, uploads a deliberately wrong cost model of the reference LLaMA-style
+model (the analytic H200 model with compute x0.5, on a CPU 'cluster' whose memory forces SP
+groups on long samples), precomputes an epoch and turns recalibration on (every
+``--every-steps`` measured steps, following revisions). ``--world`` gloo ranks train the model,
+time their micro-batches and post them (``executor.measure``). After ``--steps-a`` steps the
+ranks wait for the first revision (so the next steps are re-planned with it), then run
+``--steps-b`` more. Prints the error per step and per revision and writes
+``bench/results/recalibration.json`` (with every measured micro-batch's terms, for analysis).
+
+Run::
+
+    .venv/bin/python bench/recalibration.py --steps-a 6 --steps-b 18
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from costmodel.analytic import analytic_cost_model
+from costmodel.evaluate import CostModel
+from costmodel.presets import load_cluster
+from costmodel.recalibrate import TermScales, scale_file
+from costmodel.specs import ModelSpec, Sample
+from executor.client import PlannerClient, RetryPolicy
+from executor.data import SyntheticDataset
+from executor.groups import GroupRegistry
+from executor.measure import MeasurementReporter, ReporterConfig, StepMeasurement, StepTimer
+from executor.models import Llama1D, ModelConfig, init_weights
+from executor.runtime import Executor
+
+ROOT = Path(__file__).resolve().parents[1]
+EPOCH = "recalibration"
+CONFIG = ModelConfig(num_layers=4, hidden=64, num_heads=4, ffn_hidden=128, vocab=256)
+logger = logging.getLogger("bench.recalibration")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _start_service(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("dcp")), "serve", "--host", "127.0.0.1", "--port", str(port),
+         "--db", str(tmp / "plans.sqlite"), "--workers", "1", "--log-level", "warning"],
+        stdout=(tmp / "serve.log").open("wb"), stderr=subprocess.STDOUT,
+        env={**os.environ, "DCP_AUTH_TOKEN": ""})
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError("dcp serve did not start")
+
+
+def setup(world: int, *, num_samples: int, tight_tokens: int, compute_factor: float
+          ) -> tuple[dict[str, Any], list[Sample], dict[str, Any]]:
+    """The cluster, the manifest and the wrong cost model (JSON-ready)."""
+    spec = ModelSpec(name="ref-llama-bench", kind="1d", num_layers=CONFIG.num_layers, hidden=CONFIG.hidden,
+                     num_heads=CONFIG.num_heads, ffn_hidden=CONFIG.ffn_hidden, vocab=CONFIG.vocab)
+    cluster = load_cluster("h200x8").model_copy(update={"name": f"cpu{world}", "num_gpus": world,
+                                                        "gpus_per_node": world})
+    analytic = analytic_cost_model(spec, cluster.hardware)
+    model = CostModel(file=analytic, cluster=cluster)
+    need = model.fixed_bytes() + float(model.activation_bytes(tight_tokens, group_size=1))
+    hardware = cluster.hardware.model_copy(update={"name": "h200-tight",
+                                                   "hbm_bytes": need / cluster.memory_cap_fraction})
+    cluster = cluster.model_copy(update={"hardware": hardware})
+    wrong = scale_file(analytic.model_copy(update={"hardware": "h200-tight"}),
+                       TermScales(compute=compute_factor), new_id="ref-llama-bench-wrong")
+    samples = [Sample(id=f"b{i}", tokens=16 + (i * 977) % 600) for i in range(num_samples)]
+    return cluster.model_dump(mode="json"), samples, wrong.model_dump(mode="json")
+
+
+def _rank(rank: int, world: int, port: int, url: str, samples_json: str, steps_a: int, steps_b: int,
+          out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=300))
+    samples = [Sample.model_validate(s) for s in json.loads(samples_json)]
+    dataset = SyntheticDataset(samples, kind="1d", vocab=CONFIG.vocab, seed=1)
+    model = Llama1D(CONFIG)
+    init_weights(model, seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    client = PlannerClient(url, retry=RetryPolicy(deadline_s=120))
+    reporters: list[MeasurementReporter] = []
+
+    def sink(m: StepMeasurement) -> None:
+        reporters[-1].submit(m)
+
+    timer = StepTimer(rank=rank, sink=sink)
+    executor = Executor(registry=GroupRegistry(world_size=world, rank=rank, group_sizes=[1, 2, 4][:world]),
+                        weight_dtype=torch.float32, timer=timer)
+    config = ReporterConfig(batch_steps=4, flush_interval_s=0.5)
+
+    def run(steps: range) -> None:
+        for step in steps:
+            rank_plan = client.rank_plan(EPOCH, step, rank)
+            executor.begin_step(rank_plan, step=step)
+            optimizer.zero_grad(set_to_none=True)
+            for work in executor.micro_batches(rank_plan, load_sample=dataset.load):
+                logits = model(work.inputs, work.ctx, recompute_layers=work.recompute_layers)
+                work.loss(Llama1D.token_losses(logits, work.targets)).backward()
+            executor.sync_gradients(model)
+            optimizer.step()
+        timer.flush()
+        reporters[-1].close(timeout_s=60)
+
+    reporters.append(MeasurementReporter(client, epoch_id=EPOCH, rank=rank, config=config))
+    run(range(steps_a))
+    dist.barrier()
+    if rank == 0:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            report = httpx.get(f"{url}/v1/epochs/{EPOCH}/recalibration", timeout=10).json()
+            if report["revisions"] and not report["busy"]:
+                break
+            time.sleep(0.2)
+    dist.barrier()
+    reporters.append(MeasurementReporter(client, epoch_id=EPOCH, rank=rank, config=config))
+    run(range(steps_a, steps_a + steps_b))
+    Path(out, f"rank{rank}.json").write_text(json.dumps({
+        "posted": sum(r.num_posted_steps for r in reporters),
+        "dropped": sum(r.num_dropped_steps for r in reporters)}))
+    client.close()
+    dist.destroy_process_group()
+
+
+def _micro_batches(db: Path, cluster: dict[str, Any], wrong: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every measured micro-batch with its plan's prediction and the wrong model's terms."""
+    from api.measurements_store import MeasurementStore
+    from api.recalibration import observations
+    from api.revisions_store import RevisionStore
+    from api.store import PlanStore
+    from costmodel.evaluate import nodes_spanned
+    from costmodel.recalibrate import TermSplitter
+    from costmodel.schema import CostModelFile
+    from costmodel.specs import ClusterSpec
+    from planner.plan import Plan
+
+    store = PlanStore.open(db)
+    groups = MeasurementStore(store).groups(EPOCH)
+    plans = {}
+    for g in groups:
+        row = store.get_plan(EPOCH, g.step)
+        if row is not None:
+            plans[g.step] = Plan.model_validate_json(row[1])
+    revs = RevisionStore(store).step_revisions(EPOCH)
+    spec = ClusterSpec.model_validate(cluster)
+    split = TermSplitter(CostModel(file=CostModelFile.model_validate(wrong), cluster=spec))
+    records = observations(groups, plans)
+    for r in records:
+        r["rev"] = revs.get(r["step"], 0)
+        r["terms_s"] = split([Sample.model_validate(s) for s in r["samples"]], group_size=r["group_size"],
+                             recompute_layers=r["policies"],
+                             num_nodes=nodes_spanned(first_rank=r["first_rank"], group_size=r["group_size"],
+                                                     gpus_per_node=spec.gpus_per_node)).tolist()
+        r["tokens"] = sum(s["tokens"] for s in r["samples"])
+    store.close()
+    return records
+
+
+def main() -> None:
+    """Run the benchmark, print the tables and write the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--world", type=int, default=2, choices=(2, 4))
+    parser.add_argument("--steps-a", type=int, default=6, help="Steps before the first revision.")
+    parser.add_argument("--steps-b", type=int, default=18, help="Steps after it.")
+    parser.add_argument("--samples-per-step", type=int, default=8)
+    parser.add_argument("--every-steps", type=int, default=4, help="Recalibrate every N measured steps.")
+    parser.add_argument("--compute-factor", type=float, default=0.5, help="Error put into the model.")
+    parser.add_argument("--tight-tokens", type=int, default=300, help="Tokens that fill one rank.")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "recalibration.json")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    num_steps = args.steps_a + args.steps_b
+    cluster, samples, wrong = setup(args.world, num_samples=num_steps * args.samples_per_step,
+                                    tight_tokens=args.tight_tokens, compute_factor=args.compute_factor)
+    load_before = os.getloadavg()
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        proc, url = _start_service(tmp)
+        try:
+            httpx.post(f"{url}/v1/cost-models", json=wrong, timeout=30).raise_for_status()
+            httpx.post(f"{url}/v1/epochs", timeout=60, json={
+                "epoch_id": EPOCH, "manifest_jsonl": "\n".join(json.dumps(s.model_dump(exclude_none=True))
+                                                               for s in samples),
+                "batch": {"samples_per_step": args.samples_per_step}, "seed": 0, "cluster": cluster,
+                "cost_model_id": wrong["id"], "options": {"time_limit_s": 5.0, "use_cpsat": False}},
+            ).raise_for_status()
+            while httpx.get(f"{url}/v1/epochs/{EPOCH}", timeout=10).json()["state"] != "done":
+                time.sleep(0.2)
+            httpx.post(f"{url}/v1/epochs/{EPOCH}/recalibration", timeout=30,
+                       json={"follow": True, "every_steps": args.every_steps}).raise_for_status()
+            mp.spawn(_rank, nprocs=args.world, join=True,
+                     args=(args.world, _free_port(), url, json.dumps([s.model_dump(exclude_none=True)
+                                                                      for s in samples]),
+                           args.steps_a, args.steps_b, tmp_name))
+            ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(args.world)]
+            time.sleep(1.0)
+            while httpx.get(f"{url}/v1/epochs/{EPOCH}/recalibration", timeout=10).json()["busy"]:
+                time.sleep(0.2)
+            report = httpx.get(f"{url}/v1/epochs/{EPOCH}/recalibration", timeout=30).json()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+        records = _micro_batches(tmp / "plans.sqlite", cluster, wrong)
+    elapsed_s = time.perf_counter() - start
+    print(f"recalibration, {args.world} gloo ranks, {num_steps} steps of {args.samples_per_step} samples, "
+          f"model compute x{args.compute_factor}, recalibrate every {args.every_steps} measured steps; "
+          f"load {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f}")
+    print(f"{'step':>5}{'rev':>5}{'micro-batches':>15}{'MAPE':>9}{'pred/meas':>11}")
+    for e in report["steps"]:
+        print(f"{e['step']:>5}{e['rev']:>5}{e['num_micro_batches']:>15}{e['mape']:>9.1%}{e['mean_ratio']:>11.3f}")
+    print(f"{'revision':<34}{'steps':>6}{'MAPE':>9}")
+    for e in report["by_revision"]:
+        ref = wrong["id"] if e["rev"] == 0 else f"{wrong['id']}@{e['rev']}"
+        print(f"{ref:<34}{e['num_steps']:>6}{e['mape']:>9.1%}")
+    print(f"{'revision':<28}{'compute':>9}{'attn':>9}{'a2a':>9}{'ovh':>9}{'held-out before':>17}{'after':>8}")
+    for r in report["revisions"]:
+        fit, sc = r["fit"], r["scales"]
+        before, after = fit["heldout_mape_before"], fit["heldout_mape_after"]
+        print(f"{r['ref']:<28}{sc['compute']:>9.3g}{sc['attention']:>9.3g}{sc['alltoall']:>9.3g}"
+              f"{sc['overhead']:>9.3g}{'-' if before is None else f'{before:.1%}':>17}"
+              f"{'-' if after is None else f'{after:.1%}':>8}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "benchmark": "recalibration", "world_size": args.world, "steps_a": args.steps_a,
+        "steps_b": args.steps_b, "samples_per_step": args.samples_per_step, "every_steps": args.every_steps,
+        "compute_factor": args.compute_factor, "tight_tokens": args.tight_tokens, "elapsed_s": elapsed_s,
+        "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "ranks": ranks,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
+        "report": report, "micro_batches": records}, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
