@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from matplotlib.figure import Figure
 
 from planner.baselines import NOT_HEADLINE, strongest
@@ -95,6 +96,28 @@ def summarise(steps: Sequence[StepFigures]) -> list[BaselineSummary]:
     return out
 
 
+MAX_RAW_STEPS = 100
+"""Up to this many steps the speedup lines show every step; beyond, a centred sliding mean."""
+
+
+def rolling_window(num_steps: int) -> int:
+    """Steps averaged per point of the speedup lines (1 up to ``MAX_RAW_STEPS`` steps)."""
+    return 1 if num_steps <= MAX_RAW_STEPS else math.ceil(num_steps / 50) | 1
+
+
+def rolling_mean(values: Sequence[float], window: int) -> list[float]:
+    """Centred sliding mean over ``window`` (odd) values, ignoring NaN (a baseline missing at a step)."""
+    if window <= 1:
+        return list(values)
+    arr = np.asarray(values, dtype=np.float64)
+    ok = np.isfinite(arr)
+    kernel = np.ones(window)
+    sums = np.convolve(np.where(ok, arr, 0.0), kernel, mode="same")
+    counts = np.convolve(ok.astype(np.float64), kernel, mode="same")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return [float(v) for v in np.where(counts > 0, sums / counts, np.nan)]
+
+
 def epoch_figure(steps: Sequence[StepFigures], *, title: str) -> Figure:
     """Speedup over each baseline (top) and gap to the lower bound (bottom) per step.
 
@@ -111,8 +134,9 @@ def epoch_figure(steps: Sequence[StepFigures], *, title: str) -> Figure:
     names = [b.name for b in summarise(ordered)]
     colors = iter(["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#D6616B",
                    "#9D755D", "#EECA3B", "#BAB0AC"])
+    window = rolling_window(len(ordered))
     for name in names:
-        ys = [s.speedups().get(name, math.nan) for s in ordered]
+        ys = rolling_mean([s.speedups().get(name, math.nan) for s in ordered], window)
         if name == STRONGEST:
             top.plot(x, ys, color="black", alpha=0.35, linewidth=5.0, marker=marker, markersize=6, zorder=1,
                      label="strongest baseline (fastest but naive, per step)", gid="speedup-strongest")
@@ -125,7 +149,8 @@ def epoch_figure(steps: Sequence[StepFigures], *, title: str) -> Figure:
     top.yaxis.set_major_formatter(lambda v, _: f"{v:g}x")
     top.yaxis.set_minor_formatter(lambda v, _: f"{v:g}x" if v in (0.5, 1.5, 2, 3, 4, 6) else "")
     top.set_ylabel("speedup: baseline time / plan time\n(log scale)")
-    top.set_title("Predicted speedup of the plans over each baseline", loc="left")
+    top.set_title("Predicted speedup of the plans over each baseline"
+                  + (f" (mean over a sliding window of {window} steps)" if window > 1 else ""), loc="left")
     top.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     top.grid(axis="y", color="#DDDDDD", linewidth=0.5, which="both")
     gaps = [100.0 * s.gap for s in ordered]

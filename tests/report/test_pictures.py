@@ -18,7 +18,7 @@ from planner.config import PlannerConfig
 from planner.plan import Plan
 from planner.planning import plan_batch
 from planner.workload import WorkloadSpec, sample_batch
-from report.epoch_report import StepFigures, epoch_image, summarise
+from report.epoch_report import StepFigures, epoch_image, rolling_mean, rolling_window, summarise
 from report.gantt import group_ticks
 from report.html import EpochInfo, epoch_html
 from report.plan_report import PlanPictureInput, plan_image
@@ -114,3 +114,8 @@ def test_many_groups_share_labels_by_runs_of_one_size() -> None:
     ticks, labels = group_ticks(many)
     assert labels == ["ranks 0-7 (SP 8)", "ranks 8-15 (2 groups of SP 4)", "ranks 16-63 (48 groups of SP 1)"]
     assert ticks == [4.0, 12.0, 40.0]
+
+
+def test_long_epochs_draw_a_sliding_mean_that_skips_missing_steps() -> None:
+    assert rolling_window(100) == 1 and rolling_window(960) == 21
+    assert rolling_mean([1.0, 2.0, float("nan"), 4.0, 5.0], 3) == [1.5, 1.5, 3.0, 4.5, 4.5]
