@@ -18,9 +18,9 @@ $(VENV)/.run-installed: $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install -q -e .
 	touch $@
 
-# Tests need torch (pinned CPU build) and the dev tools.
+# Tests need torch (pinned CPU build), the dev tools and the model integrations' libraries.
 $(VENV)/.test-installed: $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install -q -e '.[torch,dev]'
+	$(BIN)/python -m pip install -q -e '.[torch,dev,hf]'
 	touch $@ $(VENV)/.run-installed
 
 install-run: $(VENV)/.run-installed

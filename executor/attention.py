@@ -20,7 +20,8 @@ AttentionKind = Literal["causal_1d", "spatial_2d", "temporal_2d"]
 
 
 def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                     samples: tuple[SampleShape, ...], kind: AttentionKind) -> torch.Tensor:
+                     samples: tuple[SampleShape, ...], kind: AttentionKind,
+                     scale: float | None = None) -> torch.Tensor:
     """Attention of a packed sequence, sample by sample.
 
     Args:
@@ -29,6 +30,7 @@ def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         v: Values, same shape.
         samples: The samples of the packed sequence, in order.
         kind: ``causal_1d``, ``spatial_2d`` or ``temporal_2d``.
+        scale: Factor of ``q k^T`` (default ``1 / sqrt(head_dim)``).
 
     Returns:
         ``(total_tokens, heads, head_dim)``.
@@ -40,19 +42,19 @@ def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     start = 0
     for shape in samples:
         end = start + shape.tokens
-        outs.append(_one_sample(q[start:end], k[start:end], v[start:end], shape, kind))
+        outs.append(_one_sample(q[start:end], k[start:end], v[start:end], shape, kind, scale))
         start = end
     return torch.cat(outs, dim=0)
 
 
 def _one_sample(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: SampleShape,
-                kind: AttentionKind) -> torch.Tensor:
+                kind: AttentionKind, scale: float | None) -> torch.Tensor:
     tokens, heads, head_dim = q.shape
     if kind == "causal_1d":
         # (T, h, Dh) -> (1, h, T, Dh): the 4-D layout the fused (flash) kernels take; 3-D inputs
         # fall back to the math kernel, which materialises the T x T scores.
         out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                                             v.transpose(0, 1)[None], is_causal=True)
+                                             v.transpose(0, 1)[None], is_causal=True, scale=scale)
         return out[0].transpose(0, 1)
     frames, spatial = shape.frames, shape.spatial
     if kind == "spatial_2d":
@@ -60,13 +62,13 @@ def _one_sample(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: Sample
         def to_batch(t: torch.Tensor) -> torch.Tensor:
             return t.reshape(frames, spatial, heads, head_dim).permute(0, 2, 1, 3)
 
-        out = F.scaled_dot_product_attention(to_batch(q), to_batch(k), to_batch(v))
+        out = F.scaled_dot_product_attention(to_batch(q), to_batch(k), to_batch(v), scale=scale)
         return out.permute(0, 2, 1, 3).reshape(tokens, heads, head_dim)
     if kind == "temporal_2d":
         # (f, hw, h, Dh) -> (hw, h, f, Dh): batch over positions, attend over frames.
         def to_time(t: torch.Tensor) -> torch.Tensor:
             return t.reshape(frames, spatial, heads, head_dim).permute(1, 2, 0, 3)
 
-        out = F.scaled_dot_product_attention(to_time(q), to_time(k), to_time(v))
+        out = F.scaled_dot_product_attention(to_time(q), to_time(k), to_time(v), scale=scale)
         return out.permute(2, 0, 1, 3).reshape(tokens, heads, head_dim)
     raise ValueError(f"unknown attention kind {kind!r}")

@@ -1,0 +1,264 @@
+"""DCP on an unmodified Hugging Face ``transformers`` causal LM.
+
+The model's code is not changed. Three things plug in through the library's own mechanisms:
+
+- Attention: :func:`register` adds ``"dcp_ulysses"`` to ``transformers.AttentionInterface``;
+  a model built with ``attn_implementation="dcp_ulysses"`` calls :func:`ulysses_attention` in
+  every layer. It swaps this rank's sequence shard of q, k, v (one fused all-to-all, grouped-query
+  heads kept with their key/value head) for a head shard of the whole packed micro-batch, runs
+  causal attention inside each sample (never across samples) and swaps back.
+- Inputs: :func:`model_inputs` turns a :class:`~executor.runtime.MicroBatchWork` into the
+  model's keyword arguments: the local token ids as a batch of one, ``position_ids`` = each
+  token's position inside its sample (so RoPE is the unsharded one), the SP context and the
+  checkpoint policies (``transformers`` passes unknown keyword arguments down to the attention
+  function and the decoder layers), and ``use_cache=False`` (a cache lets packed samples see
+  each other in eager/sdpa).
+- Checkpointing: :func:`prepare` checks the head counts against the group sizes and gives every
+  decoder layer (each ``GradientCheckpointingLayer``) the plan's per-sample policy: sample
+  ``k`` recomputes the first ``k`` decoder layers; a layer whose samples disagree runs twice, on
+  each subset (parameter names and the state dict are unchanged).
+
+Usage (the lines a training loop adds; see ``examples/train_hf_llama.py``)::
+
+    model = LlamaForCausalLM._from_config(config, attn_implementation=hf.register())
+    hf.prepare(model, group_sizes=registry.sizes)
+    for work in executor.micro_batches(rank_plan, loaded=batches):
+        logits = model(**hf.model_inputs(work)).logits
+        work.loss(hf.token_losses(logits, work.targets)).backward()
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from executor.attention import packed_attention
+from executor.checkpointing import validate_policies
+from executor.context import SPContext
+from executor.runtime import MicroBatchWork
+from executor.ulysses import head_to_seq, seq_to_head
+
+ATTENTION_NAME = "dcp_ulysses"
+"""The name the attention function is registered under (``attn_implementation``)."""
+CTX_KWARG = "dcp_ctx"
+"""Keyword argument carrying the micro-batch's :class:`SPContext` down the model."""
+POLICY_KWARG = "dcp_recompute_layers"
+"""Keyword argument carrying the per-sample checkpoint policies down to the decoder layers."""
+PAD_KWARG = "dcp_pad_tokens"
+"""Keyword argument: trailing padding tokens (1 when this rank holds no token of the call)."""
+
+
+def register() -> str:
+    """Register the DCP attention with ``transformers`` (idempotent); returns its name."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, ulysses_attention)
+    return ATTENTION_NAME
+
+
+def check_heads(config: Any, *, group_sizes: Iterable[int]) -> None:
+    """Check that every group size divides the key/value heads (Ulysses shards heads).
+
+    Raises:
+        ValueError: naming the heads and the sizes they do not divide.
+    """
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    bad = sorted(d for d in set(group_sizes) if kv_heads % d != 0)
+    if bad:
+        raise ValueError(f"num_key_value_heads={kv_heads} (num_attention_heads={heads}) is not divisible "
+                         f"by group sizes {bad}: allow only sizes that divide {kv_heads}")
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The model's decoder layers in order (its ``GradientCheckpointingLayer`` modules)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
+def prepare(model: nn.Module, *, group_sizes: Iterable[int]) -> nn.Module:
+    """Check the model for the group sizes and install per-sample checkpoint policies.
+
+    Args:
+        model: A ``transformers`` model built with ``attn_implementation=register()``.
+        group_sizes: The sizes plans may use (``GroupRegistry.sizes``).
+
+    Returns:
+        The same model (changed in place: each decoder layer's ``forward``).
+
+    Raises:
+        ValueError: when the attention is not DCP's, a size does not divide the key/value
+            heads, or the model has no decoder layers.
+    """
+    config: Any = model.config
+    attn = getattr(config, "_attn_implementation", None)
+    if attn != ATTENTION_NAME:
+        raise ValueError(f"the model's attn_implementation is {attn!r}; build it "
+                         f"with attn_implementation=register() ({ATTENTION_NAME!r})")
+    check_heads(config, group_sizes=group_sizes)
+    layers = decoder_layers(model)
+    if not layers:
+        raise ValueError("the model has no GradientCheckpointingLayer decoder layers")
+    for index, layer in enumerate(layers):
+        layer._dcp_num_layers = len(layers)  # type: ignore[assignment]
+        if getattr(layer, "_dcp_index", None) is None:
+            layer._dcp_index = index  # type: ignore[assignment]
+            layer.forward = types.MethodType(_policy_forward(layer.forward), layer)  # type: ignore[method-assign]
+    return model
+
+
+def _policy_forward(original: Any) -> Any:
+    """A decoder layer's forward that follows each sample's checkpoint policy."""
+
+    def forward(self: Any, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        ctx = kwargs.get(CTX_KWARG)
+        policies = kwargs.get(POLICY_KWARG)
+        if ctx is None or policies is None:
+            raise ValueError(f"call the model with **model_inputs(work) (missing {CTX_KWARG!r} or "
+                             f"{POLICY_KWARG!r})")
+        if args:
+            raise ValueError("decoder layers are expected to get everything but hidden_states by keyword")
+        if self._dcp_index == 0:
+            validate_policies(policies, num_layers=self._dcp_num_layers, num_samples=ctx.layout.num_samples)
+        flags = [k > self._dcp_index for k in policies]
+        if all(flags) or not any(flags):
+            return _run(original, hidden_states, kwargs, recompute=flags[0])
+        # Samples that disagree: run the layer on each subset (the group's ranks run the same
+        # subsets, so their all-to-alls match), then put the rows back in local order.
+        pad = int(kwargs.get(PAD_KWARG, 0))
+        real = hidden_states.shape[1] - pad
+        outs, all_rows = [], []
+        for recompute in (True, False):
+            subset = [i for i, f in enumerate(flags) if f == recompute]
+            rows = ctx.layout.local_rows(subset).to(hidden_states.device)
+            sub_hidden, sub_kwargs = _subset_call(hidden_states, kwargs, ctx, subset, rows)
+            out = _run(original, sub_hidden, sub_kwargs, recompute=recompute)
+            outs.append(out[:, :rows.numel()])
+            all_rows.append(rows)
+        order = torch.argsort(torch.cat(all_rows))
+        merged = torch.cat(outs, dim=1).index_select(1, order)
+        assert merged.shape[1] == real
+        return torch.cat([merged, hidden_states[:, real:]], dim=1) if pad else merged
+
+    return forward
+
+
+def _subset_call(hidden_states: torch.Tensor, kwargs: dict[str, Any], ctx: SPContext,
+                 samples: Sequence[int], rows: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Hidden states and keyword arguments of some samples' local tokens (dim 1).
+
+    A subset with no local token on this rank (samples shorter than the group) still runs, for
+    the group's all-to-alls: on one zero padding token that attention leaves out.
+    """
+    out = dict(kwargs)
+    out[CTX_KWARG] = ctx.subset(samples)
+    out[POLICY_KWARG] = [kwargs[POLICY_KWARG][s] for s in samples]
+    if out.get("attention_mask") is not None:
+        raise ValueError("DCP attention takes no attention_mask (samples are bounded by the layout)")
+    pad = rows.numel() == 0
+    index = torch.zeros(1, dtype=torch.long, device=rows.device) if pad else rows
+    out[PAD_KWARG] = 1 if pad else 0
+    if out.get("position_ids") is not None:
+        out["position_ids"] = out["position_ids"].index_select(1, index)
+    if out.get("position_embeddings") is not None:
+        out["position_embeddings"] = tuple(t.index_select(1, index) for t in out["position_embeddings"])
+    if pad:
+        return hidden_states.new_zeros((hidden_states.shape[0], 1, hidden_states.shape[2])), out
+    return hidden_states.index_select(1, rows), out
+
+
+def _run(original: Any, hidden_states: torch.Tensor, kwargs: dict[str, Any], *, recompute: bool) -> Any:
+    if not recompute or not torch.is_grad_enabled():
+        return original(hidden_states, **kwargs)
+    return checkpoint(original, hidden_states, use_reentrant=False, **kwargs)
+
+
+def ulysses_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, *, scaling: float | None = None,
+                      dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """The ``transformers`` attention function: Ulysses SP around causal per-sample attention.
+
+    Args:
+        module: The attention module (unused but for its name in errors).
+        query: ``(1, H, local_tokens, Dh)``, RoPE applied.
+        key: ``(1, H_kv, local_tokens, Dh)``.
+        value: ``(1, H_kv, local_tokens, Dh)``.
+        attention_mask: Must be ``None`` (samples are bounded by the layout instead).
+        scaling: Factor of ``q k^T``.
+        dropout: Must be 0.
+        **kwargs: Must hold ``dcp_ctx`` (from :func:`model_inputs`).
+
+    Returns:
+        ``((1, local_tokens, H, Dh), None)``.
+    """
+    ctx = kwargs.get(CTX_KWARG)
+    if not isinstance(ctx, SPContext):
+        raise ValueError(f"{type(module).__name__}: DCP attention needs {CTX_KWARG}=work.ctx; call the "
+                         "model with **model_inputs(work)")
+    if dropout:
+        raise ValueError(f"attention dropout={dropout} is not supported under DCP (set it to 0)")
+    if attention_mask is not None:
+        raise ValueError("DCP attention takes no attention_mask (samples are bounded by the layout)")
+    pad = int(kwargs.get(PAD_KWARG, 0))
+    batch, heads, tokens, head_dim = query.shape
+    kv_heads = key.shape[1]
+    d = ctx.layout.group_size
+    if batch != 1 or tokens != ctx.layout.local_tokens + pad:
+        raise ValueError(f"query shape {tuple(query.shape)}: expected a batch of one with "
+                         f"{ctx.layout.local_tokens} local tokens (+{pad} padding)")
+    tokens -= pad
+    query, key, value = query[:, :, :tokens], key[:, :, :tokens], value[:, :, :tokens]
+    if kv_heads % d != 0 or heads % kv_heads != 0:
+        raise ValueError(f"{kv_heads} key/value heads ({heads} query heads) cannot be split over a group of {d}")
+    per_kv = heads // kv_heads
+    # (local, H_kv, per_kv + 2, Dh): each key/value head with its queries, one all-to-all.
+    fused = torch.cat([query[0].transpose(0, 1).reshape(tokens, kv_heads, per_kv, head_dim),
+                       key[0].transpose(0, 1)[:, :, None], value[0].transpose(0, 1)[:, :, None]], dim=2)
+    full = seq_to_head(fused.reshape(tokens, kv_heads, (per_kv + 2) * head_dim), ctx.layout, ctx.group)
+    total, kv_local = full.shape[0], kv_heads // d
+    full = full.view(total, kv_local, per_kv + 2, head_dim)
+    q = full[:, :, :per_kv].reshape(total, kv_local * per_kv, head_dim)
+    k = full[:, :, per_kv:per_kv + 1].expand(total, kv_local, per_kv, head_dim).reshape(q.shape)
+    v = full[:, :, per_kv + 1:].expand(total, kv_local, per_kv, head_dim).reshape(q.shape)
+    o = packed_attention(q, k, v, samples=ctx.layout.samples, kind="causal_1d", scale=scaling)
+    local = head_to_seq(o.reshape(total, kv_local, per_kv * head_dim), ctx.layout, ctx.group)
+    local = local.reshape(tokens, heads, head_dim)
+    if pad:
+        local = torch.cat([local, local.new_zeros(pad, heads, head_dim)])
+    return local[None], None
+
+
+def model_inputs(work: MicroBatchWork) -> dict[str, Any]:
+    """Keyword arguments of the model for one micro-batch (local token ids as a batch of one).
+
+    A rank that holds no token of the micro-batch (every sample shorter than the group) runs
+    one padding token, so that it takes part in the group's all-to-alls; its logits are
+    dropped by :func:`token_losses`.
+    """
+    ids = work.inputs
+    positions = work.ctx.local_positions().to(ids.device)
+    pad = 1 if ids.shape[0] == 0 else 0
+    if pad:
+        ids, positions = ids.new_zeros(1), positions.new_zeros(1)
+    return {
+        "input_ids": ids[None],
+        "position_ids": positions[None],
+        CTX_KWARG: work.ctx,
+        POLICY_KWARG: list(work.recompute_layers),
+        PAD_KWARG: pad,
+        "use_cache": False,
+    }
+
+
+def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of every local token: logits ``(1, local[+pad], vocab)``, targets ``(local,)``."""
+    logits = logits[0, :targets.shape[0]]
+    return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), targets,
+                           reduction="none")

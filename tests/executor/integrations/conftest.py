@@ -1,0 +1,25 @@
+"""The integration tests' world of 4, spawned once per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from tests.executor.helpers import free_port
+
+
+@pytest.fixture(scope="session")
+def hf_world4(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object]]:
+    """Every rank's results of :func:`hf_worker.worker` (needs the ``hf`` extra)."""
+    pytest.importorskip("transformers")
+    from tests.executor.integrations import hf_worker
+
+    out = Path(tmp_path_factory.mktemp("hf_world4"))
+    mp.spawn(hf_worker.worker, args=(free_port(), str(out)), nprocs=hf_worker.WORLD, join=True)
+    loaded = [torch.load(out / f"rank{r}.pt") for r in range(hf_worker.WORLD)]
+    for r, res in enumerate(loaded):
+        assert "error" not in res, f"rank {r} failed:\n{res['error']}"
+    return loaded

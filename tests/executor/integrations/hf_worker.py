@@ -1,0 +1,47 @@
+"""What every rank of the integration tests runs (one spawn for all of them, world of 4)."""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from executor.groups import GroupRegistry
+from executor.runtime import Executor
+from tests.executor import scenarios
+from tests.executor.helpers import init_gloo
+from tests.executor.integrations import hf_llama
+
+WORLD = 4
+
+
+def _llama(rank: int, results: dict[str, object]) -> None:
+    from executor.integrations import hf_transformers as hf
+
+    registry = GroupRegistry(world_size=WORLD, rank=rank, group_sizes=[1, 2, 4])
+    executor = Executor(registry=registry)
+    model = hf_llama.build(hf.register(), dtype=torch.float64)
+    hf.prepare(model, group_sizes=registry.sizes)
+    for dtype, tag, plans in ((torch.float64, "64", scenarios.plans_1d()),
+                              (torch.float32, "32", scenarios.plans_1d()[:2])):
+        model.to(dtype)  # the fp32 values are those the model was initialised with
+        for i, plan in enumerate(plans):
+            model.zero_grad(set_to_none=True)
+            results[f"llama{tag}_loss_{i}"] = hf_llama.run_step(executor, model, plan)
+            results[f"llama{tag}_grad_{i}"] = hf_llama.grads(model)
+
+
+def worker(rank: int, port: int, out_dir: str) -> None:
+    """Every integration scenario on one rank; results to ``out_dir/rank<r>.pt``."""
+    init_gloo(rank, WORLD, port)
+    results: dict[str, object] = {}
+    try:
+        _llama(rank, results)
+    except Exception:
+        results["error"] = traceback.format_exc()
+        raise
+    finally:
+        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+        dist.destroy_process_group()

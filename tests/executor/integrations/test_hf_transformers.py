@@ -1,0 +1,81 @@
+"""DCP on an unmodified Hugging Face Llama: a planned step on 4 gloo ranks equals the plain model.
+
+The model is ``transformers``' own ``LlamaForCausalLM`` (small random config, grouped-query
+attention), run under the plans of ``tests/executor/scenarios.py`` (groups 2+1+1, 4 and 1+2+1;
+uneven shards; samples shorter than their group; several micro-batches; mixed per-sample
+checkpoint policies; an idle rank; token and sample normalisation) through the attention plugin.
+References: the plain model in one process on the whole padded batch, (a) with its own loss
+(``labels=``, fp32: <= 1e-5 relative), (b) fp64 with the plan's normaliser from its logits
+(<= 1e-10 relative).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.executor import scenarios
+
+pytest.importorskip("transformers")
+
+from executor.integrations import hf_transformers as hf
+from tests.executor.integrations import hf_llama
+
+
+def _worst_relative(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> tuple[float, str]:
+    worst, where = 0.0, ""
+    for name, ref in want.items():
+        scale = float(ref.abs().max())
+        assert scale > 0.0, f"{name}: zero reference gradient"
+        rel = float((got[name].to(ref.dtype) - ref).abs().max()) / scale
+        if rel > worst:
+            worst, where = rel, name
+    return worst, where
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("index", [0, 1])
+def test_fp32_step_equals_the_plain_model_with_its_own_loss(hf_world4: list[dict[str, object]],
+                                                           index: int) -> None:
+    plan = scenarios.plans_1d()[index]
+    model = hf_llama.build("sdpa", dtype=torch.float32)
+    loss = hf_llama.reference_backward(model, plan, own_loss=True)
+    reference = hf_llama.grads(model)
+    shares = [float(res[f"llama32_loss_{index}"]) for res in hf_world4]  # type: ignore[arg-type]
+    assert sum(shares) == pytest.approx(loss, rel=1e-5)
+    for r, res in enumerate(hf_world4):
+        worst, where = _worst_relative(res[f"llama32_grad_{index}"], reference)  # type: ignore[arg-type]
+        assert worst <= 1e-5, f"rank {r}: {where} relative diff {worst:.2e}"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_fp64_step_equals_the_plain_model(hf_world4: list[dict[str, object]], index: int) -> None:
+    plan = scenarios.plans_1d()[index]
+    model = hf_llama.build("sdpa", dtype=torch.float64)
+    loss = hf_llama.reference_backward(model, plan, own_loss=False)
+    reference = hf_llama.grads(model)
+    shares = [float(res[f"llama64_loss_{index}"]) for res in hf_world4]  # type: ignore[arg-type]
+    assert sum(shares) == pytest.approx(loss, rel=1e-12)
+    for r, res in enumerate(hf_world4):
+        worst, where = _worst_relative(res[f"llama64_grad_{index}"], reference)  # type: ignore[arg-type]
+        assert worst <= 1e-10, f"rank {r}: {where} relative diff {worst:.2e}"
+
+
+def test_prepare_refuses_a_group_size_that_does_not_divide_the_kv_heads() -> None:
+    model = hf_llama.build(hf.register(), dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"num_key_value_heads=4 .* group sizes \[3\]"):
+        hf.prepare(model, group_sizes=[1, 2, 3, 4])
+
+
+def test_prepare_refuses_another_attention() -> None:
+    model = hf_llama.build("sdpa", dtype=torch.float32)
+    with pytest.raises(ValueError, match="attn_implementation"):
+        hf.prepare(model, group_sizes=[1])
+
+
+def test_model_without_dcp_inputs_is_a_clear_error() -> None:
+    model = hf_llama.build(hf.register(), dtype=torch.float32)
+    hf.prepare(model, group_sizes=[1])
+    with pytest.raises(ValueError, match="model_inputs"):
+        model(input_ids=torch.zeros(1, 4, dtype=torch.long), use_cache=False)
