@@ -24,6 +24,7 @@ weaker one); each group's samples are packed first-fit decreasing by bytes into 
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 
@@ -86,22 +87,27 @@ def megatron_dyncp_draft(table: CostTable, *, seed: int = 0,
     members: list[list[int]] = []
     leftovers: list[int] = []
     free = n
+    top = 0.0
+    # Groups of each size sorted by (load, index): the least loaded with room for the sample
+    # is the one of least projected load (ties: the lower index).
+    of_size: dict[int, list[tuple[float, int]]] = {}
     for i in sorted(range(len(tokens)), key=lambda i: (-tokens[i], i)):
         d, t = need[i], time_s(i, need[i])
-        top = max(loads, default=0.0)
         best: tuple[float, int] | None = None  # (projected load, group or -1 for a new one)
         if free >= d:
             best = (t, -1)
-        for g, size in enumerate(sizes):
-            if size != d or held[g] + tokens[i] > d * tpr:
+        for load_g, g in of_size.get(d, []):
+            if held[g] + tokens[i] > d * tpr:
                 continue
-            projected = loads[g] + t
+            projected = load_g + t
             if projected <= (1 + LOAD_CAP) * top and (best is None or projected < best[0]):
                 best = (projected, g)
+            break
         if best is None:
             leftovers.append(i)
             continue
         g = best[1]
+        lst = of_size.setdefault(d, [])
         if g < 0:
             sizes.append(d)
             loads.append(0.0)
@@ -109,9 +115,13 @@ def megatron_dyncp_draft(table: CostTable, *, seed: int = 0,
             members.append([])
             free -= d
             g = len(sizes) - 1
+        else:
+            del lst[bisect.bisect_left(lst, (loads[g], g))]
         loads[g] += t
         held[g] += tokens[i]
         members[g].append(i)
+        bisect.insort(lst, (loads[g], g))
+        top = max(top, loads[g])
     while True:  # fill free ranks by doubling the most loaded groups
         can = [g for g, d in enumerate(sizes) if d <= free and 2 * d in table.sizes
                and all(table.k_min[cls[i], table.size_index(2 * d)] >= 0 for i in members[g])]

@@ -107,18 +107,15 @@ def local_search(table: CostTable, groups: list[GroupState], *, max_moves: int,
     cls = table.classes.class_of
     cols = np.array([g.col for g in groups], dtype=np.int64)
     o_g = table.overhead_s_by_size[cols]  # micro-batch overhead of each group
-    time_s = table.time_s[:, cols]
-    mem_b = table.mem_bytes[:, cols]
+    # Rows of class x group times and bytes, gathered for the classes the search touches
+    # (a whole class x group matrix is 1 GB at 32,768 samples x 4,096 groups).
+    time_rows: dict[int, np.ndarray] = {}
+    mem_rows: dict[int, np.ndarray] = {}
     if table.intra_policies:  # loads priced with per-micro-batch policies from the start
         for g in groups:
             g.load_s = group_time(table, g)
     load = np.array([g.load_s for g in groups])
     max_free = np.array([max(g.free_bytes, default=-1.0) for g in groups])
-    counts = np.zeros((len(groups), table.classes.num_classes), dtype=np.int64)
-    for gi, g in enumerate(groups):
-        for mb in g.mbs:
-            for i in mb:
-                counts[gi, cls[i]] += 1
 
     def refresh(gi: int) -> None:
         g = groups[gi]
@@ -140,8 +137,12 @@ def local_search(table: CostTable, groups: list[GroupState], *, max_moves: int,
                 if (c, alone) in seen:
                     continue
                 seen.add((c, alone))
-                new_src = current - time_s[c, top] - (o_g[top] if alone else 0.0)
-                new_dst = load + time_s[c] + o_g * (max_free < mem_b[c])
+                t_row = time_rows.get(c)
+                if t_row is None:
+                    t_row = time_rows[c] = table.time_s[c, cols]
+                    mem_rows[c] = table.mem_bytes[c, cols]
+                new_src = current - t_row[top] - (o_g[top] if alone else 0.0)
+                new_dst = load + t_row + o_g * (max_free < mem_rows[c])
                 new_dst[top] = np.inf
                 cand = np.maximum(new_dst, new_src)
                 for key in rejected:
@@ -154,8 +155,6 @@ def local_search(table: CostTable, groups: list[GroupState], *, max_moves: int,
             _, i, h = best
             _remove(table, g, i)
             _insert(table, groups[h], i)
-            counts[top, cls[i]] -= 1
-            counts[h, cls[i]] += 1
             refresh(top)
             refresh(h)
             if not table.intra_policies or max(load[top], load[h]) < current * (1 - 1e-12):
@@ -165,12 +164,10 @@ def local_search(table: CostTable, groups: list[GroupState], *, max_moves: int,
             rejected.add((cls[i], top, h))
             _remove(table, groups[h], i)
             _insert(table, g, i)
-            counts[top, cls[i]] += 1
-            counts[h, cls[i]] -= 1
             refresh(top)
             refresh(h)
             continue
-        if _swap(table, groups, top, load, counts, time_s, refresh):
+        if _swap(table, groups, top, load, cols, refresh):
             rejected.clear()
             continue
         if max_ejections <= 0:
@@ -179,15 +176,23 @@ def local_search(table: CostTable, groups: list[GroupState], *, max_moves: int,
         changed = _eject(table, groups, load, refresh)
         if changed is None:
             break
-        for gi in changed:
-            counts[gi] = 0
-            for mb in groups[gi].mbs:
-                for i in mb:
-                    counts[gi, cls[i]] += 1
 
 
-def _swap(table: CostTable, groups: list[GroupState], top: int, load: np.ndarray, counts: np.ndarray,
-          time_s: np.ndarray, refresh: Callable[[int], None], *, max_tries: int = 4,
+class _GroupRows(dict[int, list[float]]):
+    """``rows[c][g]``: time of class ``c`` on group ``g``, gathered per class on first use."""
+
+    def __init__(self, time_s: np.ndarray, cols: np.ndarray) -> None:
+        super().__init__()
+        self._time_s, self._cols = time_s, cols
+
+    def __missing__(self, c: int) -> list[float]:
+        row: list[float] = self._time_s[c, self._cols].tolist()
+        self[c] = row
+        return row
+
+
+def _swap(table: CostTable, groups: list[GroupState], top: int, load: np.ndarray,
+          cols: np.ndarray, refresh: Callable[[int], None], *, max_tries: int = 4,
           max_classes: int = 4, max_partners: int = 32) -> bool:
     """Swap a sample of the slowest group with a cheaper one elsewhere; True if it helped.
 
@@ -203,21 +208,24 @@ def _swap(table: CostTable, groups: list[GroupState], top: int, load: np.ndarray
         for i in mb:
             firsts.setdefault(cls[i], i)
     # The classes that take longest on the slowest group are the ones worth swapping out.
-    top_classes = np.array(sorted(firsts, key=lambda c: (-time_s[c, top], c))[:max_classes],
+    t_top = table.time_s[:, cols[top]]
+    top_classes = np.array(sorted(firsts, key=lambda c: (-t_top[c], c))[:max_classes],
                            dtype=np.int64)
     others = np.flatnonzero(np.arange(len(groups)) != top)
     if others.size > max_partners:
         others = others[np.argsort(load[others], kind="stable")[:max_partners]]
     # (partner group, class present there) pairs.
-    hp, ck = np.nonzero(counts[others] > 0)
-    if hp.size == 0:
+    pairs = sorted({(int(h), cls[i]) for h in others for mb in groups[h].mbs for i in mb})
+    if not pairs:
         return False
-    hs = others[hp]
+    hs = np.array([h for h, _ in pairs], dtype=np.int64)
+    ck = np.array([c for _, c in pairs], dtype=np.int64)
     # new_top[a, p]: slowest group after swapping class top_classes[a] out and ck[p] in.
-    new_top = current - time_s[top_classes, top][:, None] + time_s[ck, top][None, :]
+    new_top = current - t_top[top_classes][:, None] + t_top[ck][None, :]
     with np.errstate(invalid="ignore"):
         # new_h[a, p]: group hs[p] after swapping ck[p] out and class top_classes[a] in.
-        new_h = load[hs][None, :] - time_s[ck, hs][None, :] + time_s[top_classes][:, hs]
+        new_h = (load[hs][None, :] - table.time_s[ck, cols[hs]][None, :]
+                 + table.time_s[top_classes][:, cols[hs]])
         cand = np.maximum(new_h, new_top)
     cand[np.isnan(cand)] = np.inf
     flat = cand.ravel()
@@ -240,10 +248,6 @@ def _swap(table: CostTable, groups: list[GroupState], top: int, load: np.ndarray
         _insert(table, g, k)
         _insert(table, other, i)
         if max(group_time(table, g), group_time(table, other)) < current * (1 - 1e-12):
-            counts[top, ci] -= 1
-            counts[top, c_k] += 1
-            counts[h, c_k] -= 1
-            counts[h, ci] += 1
             refresh(top)
             refresh(h)
             return True
@@ -272,7 +276,7 @@ def _eject(table: CostTable, groups: list[GroupState], load: np.ndarray,
     cap = limit * (1 - 1e-9)
     # Plain lists: a few dozen samples per group pair, where numpy scalar indexing dominates.
     cols = [g.col for g in groups]
-    ts: list[list[float]] = table.time_s[:, cols].tolist()  # class x group
+    ts = _GroupRows(table.time_s, np.asarray(cols, dtype=np.int64))  # ts[c][g]: class c on g
     loads: list[float] = load.tolist()
     sizes = [g.size for g in groups]
     Moves = list[tuple[int, int, int]]  # (sample, from group, to group)

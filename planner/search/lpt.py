@@ -101,8 +101,10 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
                     t = t_row[j]
                     if t == inf:
                         continue
-                    m, o = m_row[j], overhead[j]
                     lst = by_load[j]
+                    if lst[0][0] + t > best2:
+                        continue  # neither the best nor the second best here
+                    m, o = m_row[j], overhead[j]
                     stop = lst[0][0] + o
                     for idx in range(min(len(lst), SCAN)):
                         ld, g = lst[idx]
