@@ -1,4 +1,5 @@
-"""Executor overhead per step: plan fetch (with and without prefetch), group lookup, digest check.
+"""Executor overhead per step: plan fetch (with and without prefetch), group lookup, digest check,
+and the measurements (``executor.measure``: timing each micro-batch, posting in the background).
 
 Starts a real ``dcp serve`` on loopback, precomputes an epoch for a 4-rank world, then runs 4
 gloo ranks (``torch.multiprocessing``) that walk the epoch's steps like a training loop whose
@@ -38,6 +39,7 @@ from costmodel.specs import ModelSpec
 from dcp_cli.progress import progress_bar
 from executor.client import PlannerClient, PlanPrefetcher, RetryPolicy
 from executor.groups import GroupRegistry
+from executor.measure import MeasurementReporter, StepTimer
 from executor.runtime import Executor
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,6 +115,37 @@ def _rank(rank: int, port: int, url: str, steps: int, compute_s: float, out: str
             time.sleep(compute_s)  # the step's compute
         plans.close()
         results[f"depth{depth}"] = {"fetch_s": fetch, "digest_s": digest, "total_s": total}
+    # Measurements: the timer's calls as the executor makes them (begin_step, start/stop around
+    # each micro-batch), the reporter posting every few steps to the service on its thread.
+    reporter = MeasurementReporter(client, epoch_id=EPOCH, rank=rank)
+    timer = StepTimer(rank=rank, sink=reporter.submit)
+    plans = PlanPrefetcher(client, epoch_id=EPOCH, rank=rank, depth=4, num_steps=steps)
+    wall, cpu = [], []
+    dist.barrier()
+    for step in range(steps):
+        rank_plan = plans.get(step)
+        executor.begin_step(rank_plan, step=step)
+        num_micro = max(len(rank_plan.group.micro_batches), 1)
+        t0, c0 = time.perf_counter(), time.thread_time()
+        timer.begin_step(rank_plan, step=step)
+        spent_wall, spent_cpu = time.perf_counter() - t0, time.thread_time() - c0
+        for _ in rank_plan.group.micro_batches:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            timer.start()
+            spent_wall += time.perf_counter() - t0
+            spent_cpu += time.thread_time() - c0
+            time.sleep(compute_s / num_micro)  # the micro-batch's compute
+            t0, c0 = time.perf_counter(), time.thread_time()
+            timer.stop()
+            spent_wall += time.perf_counter() - t0
+            spent_cpu += time.thread_time() - c0
+        wall.append(spent_wall)
+        cpu.append(spent_cpu)
+    timer.flush()
+    reporter.close(timeout_s=60)
+    plans.close()
+    results["measure"] = {"wall_s": wall, "thread_cpu_s": cpu, "posted": reporter.num_posted_steps,
+                          "dropped": reporter.num_dropped_steps}
     # The digest collective alone, ranks lined up by a barrier first (no peer skew).
     synced = []
     rank_plan = plans.get(steps - 1)
@@ -171,6 +204,15 @@ def main() -> None:
             label = "prefetch 4" if mode == "depth4" else "no prefetch"
             print(f"{label:<12}{part.removesuffix('_s'):<10}{stats['median_ms']:>11.3f}"
                   f"{stats['p99_ms']:>10.3f}{stats['max_ms']:>10.3f}")
+    for part in ("wall_s", "thread_cpu_s"):
+        stats = _stats([v for r in per_rank for v in r["measure"][part]])
+        table.setdefault("measure", {})[part.removesuffix("_s")] = stats
+        print(f"{'measure':<12}{part.removesuffix('_s'):<10}{stats['median_ms']:>11.3f}"
+              f"{stats['p99_ms']:>10.3f}{stats['max_ms']:>10.3f}")
+    table["measure"]["posted_steps"] = sum(r["measure"]["posted"] for r in per_rank)
+    table["measure"]["dropped_steps"] = sum(r["measure"]["dropped"] for r in per_rank)
+    print(f"measurements posted {table['measure']['posted_steps']} rank-steps, dropped "
+          f"{table['measure']['dropped_steps']}")
     synced = _stats([v for r in per_rank for v in r["synced"]["digest_s"]])
     table["digest_after_barrier"] = synced
     print(f"{'barrier':<12}{'digest':<10}{synced['median_ms']:>11.3f}{synced['p99_ms']:>10.3f}"
@@ -179,6 +221,7 @@ def main() -> None:
     args.out.write_text(json.dumps({
         "benchmark": "executor_overhead", "world_size": WORLD, "steps": args.steps,
         "samples_per_step": args.samples_per_step, "compute_ms": args.compute_ms,
+        "loadavg": os.getloadavg(),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
         "results": table}, indent=2))
     print(f"wrote {args.out}")
