@@ -13,7 +13,7 @@ import gc
 import logging
 import os
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -65,7 +65,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         executor = SolverPool(settings.num_workers)
         metrics: Metrics = app.state.metrics
         metrics.plans_stored.set_function(lambda: float(store.num_plans()))
-        jobs = JobManager(store, get_cost_model=registry.get, executor=executor,
+        job_executor: Executor = executor
+        if settings.ray_address:  # Ray is imported only then (dcp-planner[ray])
+            from api.ray_runner import service_executor
+
+            job_executor = service_executor(address=settings.ray_address,
+                                            steps_per_task=settings.ray_steps_per_task)
+        jobs = JobManager(store, get_cost_model=registry.get, executor=job_executor,
                           num_workers=settings.num_workers,
                           write_batch_steps=settings.write_batch_steps, metrics=metrics,
                           retry=RetryPolicy(max_transient_retries=settings.job_max_transient_retries,
@@ -99,6 +105,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             warm_task.cancel()
             await asyncio.to_thread(jobs.shutdown)
+            if job_executor is not executor:
+                await asyncio.to_thread(job_executor.shutdown)
             await asyncio.to_thread(recalibrator.shutdown)
             await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
             store.close()

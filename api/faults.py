@@ -18,12 +18,17 @@ class StoreLockedError(RuntimeError):
     """Another server holds the store's writer lease."""
 
 
+class ClusterUnavailableError(ConnectionError):
+    """The cluster that plans epoch steps (Ray) cannot be reached, or was lost mid-job."""
+
+
 @dataclass(kw_only=True, frozen=True, slots=True)
 class Fault:
     """What went wrong, for an HTTP answer or a job's error field."""
 
     kind: str
-    """``store-busy``, ``store-full``, ``store-read-only``, ``store-io``, ``pool-broken`` or ``internal``."""
+    """``store-busy``, ``store-full``, ``store-read-only``, ``store-io``, ``pool-broken``,
+    ``cluster-unavailable`` or ``internal``."""
     message: str
     """The cause in plain words."""
     transient: bool
@@ -59,6 +64,8 @@ def classify(exc: BaseException) -> Fault:
         return Fault(kind="store-full", message=f"disk full: {exc}", transient=True)
     if isinstance(exc, OSError) and exc.errno in (errno.EROFS, errno.EIO):
         return Fault(kind="store-io", message=f"disk error: {exc}", transient=True)
+    if isinstance(exc, ClusterUnavailableError):
+        return Fault(kind="cluster-unavailable", message=str(exc)[:500], transient=True)
     if isinstance(exc, BrokenProcessPool):
         return Fault(kind="pool-broken", message="a solver worker died (killed or out of memory); "
                      "the pool was replaced", transient=True)

@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 
 from api.faults import classify
 from api.metrics import Metrics
-from api.pool import SolverPool
 from api.registry import check_compatible
 from api.store import ACTIVE_STATES, EpochRecord, PlanStore
 from costmodel.schema import CostModelFile
@@ -121,9 +120,10 @@ def planner_wall_cap_s(options: Mapping[str, Any], *, num_gpus: int, num_samples
 
 
 class _DeadlineExecutor(Executor):
-    """Submits every task to a ``SolverPool`` under one wall-clock deadline."""
+    """Submits every task under one wall-clock deadline (to a ``SolverPool`` or a
+    ``api.ray_runner.RayStepExecutor``: any executor with ``submit_with_deadline``)."""
 
-    def __init__(self, pool: SolverPool, deadline_s: float) -> None:
+    def __init__(self, pool: Any, deadline_s: float) -> None:
         self.pool = pool
         self.deadline_s = deadline_s
 
@@ -153,15 +153,16 @@ def run_epoch_job(store: PlanStore, epoch_id: str, *, get_cost_model: Callable[[
         store: The plan store.
         epoch_id: The job.
         get_cost_model: Resolves the job's cost-model id.
-        executor: The process pool.
-        num_workers: Its size (about twice as many steps are kept in flight).
+        executor: The process pool (or a ``RayStepExecutor``).
+        num_workers: Its size (about twice as many steps are kept in flight; for Ray, its
+            ``num_slots()``).
         write_batch_steps: Most steps per transaction.
         should_stop: Polled; true stops the job after writing what finished.
         stop_state: The state a stopped job gets (``cancelled``, or ``queued`` at shutdown).
         on_written: Called with the number of new steps after each write.
         metrics: Service metrics, if any.
         max_steps: Plan at most this many of the pending steps (the job stays queued).
-        deadline_margin_s: With a ``SolverPool``: each step is stopped at the planner's own
+        deadline_margin_s: With a ``SolverPool`` or Ray: each step is stopped at the planner's own
             wall cap (``planner_wall_cap_s``) plus this margin (None: no deadline).
         requeue_transient: A transient failure leaves the job ``queued`` (to be retried) instead
             of ``failed``; either way ``transient`` is recorded.
@@ -178,10 +179,12 @@ def run_epoch_job(store: PlanStore, epoch_id: str, *, get_cost_model: Callable[[
         if cost_model.digest() != record.spec["cost_model_digest"]:
             raise ValueError(f"cost model {cost_model.id!r} changed since the job was created")
         cluster = ClusterSpec.model_validate(record.spec["cluster"])
+        if hasattr(executor, "num_slots"):  # a Ray cluster: its size now (it may have grown)
+            num_workers = executor.num_slots()
         tasks = _tasks(store, record, cluster, cost_model)
         if max_steps is not None:
             tasks = itertools.islice(tasks, max_steps)
-        if deadline_margin_s is not None and isinstance(executor, SolverPool):
+        if deadline_margin_s is not None and hasattr(executor, "submit_with_deadline"):
             limit_s = planner_wall_cap_s(record.spec["options"], num_gpus=cluster.num_gpus)
             executor = _DeadlineExecutor(executor, limit_s + deadline_margin_s)
         run_epoch(tasks, executor=executor,
@@ -385,6 +388,15 @@ class JobManager:
         if planned <= 0 or elapsed <= 0:
             return None
         return (record.steps_total - record.steps_done) * elapsed / planned
+
+    def steps_per_s(self, record: EpochRecord) -> float | None:
+        """Steps stored per second by the current run (None when not running or none yet)."""
+        run = self._runs.get(record.id)
+        if record.state != "running" or run is None:
+            return None
+        planned = run.steps_done - run.steps_at_start
+        elapsed = time.monotonic() - run.started_monotonic
+        return planned / elapsed if planned > 0 and elapsed > 0 else None
 
     def resume_all(self) -> list[str]:
         """Start every job stored as queued or running (after a restart or a crash), and every

@@ -252,6 +252,8 @@ class EpochStatus(BaseModel):
     steps_done: int
     progress: float = Field(description="steps_done / steps_total.")
     eta_s: float | None = Field(description="Estimated seconds to finish (None when unknown).")
+    steps_per_s: float | None = Field(default=None, description="Steps stored per second by the "
+                                      "running job since it (re)started (None when not running).")
     cluster_name: str
     cost_model_id: str
     seed: int

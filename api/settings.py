@@ -69,6 +69,12 @@ class Settings(BaseSettings):
                     "(killed worker, full disk, locked store) before it is left failed.")
     job_max_backoff_s: float = Field(default=60.0, gt=0,
                                      description="Longest wait between two retries of a job.")
+    ray_address: str | None = Field(
+        default=None,
+        description="Plan epoch steps as Ray tasks on this cluster (auto, host:port, ray://host:port "
+                    "or local; needs dcp-planner[ray]); unset = the solver process pool. Ray is "
+                    "imported only when set. Sync plan requests always use the local pool.")
+    ray_steps_per_task: int = Field(default=4, ge=1, description="Epoch steps planned by one Ray task.")
     store_lease: bool = Field(default=True,
                               description="Take the store's writer lease (<db>.lock): a second "
                                           "server on the same file refuses to start.")

@@ -5,10 +5,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
+    from api.store import PlanStore
 
 from dcp_cli.progress import make_progress
 from dcp_cli.style import fail, fmt_pct, fmt_x
@@ -33,7 +39,11 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, help="Shuffle seed; step seeds derive from it."),
         time_limit_s: float = typer.Option(
             2.0, help="Wall-clock safety cap per step (the search budget is deterministic)."),
-        workers: int = typer.Option(os.cpu_count() or 1, help="Solver processes."),
+        workers: int = typer.Option(os.cpu_count() or 1, help="Solver processes (ignored with --ray-address)."),
+        ray_address: str | None = typer.Option(
+            None, help="Plan the steps as Ray tasks on this cluster: auto, host:port (its GCS), "
+                       "ray://host:port (Ray Client) or local (needs dcp-planner[ray])."),
+        ray_steps_per_task: int = typer.Option(4, min=1, help="Steps planned by one Ray task."),
         max_steps: int | None = typer.Option(None, help="Stop after this many new steps (resumable)."),
         option: list[str] = typer.Option([], "--option", "-o",
                                          help="A PlannerConfig field as KEY=JSON (repeatable)."),
@@ -117,16 +127,23 @@ def register(app: typer.Typer) -> None:
             store.close()
             typer.echo(f"epoch {eid}: all {record.steps_total} steps already stored in {out}")
             return
-        executor = make_executor(workers)
+        executor: Executor
+        if ray_address is not None:
+            executor, workers, runner = _ray_executor(ray_address, steps_per_task=ray_steps_per_task,
+                                                      store=store)
+        else:
+            executor, runner = make_executor(workers), f"{workers} process(es)"
         new_steps = 0
+        started = time.monotonic()
         with make_progress(quiet=quiet) as progress:
-            bar = progress.add_task(f"epoch {eid}", total=record.steps_total,
+            bar = progress.add_task(f"epoch {eid} ({runner})", total=record.steps_total,
                                     completed=record.steps_done)
 
             def on_written(n: int) -> None:
                 nonlocal new_steps
                 new_steps += n
-                progress.advance(bar, n)
+                rate = new_steps / max(time.monotonic() - started, 1e-9)
+                progress.update(bar, advance=n, description=f"epoch {eid} ({runner}) {rate:.1f} steps/s")
 
             try:
                 final = run_epoch_job(
@@ -134,6 +151,9 @@ def register(app: typer.Typer) -> None:
                     stop_state=lambda: "queued", on_written=on_written, max_steps=max_steps)
             finally:
                 executor.shutdown(wait=True, cancel_futures=True)
+        elapsed_s = time.monotonic() - started
+        logging.getLogger(__name__).info("epoch %s: %d new step(s) in %.1f s (%.2f steps/s, %s)", eid,
+                                         new_steps, elapsed_s, new_steps / max(elapsed_s, 1e-9), runner)
         summary = store.summary(eid)
         store.close()
         gap, speedup = summary["mean_gap"], summary["mean_speedup_vs_bucket"]
@@ -144,3 +164,18 @@ def register(app: typer.Typer) -> None:
         if final.state == "failed":
             typer.echo(f"error: {final.error}", err=True)
             raise typer.Exit(1)
+
+
+def _ray_executor(address: str, *, steps_per_task: int, store: PlanStore) -> tuple[Executor, int, str]:
+    """A connected Ray executor, ``num_workers`` for ``run_epoch_job`` and a label; exits with a
+    clear message when Ray is missing or the cluster cannot be reached."""
+    from api.faults import ClusterUnavailableError
+    from api.ray_runner import RayConfig, RayNotInstalledError, connect_executor
+
+    try:
+        executor = connect_executor(RayConfig(address=address, steps_per_task=steps_per_task))
+    except (ValueError, RayNotInstalledError, ClusterUnavailableError) as exc:
+        store.close()
+        fail(f"--ray-address: {exc}")
+    cpus = executor.num_cpus()
+    return executor, executor.num_slots(), f"ray {cpus} CPU(s)"

@@ -48,6 +48,7 @@ def _status(state: ServiceState, record: EpochRecord) -> EpochStatus:
         epoch_id=record.id, state=record.state,  # type: ignore[arg-type]
         steps_total=record.steps_total, steps_done=record.steps_done,
         progress=record.steps_done / max(record.steps_total, 1), eta_s=state.jobs.eta_s(record),
+        steps_per_s=state.jobs.steps_per_s(record),
         cluster_name=spec["cluster"]["name"], cost_model_id=spec["cost_model_id"], seed=spec["seed"],
         batch=spec["batch"], created_at=record.created_at, started_at=record.started_at,
         finished_at=record.finished_at, error=record.error, transient=record.transient,

@@ -1,0 +1,421 @@
+"""Epoch steps as Ray tasks: the Ray backend beside the process pool (``dcp-planner[ray]``).
+
+``RayStepExecutor`` is a ``concurrent.futures.Executor`` that ``planner.epoch.run_epoch`` (and
+so ``api.jobs.run_epoch_job``) drives exactly like the process pool: one future per step,
+results written to the plan store by the caller in the same small transactions. Underneath:
+
+* the job's shared inputs (cluster, cost model, options, seed, deadline) are put in the
+  object store once per job and passed to every task by reference;
+* steps are grouped ``steps_per_task`` to a Ray task (a batch fills as the caller submits;
+  a partial one leaves after ``LINGER_S``), so scheduling costs little per step;
+* a worker or node killed mid-task makes Ray run the task again (``max_retries``); a step's
+  future is resolved once, and the store ignores a step it already holds, so nothing is
+  stored twice;
+* a cluster that cannot be reached, or is lost mid-job, fails the step futures with
+  :class:`api.faults.ClusterUnavailableError` (a transient fault: the service retries the
+  job with backoff, ``dcp epoch`` run again resumes from the stored steps).
+
+Workers run the same ``planner.epoch.plan_step`` as the pool, so plans and digests equal the
+process pool's for the same seed. Ray is imported only when an executor is created: the
+service and the CLI run without it unless a Ray address is given. The cluster's nodes need the
+same dcp-planner installed as the driver.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from api.faults import ClusterUnavailableError
+from planner.epoch import StepResult, StepTask, plan_step
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+LINGER_S = 0.02
+"""Longest time a partly filled batch waits for more steps before it is sent."""
+POLL_S = 0.05
+"""Longest wait of the collector thread on running tasks before it looks for new batches."""
+LOCAL = "local"
+"""Address that starts a Ray instance in this process (one machine; tests and benchmarks)."""
+
+
+class RayNotInstalledError(RuntimeError):
+    """Ray was asked for but is not installed."""
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class RayConfig:
+    """Where the Ray cluster is and how steps are sent to it."""
+
+    address: str
+    """``auto`` (a cluster this machine belongs to, or ``RAY_ADDRESS``), ``host:port`` (its GCS),
+    ``ray://host:port`` (Ray Client), or ``local`` (a new instance in this process)."""
+    steps_per_task: int = 4
+    """Steps planned by one Ray task (more: less scheduling per step, more re-planning after a
+    killed worker)."""
+    max_retries: int = 3
+    """Ray re-runs a task whose worker or node died this many times before the job fails."""
+    connect_timeout_s: float = 5.0
+    """Longest wait for the cluster's port to answer before giving up with a clear error."""
+    local_num_cpus: int | None = None
+    """CPUs of a ``local`` instance (None: all of this machine's)."""
+
+    def __post_init__(self) -> None:
+        if not self.address.strip():
+            raise ValueError("ray address must not be empty (auto, host:port, ray://host:port or local)")
+        if self.steps_per_task < 1:
+            raise ValueError(f"steps_per_task must be at least 1, got {self.steps_per_task}")
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+        if self.connect_timeout_s <= 0:
+            raise ValueError(f"connect_timeout_s must be positive, got {self.connect_timeout_s}")
+        if self.local_num_cpus is not None and self.local_num_cpus < 1:
+            raise ValueError(f"local_num_cpus must be at least 1, got {self.local_num_cpus}")
+        if self.address not in ("auto", LOCAL):
+            _host_port(self.address)
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    """``(host, port)`` of ``host:port`` or ``ray://host:port``.
+
+    Raises:
+        ValueError: naming the address when it has no host or port.
+    """
+    parts = urlsplit(address if "://" in address else f"gcs://{address}")
+    if parts.scheme not in ("gcs", "ray") or not parts.hostname:
+        raise ValueError(f"ray address {address!r} is not auto, local, host:port or ray://host:port")
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if port is None:
+        raise ValueError(f"ray address {address!r} has no valid port (host:port or ray://host:port)")
+    return parts.hostname, port
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class SharedInputs:
+    """What every step of a job shares: put in the object store once per job."""
+
+    cluster_json: str
+    """The world (``ClusterSpec`` JSON)."""
+    cost_model_json: str
+    """The cost model (``CostModelFile`` JSON)."""
+    options_json: str
+    """PlannerConfig fields as JSON."""
+    seed: int
+    """Job seed (each step gets ``step_seed(seed, step)``)."""
+    deadline_s: float | None
+    """Wall-clock deadline of one step (None: none)."""
+
+
+def plan_step_batch(shared: SharedInputs, steps: Sequence[tuple[int, str]]) -> list[StepResult | Exception]:
+    """Plan a batch of steps (runs in a Ray worker); a failed step gives its exception.
+
+    Args:
+        shared: The job's inputs (resolved from the object store by Ray).
+        steps: ``(step, samples JSON)`` pairs.
+    """
+    from api.pool import run_with_deadline
+
+    options = json.loads(shared.options_json)
+    # SIGALRM deadlines need the main thread (where Ray runs plain tasks).
+    use_alarm = shared.deadline_s is not None and threading.current_thread() is threading.main_thread()
+    out: list[StepResult | Exception] = []
+    for step, samples_json in steps:
+        task = StepTask(step=step, samples_json=samples_json, cluster_json=shared.cluster_json,
+                        cost_model_json=shared.cost_model_json, options=options, seed=shared.seed)
+        try:
+            if use_alarm:
+                assert shared.deadline_s is not None
+                out.append(run_with_deadline(step, shared.deadline_s, plan_step, task))
+            else:
+                out.append(plan_step(task))
+        except Exception as exc:
+            out.append(exc)
+    return out
+
+
+@dataclass(slots=True)
+class _Batch:
+    shared: SharedInputs
+    opened_monotonic: float
+    steps: list[tuple[int, str]] = field(default_factory=list)
+    futures: list[Future[Any]] = field(default_factory=list)
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise RayNotInstalledError("a Ray address was given but Ray is not installed: "
+                                   "pip install 'dcp-planner[ray]'") from exc
+    return ray
+
+
+class RayStepExecutor(Executor):
+    """Runs ``plan_step`` calls as batched Ray tasks; one future per step (see the module doc)."""
+
+    def __init__(self, config: RayConfig) -> None:
+        self.config = config
+        self._ray = _import_ray()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
+        self._connected = False
+        self._owns_ray = False
+        self._broken: str | None = None
+        self._remote: Any = None
+        self._shared_refs: dict[SharedInputs, Any] = {}
+        self._open: dict[SharedInputs, _Batch] = {}
+        self._inflight: dict[Any, list[Future[Any]]] = {}
+        self._collector: threading.Thread | None = None
+        self.num_tasks_sent = 0
+        self.num_cluster_failures = 0
+
+    # --- connection -------------------------------------------------------------------------
+
+    def connect(self) -> None:
+        """Connect to the cluster (a no-op when connected).
+
+        Raises:
+            api.faults.ClusterUnavailableError: the cluster cannot be reached (named, with the cause).
+        """
+        ray = self._ray
+        with self._lock:
+            if self._connected and self._broken is None:
+                return
+            if self._broken is not None and self._owns_ray:
+                logger.warning("ray: reconnecting to %s after: %s", self.config.address, self._broken)
+                ray.shutdown()
+                self._connected = self._owns_ray = False
+                self._shared_refs.clear()
+            address = self.config.address
+            if address not in ("auto", LOCAL):
+                host, port = _host_port(address)
+                try:
+                    socket.create_connection((host, port), timeout=self.config.connect_timeout_s).close()
+                except OSError as exc:
+                    raise ClusterUnavailableError(
+                        f"the Ray cluster at {address!r} is unreachable ({exc}); check --ray-address / "
+                        "DCP_RAY_ADDRESS and that the cluster is up (ray start --head)") from None
+            if not ray.is_initialized():
+                kwargs: dict[str, Any] = {"namespace": "dcp-planner", "log_to_driver": False}
+                if address == LOCAL:
+                    kwargs.update(address=LOCAL, num_cpus=self.config.local_num_cpus, include_dashboard=False)
+                else:
+                    kwargs["address"] = address
+                try:
+                    ray.init(**kwargs)
+                except Exception as exc:
+                    raise ClusterUnavailableError(
+                        f"could not connect to the Ray cluster at {address!r}: {type(exc).__name__}: {exc}"
+                    ) from None
+                self._owns_ray = True
+            self._remote = ray.remote(max_retries=self.config.max_retries, retry_exceptions=False,
+                                      num_cpus=1)(plan_step_batch)
+            self._connected = True
+            self._broken = None
+        logger.info("ray: connected to %s (%s CPUs)", address, self._ray.cluster_resources().get("CPU"))
+
+    def num_cpus(self) -> int:
+        """CPUs of the cluster now (at least 1; connects first).
+
+        Raises:
+            api.faults.ClusterUnavailableError: the cluster cannot be reached.
+        """
+        self.connect()
+        try:
+            return max(1, int(self._ray.cluster_resources().get("CPU", 0)))
+        except Exception as exc:
+            raise ClusterUnavailableError(f"the Ray cluster at {self.config.address!r} does not answer: "
+                                          f"{type(exc).__name__}: {exc}") from None
+
+    def num_slots(self) -> int:
+        """Steps to keep submitted for the cluster to stay busy, halved (the caller doubles it).
+
+        Raises:
+            api.faults.ClusterUnavailableError: the cluster cannot be reached.
+        """
+        return self.num_cpus() * self.config.steps_per_task
+
+    # --- submission -------------------------------------------------------------------------
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        """Queue ``plan_step(task)`` for a Ray task (only ``plan_step`` of a ``StepTask``)."""
+        return self.submit_with_deadline(None, fn, *args, **kwargs)
+
+    def submit_with_deadline(self, deadline_s: float | None, fn: Callable[..., T], /, *args: Any,
+                             **kwargs: Any) -> Future[T]:
+        """Queue ``plan_step(task)``; each step is stopped ``deadline_s`` after its start.
+
+        Raises:
+            TypeError: for any other call than ``plan_step(task)``.
+            api.faults.ClusterUnavailableError: when the cluster cannot be reached.
+        """
+        if fn is not plan_step or kwargs or len(args) != 1 or not isinstance(args[0], StepTask):
+            raise TypeError("RayStepExecutor runs plan_step(StepTask) only")
+        task: StepTask = args[0]
+        if self._closed:
+            raise RuntimeError("the Ray executor is shut down")
+        self.connect()
+        shared = SharedInputs(cluster_json=task.cluster_json, cost_model_json=task.cost_model_json,
+                              options_json=json.dumps(dict(task.options), sort_keys=True), seed=task.seed,
+                              deadline_s=deadline_s)
+        future: Future[T] = Future()
+        with self._lock:
+            batch = self._open.get(shared)
+            if batch is None:
+                batch = self._open[shared] = _Batch(shared=shared, opened_monotonic=time.monotonic())
+            batch.steps.append((task.step, task.samples_json))
+            batch.futures.append(future)
+            if len(batch.steps) >= self.config.steps_per_task:
+                del self._open[shared]
+                self._send(batch)
+            if self._collector is None or not self._collector.is_alive():
+                self._collector = threading.Thread(target=self._collect, name="ray-collector", daemon=True)
+                self._collector.start()
+        self._wake.set()
+        return future
+
+    def _send(self, batch: _Batch) -> None:
+        """Start a Ray task for the batch (lock held)."""
+        try:
+            ref = self._shared_refs.get(batch.shared)
+            if ref is None:
+                if len(self._shared_refs) >= 16:
+                    self._shared_refs.clear()
+                ref = self._shared_refs[batch.shared] = self._ray.put(batch.shared)
+            task_ref = self._remote.remote(ref, batch.steps)
+        except Exception as exc:
+            self._fail(batch.futures, exc)
+            return
+        self._inflight[task_ref] = batch.futures
+        self.num_tasks_sent += 1
+
+    # --- results ----------------------------------------------------------------------------
+
+    def _collect(self) -> None:
+        ray = self._ray
+        while not self._closed:
+            with self._lock:
+                now = time.monotonic()
+                for key, batch in list(self._open.items()):
+                    if now - batch.opened_monotonic >= LINGER_S:
+                        del self._open[key]
+                        self._send(batch)
+                refs = list(self._inflight)
+                idle = not refs and not self._open
+            if idle:
+                self._wake.wait(POLL_S)
+                self._wake.clear()
+                continue
+            if not refs:
+                time.sleep(LINGER_S / 2)
+                continue
+            try:
+                ready, rest = ray.wait(refs, num_returns=1, timeout=POLL_S, fetch_local=True)
+                if ready and rest:
+                    more, _ = ray.wait(rest, num_returns=len(rest), timeout=0, fetch_local=True)
+                    ready += more
+            except Exception as exc:  # the cluster itself is gone
+                with self._lock:
+                    lost = [f for r in refs for f in self._inflight.pop(r, [])]
+                self._fail(lost, exc)
+                continue
+            for ref in ready:
+                with self._lock:
+                    futures = self._inflight.pop(ref, [])
+                try:
+                    outcomes = ray.get(ref)
+                except Exception as exc:
+                    self._fail(futures, exc)
+                    continue
+                for future, outcome in zip(futures, outcomes, strict=True):
+                    if future.cancelled():
+                        continue
+                    if isinstance(outcome, BaseException):
+                        future.set_exception(outcome)
+                    else:
+                        future.set_result(outcome)
+
+    def _fail(self, futures: list[Future[Any]], exc: BaseException) -> None:
+        """Fail the futures of a batch whose task could not run (Ray's own errors)."""
+        ray = self._ray
+        system = not isinstance(exc, ray.exceptions.RayTaskError)
+        if system:
+            self.num_cluster_failures += 1
+            self._broken = f"{type(exc).__name__}: {exc}"[:300]
+            error: BaseException = ClusterUnavailableError(
+                f"the Ray cluster at {self.config.address!r} failed mid-job ({self._broken}); "
+                "the stored steps are kept and the job resumes from them")
+        else:
+            error = RuntimeError(f"a Ray task failed: {str(exc)[:500]}")
+        logger.warning("ray: a batch of %d step(s) failed: %s", len(futures), error)
+        for future in futures:
+            if not future.done():
+                future.set_exception(error)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop collecting; cancel the tasks still running; disconnect if this executor connected."""
+        self._closed = True
+        self._wake.set()
+        with self._lock:
+            refs = list(self._inflight)
+            futures = [f for fs in self._inflight.values() for f in fs]
+            futures += [f for b in self._open.values() for f in b.futures]
+            self._inflight.clear()
+            self._open.clear()
+        for future in futures:
+            future.cancel()
+        if self._collector is not None and wait:
+            self._collector.join(timeout=5.0)
+        if self._connected:
+            for ref in refs:
+                try:
+                    self._ray.cancel(ref)
+                except Exception as exc:
+                    logger.debug("ray: cancel failed: %s", exc)
+            if self._owns_ray:
+                self._ray.shutdown()
+            self._connected = False
+
+
+def connect_executor(config: RayConfig) -> RayStepExecutor:
+    """A connected executor.
+
+    Raises:
+        RayNotInstalledError: Ray is not installed.
+        api.faults.ClusterUnavailableError: the cluster cannot be reached.
+    """
+    executor = RayStepExecutor(config)
+    executor.connect()
+    return executor
+
+
+def service_executor(*, address: str, steps_per_task: int) -> RayStepExecutor:
+    """The epoch-job executor of the service (``DCP_RAY_ADDRESS``).
+
+    A cluster unreachable at start is logged, not raised: the service starts (plans are still
+    served), and each job fails with the cause as a transient fault, retried with backoff.
+
+    Raises:
+        ValueError: a malformed address.
+        RayNotInstalledError: Ray is not installed (the service refuses to start).
+    """
+    executor = RayStepExecutor(RayConfig(address=address, steps_per_task=steps_per_task))
+    try:
+        executor.connect()
+    except ClusterUnavailableError as exc:
+        logger.error("DCP_RAY_ADDRESS: %s; epoch jobs fail and are retried until it answers", exc)
+    return executor
