@@ -41,8 +41,13 @@ class CostModelRegistry:
         """Store an uploaded cost model; False when the identical file is already stored.
 
         Raises:
-            CostModelConflictError: when the id belongs to an embedded or a different model.
+            CostModelConflictError: when the id belongs to an embedded or a different model, or
+                names a revision (``id@N``).
         """
+        if "@" in file.id:
+            raise CostModelConflictError(f"cost model id {file.id!r}: ids ending in @N name recalibrated "
+                                         "revisions (GET /v1/cost-models/{id}/revisions/{N}); upload "
+                                         "under an id without '@'")
         if file.id in self._builtin:
             if self._builtin[file.id].digest() == file.digest():
                 return False
