@@ -178,15 +178,28 @@ def local_search(table: CostTable, groups: list[GroupState], *, max_moves: int,
             break
 
 
-class _GroupRows(dict[int, list[float]]):
-    """``rows[c][g]``: time of class ``c`` on group ``g``, gathered per class on first use."""
+class _ClassRow:
+    """Times of one class on every group, read through the group's size column."""
 
-    def __init__(self, time_s: np.ndarray, cols: np.ndarray) -> None:
+    __slots__ = ("_cols", "_row")
+
+    def __init__(self, row: list[float], cols: list[int]) -> None:
+        self._row, self._cols = row, cols
+
+    def __getitem__(self, g: int) -> float:
+        return self._row[self._cols[g]]
+
+
+class _GroupRows(dict[int, _ClassRow]):
+    """``rows[c][g]``: time of class ``c`` on group ``g`` (no class x group matrix: that is
+    1 GB at 32,768 samples x 4,096 groups)."""
+
+    def __init__(self, table: CostTable, cols: list[int]) -> None:
         super().__init__()
-        self._time_s, self._cols = time_s, cols
+        self._rows, self._cols = table.rows()[0], cols
 
-    def __missing__(self, c: int) -> list[float]:
-        row: list[float] = self._time_s[c, self._cols].tolist()
+    def __missing__(self, c: int) -> _ClassRow:
+        row = _ClassRow(self._rows[c], self._cols)
         self[c] = row
         return row
 
@@ -276,7 +289,7 @@ def _eject(table: CostTable, groups: list[GroupState], load: np.ndarray,
     cap = limit * (1 - 1e-9)
     # Plain lists: a few dozen samples per group pair, where numpy scalar indexing dominates.
     cols = [g.col for g in groups]
-    ts = _GroupRows(table.time_s, np.asarray(cols, dtype=np.int64))  # ts[c][g]: class c on g
+    ts = _GroupRows(table, cols)  # ts[c][g]: class c on group g
     loads: list[float] = load.tolist()
     sizes = [g.size for g in groups]
     Moves = list[tuple[int, int, int]]  # (sample, from group, to group)
