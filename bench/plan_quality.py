@@ -1,15 +1,18 @@
-"""Plan quality and planner latency over the workload presets (issue 3's benchmark).
+"""Plan quality and planner latency over the workload presets (issues 3 and 10).
 
 For every workload x cluster x global batch size, plans ``--steps`` seeded batches and reports:
 speedup over every baseline (``planner/baselines/``: bucket parallel at SP 1/2/4/8 and the best
 of them per cell, static-best, megatron-dyncp, dcp-greedy, naive) and over the strongest
-baseline of each step (naive excepted); the share of steps whose status is BASELINE; the gap to the
-lower bound the plan reports (mean, p95), and to the partition LP bound (``planner.bounds.lp``)
-computed offline, outside the timed call; which bound is the tightest; planner latency
-(p50, p95) on one CPU core; then the quality reached at 50 ms / 200 ms / 1 s budgets (256 samples, 32 GPUs) and the
-planner's peak RSS for 1024 samples at 64 GPUs (measured in a fresh process). Latency is
-reported as wall time and as the process's CPU time: on a shared machine the CPU time is the
-better estimate of the single-core latency.
+baseline of each step (naive excepted), with the ceiling ``strongest / bound`` (what a plan at
+the bound would gain); the share of steps whose status is BASELINE; the gap to the lower bound
+the plan reports (mean, p95), and to the partition LP bound (``planner.bounds.lp``) computed
+offline, outside the timed call, also on compute alone (gradient sync off both sides); planner
+latency (p50, p95) on one CPU core. Then the quality reached at 50 ms / 200 ms / 1 s budgets
+(256 samples, 32 GPUs) with the share of steps where CP-SAT (the large-neighbourhood search)
+improved the heuristic's plan and by how much; the DCP-intra ablation (inter-step search only
+against inter + intra, ``--ablation-batch``); and the planner's peak RSS for 1024 samples at
+64 GPUs (measured in a fresh process). Latency is reported as wall time and as the process's
+CPU time: on a shared machine the CPU time is the better estimate of the single-core latency.
 
 Run from the repository root::
 
@@ -44,7 +47,7 @@ from dcp_cli.progress import make_progress  # noqa: E402
 from planner.baselines import strongest  # noqa: E402
 from planner.bounds.lp import partition_lp_bound  # noqa: E402
 from planner.config import PlannerConfig  # noqa: E402
-from planner.planning import plan_batch, prepare  # noqa: E402
+from planner.planning import plan_batch_with_stats, prepare  # noqa: E402
 from planner.workload import WorkloadSpec, sample_batch  # noqa: E402
 
 BUCKETS = ("bucket-sp1", "bucket-sp2", "bucket-sp4", "bucket-sp8")
@@ -65,7 +68,7 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def run_cell(workload: str, cluster_name: str, num_samples: int, steps: int,
-             config: PlannerConfig, seed: int = 0) -> dict[str, Any]:
+             config: PlannerConfig, seed: int = 0, lp_bound: bool = True) -> dict[str, Any]:
     """Plan ``steps`` batches of one cell; summary and per-step rows."""
     spec = WorkloadSpec.preset(workload)
     cluster = load_cluster(cluster_name)
@@ -74,22 +77,29 @@ def run_cell(workload: str, cluster_name: str, num_samples: int, steps: int,
     for step in range(steps):
         samples = sample_batch(spec, num_samples=num_samples, seed=seed, step=step)
         start, cpu_start = time.perf_counter(), time.process_time()
-        plan = plan_batch(samples, cluster=cluster, cost_model=cmf, config=config, step=step,
-                          reference_sample=spec.max_sample)
+        plan, stats = plan_batch_with_stats(samples, cluster=cluster, cost_model=cmf,
+                                            config=config, step=step,
+                                            reference_sample=spec.max_sample)
         latency, cpu = time.perf_counter() - start, time.process_time() - cpu_start
         best = strongest(plan.baselines_s)
         # Offline, untimed: the partition LP bound (planner.bounds.lp, whole group counts) on
         # the steps whose gap is over 2%, for the gap to the tightest bound we can prove; the
         # plan itself is unchanged. (Skipped below 2%: ~0.3 s per solve at 1024 samples.)
         bound_lp = plan.lower_bound.value_s
-        if plan.gap > 0.02 and plan.solver.status != "OPTIMAL":
+        if lp_bound and plan.gap > 0.02 and plan.solver.status != "OPTIMAL":
             table = prepare(samples, cluster=cluster, cost_model=cmf, config=config).table
             sync = table.grad_sync_s
             bound_lp = max(bound_lp, sync + partition_lp_bound(
                 table, lower_s=bound_lp - sync, upper_s=plan.predicted_step_time_s - sync,
                 iterations=6, integral_groups=True))
+        sync = plan.grad_sync_time_s
         rows.append({
             "bound_lp_s": bound_lp, "gap_lp": plan.predicted_step_time_s / bound_lp - 1,
+            # The same gap on compute alone (gradient sync taken off both sides).
+            "gap_lp_compute": (plan.predicted_step_time_s - sync) / (bound_lp - sync) - 1,
+            "heuristic_step_time_s": stats.heuristic_step_time_s,
+            "cpsat_step_time_s": stats.cpsat_step_time_s, "cpsat_improved": stats.cpsat_improved,
+            "lns_rounds": stats.lns_rounds, "lns_improved_rounds": stats.lns_improved_rounds,
             "step": step, "step_time_s": plan.predicted_step_time_s,
             "bound_s": plan.lower_bound.value_s, "bound_kind": plan.lower_bound.kind,
             "gap": plan.gap, "status": plan.solver.status, "method": plan.solver.method,
@@ -106,6 +116,19 @@ def run_cell(workload: str, cluster_name: str, num_samples: int, steps: int,
         "gap_max": float(max(r["gap"] for r in rows)),
         "gap_lp_mean": float(np.mean([r["gap_lp"] for r in rows])),
         "gap_lp_p95": _pct([r["gap_lp"] for r in rows], 95),
+        "gap_lp_compute_mean": float(np.mean([r["gap_lp_compute"] for r in rows])),
+        "gap_lp_compute_p95": _pct([r["gap_lp_compute"] for r in rows], 95),
+        # The most any plan could gain over the strongest baseline: strongest / bound.
+        "ceiling_strongest_mean": float(np.mean([r["baselines_s"]["strongest"] / r["bound_lp_s"]
+                                                 for r in rows if "strongest" in r["baselines_s"]])),
+        "methods": dict(Counter(r["method"] for r in rows)),
+        "cpsat_improved_share": float(np.mean([r["cpsat_improved"] for r in rows])),
+        "cpsat_gain_mean": float(np.mean([r["heuristic_step_time_s"] / r["step_time_s"]
+                                          for r in rows if r["cpsat_improved"]] or [1.0])),
+        "cpsat_gain_max": float(max([r["heuristic_step_time_s"] / r["step_time_s"]
+                                     for r in rows if r["cpsat_improved"]] or [1.0])),
+        "lns_rounds": int(sum(r["lns_rounds"] for r in rows)),
+        "lns_improved_rounds": int(sum(r["lns_improved_rounds"] for r in rows)),
         "bound_kinds": dict(Counter(r["bound_kind"] for r in rows)),
         "statuses": dict(Counter(r["status"] for r in rows)),
         "strongest_names": dict(Counter(r["strongest"] for r in rows)),
@@ -172,8 +195,8 @@ def _print_grid(cells: list[dict[str, Any]]) -> None:
             ("xstrong", "strongest")]
     head = (f"{'workload':17s}{'cluster':9s}{'batch':>6s} "
             + "".join(f"{c:>8s}" for c, _ in cols)
-            + f"{'min':>6s}{'BASE':>5s} {'gap mean':>9s}{'gap p95':>8s}{'lp mean':>8s}"
-            f"{'lp p95':>8s}{'p50 ms':>8s}{'cpu p50':>8s}")
+            + f"{'min':>6s}{'ceil':>6s}{'BASE':>5s} {'gap mean':>9s}{'gap p95':>8s}{'lp mean':>8s}"
+            f"{'lp p95':>8s}{'cmp mean':>9s}{'cmp p95':>8s}{'cpu p50':>8s}{'cpu p95':>8s}")
     print(head)
     print("-" * len(head))
     for cell in cells:
@@ -181,10 +204,36 @@ def _print_grid(cells: list[dict[str, Any]]) -> None:
         base = s["statuses"].get("BASELINE", 0)
         print(f"{s['workload']:17s}{s['cluster']:9s}{s['num_samples']:6d} "
               + "".join(f"{_fmt(s[f'speedup_{n}_mean']):>8s}" for _, n in cols)
-              + f"{_fmt(s['speedup_strongest_min']):>6s}{base:5d} "
-              f"{s['gap_mean'] * 100:8.2f}%{s['gap_p95'] * 100:7.2f}%"
+              + f"{_fmt(s['speedup_strongest_min']):>6s}{_fmt(s['ceiling_strongest_mean']):>6s}"
+              f"{base:5d} {s['gap_mean'] * 100:8.2f}%{s['gap_p95'] * 100:7.2f}%"
               f"{s['gap_lp_mean'] * 100:7.2f}%{s['gap_lp_p95'] * 100:7.2f}%"
-              f"{s['latency_p50_s'] * 1e3:8.1f}{s['cpu_p50_s'] * 1e3:8.1f}")
+              f"{s['gap_lp_compute_mean'] * 100:8.2f}%{s['gap_lp_compute_p95'] * 100:7.2f}%"
+              f"{s['cpu_p50_s'] * 1e3:8.1f}{s['cpu_p95_s'] * 1e3:8.1f}")
+
+
+def ablation(workloads: list[str], clusters: list[str], num_samples: int, steps: int,
+             grid_rows: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """DCP-intra ablation: the default preset with inter-step search only (every sample at its
+    cheapest policy alone, packed first-fit) against inter + intra (the grid's plans, or
+    planned here when the grid did not run the cell)."""
+    out = []
+    for workload in workloads:
+        for cluster_name in clusters:
+            key = f"{workload}/{cluster_name}/{num_samples}"
+            both = grid_rows.get(key) or run_cell(workload, cluster_name, num_samples, steps,
+                                                  PlannerConfig(), lp_bound=False)["rows"]
+            inter = run_cell(workload, cluster_name, num_samples, steps,
+                             PlannerConfig(intra_policies=False), lp_bound=False)["rows"]
+            gains = [a["step_time_s"] / b["step_time_s"] for a, b in zip(inter, both, strict=True)]
+            out.append({"workload": workload, "cluster": cluster_name, "num_samples": num_samples,
+                        "steps": len(gains), "intra_gain_mean": float(np.mean(gains)),
+                        "intra_gain_max": float(max(gains)), "intra_gain_min": float(min(gains)),
+                        "steps_faster": int(sum(g > 1 + 1e-9 for g in gains)),
+                        "inter_only_x_strongest": float(np.mean(
+                            [r["baselines_s"]["strongest"] / r["step_time_s"] for r in inter])),
+                        "both_x_strongest": float(np.mean(
+                            [r["baselines_s"]["strongest"] / r["step_time_s"] for r in both]))})
+    return out
 
 
 def main() -> None:
@@ -197,6 +246,8 @@ def main() -> None:
     parser.add_argument("--budgets", nargs="*", type=float, default=[0.05, 0.2, 1.0])
     parser.add_argument("--cpu", type=int, default=0, help="Pin to this core (-1: no pinning).")
     parser.add_argument("--skip-grid", action="store_true")
+    parser.add_argument("--ablation-batch", type=int, default=256,
+                        help="Batch size of the DCP-intra ablation (0: skip it).")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--quiet", "-q", action="store_true",
                         help="No progress bar or per-cell lines: the tables only.")
@@ -216,6 +267,7 @@ def main() -> None:
                     "cpu_count": os.cpu_count(), "pinned": pinned,
                     "loadavg_at_start": os.getloadavg()},
         "default_config": "PlannerConfig() (50 ms budget)",
+        "batches": batches, "steps": steps, "clusters": args.clusters, "workloads": workloads,
     }
     cells = []
     num_cells = 0 if args.skip_grid else len(workloads) * len(args.clusters) * len(batches)
@@ -252,14 +304,28 @@ def main() -> None:
         print("\nquality by budget (256 samples, h200x32)")
         print(f"{'budget':>7s} {'workload':17s}{'gap mean':>9s}{'gap p95':>8s}{'lp mean':>8s}"
               f"{'lp p95':>8s}{'xstrong':>8s}"
-              f"{'p50 ms':>8s}{'p95 ms':>8s}{'cpu p50':>8s}{'cpu p95':>8s}")
+              f"{'p50 ms':>8s}{'p95 ms':>8s}{'cpu p50':>8s}{'cpu p95':>8s}"
+              f"{'cpsat+':>7s}{'gain':>7s}{'rounds':>9s}")
         for s in budgets:
             print(f"{s['budget_s']:7.2f} {s['workload']:17s}{s['gap_mean'] * 100:8.2f}%"
                   f"{s['gap_p95'] * 100:7.2f}%{s['gap_lp_mean'] * 100:7.2f}%"
                   f"{s['gap_lp_p95'] * 100:7.2f}%{_fmt(s['speedup_strongest_mean']):>8s}"
                   f"{s['latency_p50_s'] * 1e3:8.1f}{s['latency_p95_s'] * 1e3:8.1f}"
-                  f"{s['cpu_p50_s'] * 1e3:8.1f}{s['cpu_p95_s'] * 1e3:8.1f}")
+                  f"{s['cpu_p50_s'] * 1e3:8.1f}{s['cpu_p95_s'] * 1e3:8.1f}"
+                  f"{s['cpsat_improved_share'] * 100:6.0f}%{(s['cpsat_gain_mean'] - 1) * 100:6.2f}%"
+                  f"{s['lns_improved_rounds']:4d}/{s['lns_rounds']:<4d}")
     result["budgets"] = budgets
+    if args.ablation_batch:
+        abl = ablation(workloads, args.clusters, args.ablation_batch, steps, result["grid_rows"])
+        print(f"\nDCP-intra ablation ({args.ablation_batch} samples, default preset): step time "
+              "inter only / inter + intra")
+        print(f"{'workload':17s}{'cluster':9s}{'mean':>8s}{'max':>8s}{'faster':>8s}"
+              f"{'x strong inter':>16s}{'x strong both':>15s}")
+        for a in abl:
+            print(f"{a['workload']:17s}{a['cluster']:9s}{a['intra_gain_mean']:8.4f}"
+                  f"{a['intra_gain_max']:8.4f}{a['steps_faster']:5d}/{a['steps']:<2d}"
+                  f"{a['inter_only_x_strongest']:16.3f}{a['both_x_strongest']:15.3f}")
+        result["ablation"] = abl
     rss = rss_probe(1024, "h200x64", "text-longtail")
     print(f"\npeak RSS, 1024 samples at 64 GPUs (text-longtail, fresh process): "
           f"{rss['peak_rss_bytes'] / 2**20:.0f} MiB (after imports "
@@ -268,6 +334,7 @@ def main() -> None:
     result["self_peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
+    result["loadavg_at_end"] = os.getloadavg()
     print(f"wrote {out}")
 
 
