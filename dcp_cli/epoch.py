@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from dcp_cli.progress import make_progress
+from dcp_cli.style import fail, fmt_pct, fmt_x
+
 if TYPE_CHECKING:
     from concurrent.futures import Executor
 
-    from api.store import PlanStore
-
-from dcp_cli.progress import make_progress
-from dcp_cli.style import fail, fmt_pct, fmt_x
+    from api.ray_runner import RayStepExecutor
 
 
 def register(app: typer.Typer) -> None:
@@ -95,6 +95,8 @@ def register(app: typer.Typer) -> None:
             if cost_model not in embedded and not out.exists():
                 fail(f"--cost-model {cost_model!r} is not an embedded cost model (embedded: "
                      f"{', '.join(embedded)}); for a fitted or uploaded one pass --cost-model-file")
+        # The cluster is reached before the store is opened: an unreachable one creates nothing.
+        ray_executor = _ray_executor(ray_address, steps_per_task=ray_steps_per_task) if ray_address else None
         store = PlanStore.open(out)
         registry = CostModelRegistry(store)
         try:
@@ -128,9 +130,9 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"epoch {eid}: all {record.steps_total} steps already stored in {out}")
             return
         executor: Executor
-        if ray_address is not None:
-            executor, workers, runner = _ray_executor(ray_address, steps_per_task=ray_steps_per_task,
-                                                      store=store)
+        if ray_executor is not None:
+            executor, workers = ray_executor, ray_executor.num_slots()
+            runner = f"ray {ray_executor.num_cpus()} CPU(s)"
         else:
             executor, runner = make_executor(workers), f"{workers} process(es)"
         new_steps = 0
@@ -166,16 +168,13 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1)
 
 
-def _ray_executor(address: str, *, steps_per_task: int, store: PlanStore) -> tuple[Executor, int, str]:
-    """A connected Ray executor, ``num_workers`` for ``run_epoch_job`` and a label; exits with a
-    clear message when Ray is missing or the cluster cannot be reached."""
+def _ray_executor(address: str, *, steps_per_task: int) -> RayStepExecutor:
+    """A connected Ray executor; exits with a clear message when Ray is missing or the cluster
+    cannot be reached."""
     from api.faults import ClusterUnavailableError
     from api.ray_runner import RayConfig, RayNotInstalledError, connect_executor
 
     try:
-        executor = connect_executor(RayConfig(address=address, steps_per_task=steps_per_task))
+        return connect_executor(RayConfig(address=address, steps_per_task=steps_per_task))
     except (ValueError, RayNotInstalledError, ClusterUnavailableError) as exc:
-        store.close()
         fail(f"--ray-address: {exc}")
-    cpus = executor.num_cpus()
-    return executor, executor.num_slots(), f"ray {cpus} CPU(s)"

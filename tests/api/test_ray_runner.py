@@ -1,0 +1,246 @@
+"""Epoch steps as Ray tasks on a simulated two-node cluster (``ray.cluster_utils.Cluster``).
+
+One module-scoped cluster (head + one worker node, one CPU each) serves every test: plans and
+digests equal the process pool's; a worker killed mid-task is retried by Ray and nothing is
+stored twice; a killed ``dcp epoch --ray-address`` driver resumes from the stored steps; the
+service plans a job on the cluster when ``ray_address`` is set; an unreachable address is
+refused at once, naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from api.faults import ClusterUnavailableError, classify
+from api.jobs import prepare_epoch, run_epoch_job
+from api.pool import make_executor
+from api.settings import Settings
+from api.store import PlanStore
+from costmodel.presets import default_cost_model_file, load_cluster
+from planner.epoch import BatchRule
+from planner.workload import read_manifest
+
+from .conftest import AUTH, COST_MODEL, FAST, TOKEN, manifest_lines
+
+ray = pytest.importorskip("ray")
+
+from api.ray_runner import RayConfig, RayStepExecutor, connect_executor  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
+
+NUM_SAMPLES = 1600
+SAMPLES_PER_STEP = 8
+SEED = 7
+NUM_STEPS = NUM_SAMPLES // SAMPLES_PER_STEP
+RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """A head node and a worker node (one CPU each) on this machine; this process is the driver."""
+    from ray.cluster_utils import Cluster
+
+    tmp = tempfile.mkdtemp(prefix="dcpray", dir="/tmp")  # short: Ray's socket paths must fit
+    env = {**RAY_ENV, "RAY_TMPDIR": tmp}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    c.add_node(num_cpus=1)
+    ray.init(address=c.address, log_to_driver=False)
+    c.wait_for_nodes()
+    try:
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("ray") / "m.jsonl"
+    path.write_text(manifest_lines(NUM_SAMPLES))
+    return path
+
+
+def _new_job(db: Path, manifest: Path, epoch_id: str = "e") -> PlanStore:
+    store = PlanStore.open(db)
+    prepare_epoch(store, epoch_id=epoch_id, samples=read_manifest(manifest),
+                  rule=BatchRule(samples_per_step=SAMPLES_PER_STEP), seed=SEED, cluster=load_cluster("h200x8"),
+                  cost_model=default_cost_model_file("llama-7b", "h200-sxm"), options=FAST,
+                  manifest_source=str(manifest))
+    return store
+
+
+def _digests(db: Path, epoch_id: str) -> list[tuple[int, str]]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT step, digest FROM plans WHERE epoch_id=? ORDER BY step",
+                            (epoch_id,)).fetchall()
+
+
+def _cost_model(_: str) -> Any:
+    return default_cost_model_file("llama-7b", "h200-sxm")
+
+
+@pytest.fixture(scope="module")
+def pool_digests(manifest: Path, tmp_path_factory: pytest.TempPathFactory) -> list[tuple[int, str]]:
+    """The job planned by the process pool (the reference)."""
+    db = tmp_path_factory.mktemp("pool") / "p.sqlite"
+    store = _new_job(db, manifest)
+    executor = make_executor(1)
+    try:
+        final = run_epoch_job(store, "e", get_cost_model=_cost_model, executor=executor, num_workers=1)
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+        store.close()
+    assert final.state == "done", final.error
+    digests = _digests(db, "e")
+    assert len(digests) == NUM_STEPS
+    return digests
+
+
+def _ray_workers_running(name: str = "plan_step_batch") -> list[int]:
+    """Pids of Ray workers whose process title says they run ``name`` now."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if cmdline.startswith(f"ray::{name}".encode()):
+                pids.append(int(entry))
+    return pids
+
+
+def test_unreachable_cluster_is_refused_naming_it(cluster: Any) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.monotonic()
+    with pytest.raises(ClusterUnavailableError, match=f"127.0.0.1:{port}.*unreachable") as info:
+        connect_executor(RayConfig(address=f"127.0.0.1:{port}", connect_timeout_s=2.0))
+    assert time.monotonic() - start < 5.0
+    assert classify(info.value).transient
+    with pytest.raises(ValueError, match="no valid port"):
+        RayConfig(address="ray://somewhere")
+
+
+def test_service_plans_on_the_cluster_with_the_pool_digests(
+        cluster: Any, manifest: Path, pool_digests: list[tuple[int, str]], tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    settings = Settings(db_path=tmp_path / "s.sqlite", data_dir=data, num_workers=1, auth_token=TOKEN,
+                        ray_address=cluster.address, ray_steps_per_task=4)
+    body = {"epoch_id": "e", "manifest_jsonl": manifest.read_text(),
+            "batch": {"samples_per_step": SAMPLES_PER_STEP}, "seed": SEED, "cluster": "h200x8",
+            "cost_model_id": COST_MODEL, "options": FAST}
+    rates: list[float] = []
+    with TestClient(create_app(settings)) as client:
+        created = client.post("/v1/epochs", json=body, headers=AUTH)
+        assert created.status_code == 202, created.text
+        deadline = time.monotonic() + 120
+        while True:
+            status = client.get("/v1/epochs/e").json()
+            if status["steps_per_s"]:
+                rates.append(status["steps_per_s"])
+            if status["state"] not in ("queued", "running") or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    assert status["state"] == "done", status
+    assert rates and all(r > 0 for r in rates)
+    assert _digests(settings.db_path, "e") == pool_digests
+
+
+def test_killed_worker_is_retried_and_nothing_is_stored_twice(
+        cluster: Any, manifest: Path, pool_digests: list[tuple[int, str]], tmp_path: Path) -> None:
+    db = tmp_path / "k.sqlite"
+    store = _new_job(db, manifest)
+    executor = connect_executor(RayConfig(address=cluster.address, steps_per_task=16))
+    killed: list[int] = []
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        result["final"] = run_epoch_job(store, "e", get_cost_model=_cost_model, executor=executor,
+                                        num_workers=0, write_batch_steps=4)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not killed and thread.is_alive() and time.monotonic() < deadline:
+        for pid in _ray_workers_running()[:1]:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        time.sleep(0.005)
+    thread.join(timeout=120)
+    executor.shutdown()
+    store.close()
+    assert killed, "no Ray worker was seen planning"
+    assert result["final"].state == "done", result["final"].error
+    assert result["final"].steps_done == NUM_STEPS
+    assert executor.num_cluster_failures == 0  # Ray retried the task; the job never saw it
+    assert _digests(db, "e") == pool_digests  # one row per step (primary key), the pool's bytes
+
+
+def test_killed_driver_resumes_from_the_stored_steps(
+        cluster: Any, manifest: Path, pool_digests: list[tuple[int, str]], tmp_path: Path) -> None:
+    db = tmp_path / "d.sqlite"
+    options = [a for k, v in FAST.items() if k != "time_limit_s" for a in ("--option", f"{k}={str(v).lower()}")]
+    cmd = [sys.executable, "-m", "dcp_cli.main", "epoch", str(manifest), "--cluster", "h200x8",
+           "--cost-model", COST_MODEL, "--out", str(db), "--samples-per-step", str(SAMPLES_PER_STEP),
+           "--seed", str(SEED), "--time-limit-s", str(FAST["time_limit_s"]), "--epoch-id", "e",
+           "--ray-address", cluster.address, "--ray-steps-per-task", "2", "--quiet", *options]
+    driver = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy())
+    deadline = time.monotonic() + 60
+    stored = 0
+    while driver.poll() is None and time.monotonic() < deadline:
+        if db.exists():
+            try:
+                stored = len(_digests(db, "e"))
+            except sqlite3.OperationalError:
+                stored = 0
+            if stored:
+                break
+        time.sleep(0.01)
+    driver.kill()
+    _, err = driver.communicate(timeout=30)
+    assert 0 < stored < NUM_STEPS, (stored, err.decode()[-2000:])
+    at_kill = len(_digests(db, "e"))
+    assert at_kill < NUM_STEPS
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"done, {NUM_STEPS}/{NUM_STEPS} steps" in again.stdout
+    assert _digests(db, "e") == pool_digests
+    store = PlanStore.open(db)
+    try:
+        record = store.get_epoch("e")
+        assert record is not None and record.steps_done == NUM_STEPS  # counted once per step
+    finally:
+        store.close()
+
+
+def test_executor_runs_plan_step_only(cluster: Any) -> None:
+    executor = RayStepExecutor(RayConfig(address=cluster.address))
+    with pytest.raises(TypeError, match="plan_step"):
+        executor.submit(print, "x")
