@@ -19,9 +19,8 @@ from costmodel.specs import ClusterSpec, Sample
 from planner.baseline_plan import strongest_baseline_plan
 from planner.epoch import build_config, step_seed
 from planner.plan import Plan
-from report.epoch_report import StepFigures
+from report.figures import PlanPictureInput, StepFigures
 from report.html import EpochInfo
-from report.plan_report import PlanPictureInput
 
 
 class StepNotStoredError(LookupError):

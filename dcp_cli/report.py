@@ -89,7 +89,8 @@ def report_plan(
     from costmodel.schema import CostModelFile
     from planner.baseline_plan import strongest_baseline_plan
     from planner.config import PlannerConfig
-    from report.plan_report import PlanPictureInput, plan_image
+    from report.figures import PlanPictureInput
+    from report.plan_report import plan_image
 
     if (plan_file is None) == (workload is None):
         fail("give one of: a PLAN file, or --workload and --cluster to plan a step now")

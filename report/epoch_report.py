@@ -4,97 +4,17 @@ bound, step by step, from the figures every stored plan records."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
 
-from planner.baselines import NOT_HEADLINE, strongest
+from planner.baselines import NOT_HEADLINE
+from report.figures import STRONGEST, StepFigures, summarise
 from report.render import ImageFormat, render
 
 MAX_BARS = 400
 """Up to this many steps the gap is drawn as one bar per step, beyond as a filled area."""
-
-STRONGEST = "strongest"
-"""The per-step fastest baseline but ``naive`` (``planner.baselines.strongest``)."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class StepFigures:
-    """What one stored plan says about its step."""
-
-    step: int
-    """Step index."""
-    predicted_step_time_s: float
-    """The plan's predicted step time."""
-    lower_bound_s: float
-    """Its lower bound."""
-    bound_kind: str
-    """Which bound."""
-    status: str
-    """Solver status."""
-    baselines_s: Mapping[str, float] = field(default_factory=dict)
-    """Each baseline's predicted step time."""
-
-    @classmethod
-    def of_plan(cls, plan: Mapping[str, Any]) -> StepFigures:
-        """From a plan's JSON object (``planner.plan.Plan`` as stored)."""
-        return cls(step=int(plan["step"] or 0), predicted_step_time_s=float(plan["predicted_step_time_s"]),
-                   lower_bound_s=float(plan["lower_bound"]["value_s"]),
-                   bound_kind=str(plan["lower_bound"]["kind"]), status=str(plan["solver"]["status"]),
-                   baselines_s={str(k): float(v) for k, v in plan.get("baselines_s", {}).items()})
-
-    @property
-    def gap(self) -> float:
-        """``predicted / bound - 1`` (0 without a bound)."""
-        return self.predicted_step_time_s / self.lower_bound_s - 1.0 if self.lower_bound_s > 0 else 0.0
-
-    def speedups(self) -> dict[str, float]:
-        """Baseline time / plan time for each baseline, and ``strongest``."""
-        t = self.predicted_step_time_s
-        out = {name: b / t for name, b in self.baselines_s.items()} if t > 0 else {}
-        best = strongest(self.baselines_s)
-        if best is not None and t > 0:
-            out[STRONGEST] = best[1] / t
-        return out
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class BaselineSummary:
-    """One baseline over the stored steps."""
-
-    name: str
-    """Baseline name (or ``strongest``)."""
-    num_steps: int
-    """Steps where it was computed."""
-    total_speedup: float
-    """Its total time over those steps / the plans' total: the throughput gain."""
-    mean_speedup: float
-    """Mean per-step speedup."""
-    min_speedup: float
-    """Lowest per-step speedup."""
-    max_speedup: float
-    """Highest per-step speedup."""
-
-
-def summarise(steps: Sequence[StepFigures]) -> list[BaselineSummary]:
-    """Per baseline (``strongest`` first, ``naive`` last): speedups over the steps."""
-    names = sorted({n for s in steps for n in s.speedups()},
-                   key=lambda n: (n != STRONGEST, n in NOT_HEADLINE, n))
-    out = []
-    for name in names:
-        rows = [s for s in steps if name in s.speedups()]
-        per_step = [s.speedups()[name] for s in rows]
-        base_total = sum(s.predicted_step_time_s * s.speedups()[name] for s in rows)
-        plan_total = sum(s.predicted_step_time_s for s in rows)
-        out.append(BaselineSummary(name=name, num_steps=len(rows),
-                                   total_speedup=base_total / plan_total if plan_total > 0 else math.nan,
-                                   mean_speedup=sum(per_step) / len(per_step),
-                                   min_speedup=min(per_step), max_speedup=max(per_step)))
-    return out
-
 
 MAX_RAW_STEPS = 100
 """Up to this many steps the speedup lines show every step; beyond, a centred sliding mean."""

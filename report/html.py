@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.baselines import description
-from report.epoch_report import STRONGEST, StepFigures, summarise
+from report.figures import STRONGEST, StepFigures, summarise
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 1.5rem auto;

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from matplotlib.figure import Figure
 
-from costmodel.evaluate import CostModel
 from planner.baseline_plan import rebuilt_matches
 from planner.plan import Plan
 from planner.timeline import step_timeline
+from report.figures import PlanPictureInput
 from report.gantt import GanttPanel, gantt_figure
 from report.render import ImageFormat, render
 
@@ -17,20 +15,6 @@ from report.render import ImageFormat, render
 def fmt_s(seconds: float) -> str:
     """Seconds with four significant digits (``1.035 s``, ``0.0123 s``)."""
     return f"{seconds:.4g} s"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class PlanPictureInput:
-    """What a plan's Gantt chart shows."""
-
-    plan: Plan
-    """The planner's plan."""
-    cost_model: CostModel
-    """The cost model it was made with, bound to its cluster."""
-    baseline: Plan | None = None
-    """The strongest baseline's plan of the same batch (``planner.baseline_plan``), if any."""
-    label: str = ""
-    """What the step is (e.g. ``epoch e0, step 3``), for the title."""
 
 
 def _counts(plan: Plan) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import threading
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import matplotlib
 
@@ -19,13 +19,7 @@ matplotlib.use("Agg")
 from matplotlib import rc_context
 from matplotlib.figure import Figure
 
-ImageFormat = Literal["png", "svg"]
-"""Formats the report writes."""
-
-FORMATS: tuple[ImageFormat, ...] = ("png", "svg")
-
-MEDIA_TYPES: dict[str, str] = {"png": "image/png", "svg": "image/svg+xml"}
-"""Media type of each format."""
+from report.figures import FORMATS, ImageFormat
 
 PNG_DPI = 110
 """Resolution of PNG images (a 12-inch-wide figure is 1,320 pixels)."""

@@ -31,10 +31,8 @@ from api.report_data import (
 )
 from api.routers.epochs import MAX_STEP, EpochId, StepIndex, _missing_step, _record
 from api.store import ACTIVE_STATES, EpochRecord, InvalidStoredCostModelError
-from report.epoch_report import StepFigures, epoch_image
+from report.figures import MEDIA_TYPES, ImageFormat, StepFigures
 from report.html import epoch_html
-from report.plan_report import plan_image
-from report.render import MEDIA_TYPES, ImageFormat
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +91,8 @@ def _gantt_bytes(state: ServiceState, cache: ReportCache, epoch_id: str, step: i
     key = ("gantt", epoch_id, step, found[0], fmt, baseline)
 
     def make() -> bytes:
+        from report.plan_report import plan_image  # matplotlib: imported on the first picture
+
         try:
             data = step_picture_input(state.store, record, step, get_cost_model=state.registry.get,
                                       with_baseline=baseline)
@@ -132,6 +132,8 @@ def _epoch_bytes(state: ServiceState, cache: ReportCache, epoch_id: str, fmt: Im
     if not steps:
         _no_steps(record)
     key = ("epoch", epoch_id, record.steps_done, record.steps_total, _fingerprint(steps), fmt)
+    from report.epoch_report import epoch_image  # matplotlib: imported on the first picture
+
     return cache.get_or_render(key, lambda: epoch_image(steps, title=epoch_title(record), fmt=fmt))
 
 

@@ -18,10 +18,11 @@ from planner.config import PlannerConfig
 from planner.plan import Plan
 from planner.planning import plan_batch
 from planner.workload import WorkloadSpec, sample_batch
-from report.epoch_report import StepFigures, epoch_image, rolling_mean, rolling_window, summarise
+from report.epoch_report import epoch_image, rolling_mean, rolling_window
+from report.figures import PlanPictureInput, StepFigures, summarise
 from report.gantt import group_ticks
 from report.html import EpochInfo, epoch_html
-from report.plan_report import PlanPictureInput, plan_image
+from report.plan_report import plan_image
 
 SVG = "{http://www.w3.org/2000/svg}"
 
