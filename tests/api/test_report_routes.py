@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import re
+import subprocess
+import sys
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -125,3 +127,9 @@ def test_dashboard_page_and_assets_are_served_locally(client: TestClient) -> Non
     script = client.get("/dashboard/dashboard.js").text
     assert not re.search(r"https?://", script)
     assert "/v1/epochs" in script and "gantt.svg" in script and "report.svg" in script
+
+
+def test_the_service_imports_matplotlib_only_to_draw() -> None:
+    code = "import sys, api.app; print('matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "False"
