@@ -111,6 +111,9 @@ class RevisionStore:
     def fetch_rank_view(self, epoch_id: str, step: int, rank: int, *, fast: bool = False) -> str | None:
         """``PlanStore.get_rank_view``, freezing the step when it is served for the first time.
 
+        With ``fast`` (the event loop's fast path) a step not frozen yet answers None, so that
+        the route freezes it on a worker thread.
+
         Raises:
             ValueError: when the step is stored but the rank is outside its world.
             sqlite3.Error: a busy store (``fast``: after the fast connection's short timeout).
@@ -123,8 +126,10 @@ class RevisionStore:
             frozen = -1 if row is None else int(row["frozen_through"])
         if step <= frozen:
             return self.store.get_rank_view(epoch_id, step, rank, fast=fast)
-        with transaction(self.store._conn(fast=fast)) as conn:
-            view = self.store.get_rank_view(epoch_id, step, rank, fast=fast)
+        if fast:
+            return None  # freezing writes (and syncs): the threaded route does it, never the event loop
+        with transaction(self.store._conn()) as conn:
+            view = self.store.get_rank_view(epoch_id, step, rank)
             if view is not None:
                 conn.execute("INSERT INTO epoch_recalibration(epoch_id, frozen_through) VALUES (?, ?) "
                              "ON CONFLICT(epoch_id) DO UPDATE SET frozen_through="
