@@ -52,7 +52,7 @@ def epoch_figure(steps: Sequence[StepFigures], *, title: str) -> Figure:
     fig = Figure(figsize=(12.0, 7.0), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     names = [b.name for b in summarise(ordered)]
-    colors = iter(["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#D6616B",
+    colors = iter(["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#E377C2",
                    "#9D755D", "#EECA3B", "#BAB0AC"])
     window = rolling_window(len(ordered))
     for name in names:
