@@ -104,7 +104,11 @@ def report_plan(
     try:
         if plan_file is not None:
             plan = _read_plan(plan_file)
-            cluster_spec = load_cluster(cluster or plan.cluster_name)
+            try:
+                cluster_spec = load_cluster(cluster or plan.cluster_name)
+            except ValueError as exc:
+                fail(f"--cluster: {exc}" if cluster else f"PLAN is for cluster {plan.cluster_name!r}, not a "
+                     f"preset ({exc}); pass --cluster with a preset of the same world")
             if file is None:
                 embedded = {f.id: f for f in builtin_cost_model_files()}
                 if plan.cost_model_id not in embedded:
@@ -121,7 +125,10 @@ def report_plan(
             if cluster is None:
                 fail("--workload needs --cluster")
             spec = WorkloadSpec.preset(workload or "")
-            cluster_spec = load_cluster(cluster)
+            try:
+                cluster_spec = load_cluster(cluster)
+            except ValueError as exc:
+                fail(f"--cluster: {exc}")
             if file is None:
                 try:
                     file = default_cost_model_file(spec.model, cluster_spec.hardware.name)

@@ -79,6 +79,7 @@ def test_plan_report_errors_name_the_option(tmp_path: Path) -> None:
         (["plan", "-w", "text-longtail"], "--workload needs --cluster"),
         (["plan", "-w", "nope", "-c", "h200x8"], "unknown workload preset 'nope'"),
         (["plan", str(bad)], "bad.json: not a plan (num_ranks"),
+        (["plan", "-w", "text-longtail", "-c", "nope"], "--cluster: unknown cluster preset 'nope'"),
     ]
     for args, message in cases:
         code, out = _run(*args, "-o", str(tmp_path / "out"))
