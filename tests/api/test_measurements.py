@@ -136,3 +136,9 @@ def test_oldest_measurements_are_folded_per_group_not_lost(tmp_path: Any) -> Non
     for g in groups:  # the median over the group's two ranks, folded or not
         assert g.times_s == (1.5 + g.step, 2.0) and g.num_ranks == 2
     store.close()
+
+
+def test_an_upload_may_not_take_a_revision_name(client: TestClient) -> None:
+    file = client.get(f"/v1/cost-models/{COST_MODEL}").json()
+    response = client.post("/v1/cost-models", json={**file, "id": "mine@3"}, headers=AUTH)
+    assert response.status_code == 409 and "revisions" in response.json()["detail"]
