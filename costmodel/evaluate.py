@@ -372,9 +372,14 @@ class CostModel:
                      + a.working_bytes_per_token + a.transient_bytes_per_token)
         return np.asarray(s / group_size * per_token, dtype=np.float64)
 
+    def fixed_working_bytes(self) -> float:
+        """Working memory of any micro-batch: the fixed buffers plus the per-layer ones."""
+        a = self.file.activation
+        return a.fixed_working_bytes + self.num_layers * a.fixed_working_bytes_per_layer
+
     def fixed_bytes(self) -> float:
         """Per-rank memory independent of the batch: model states and working buffers."""
-        return self.model_state_bytes() + self.file.activation.fixed_working_bytes
+        return self.model_state_bytes() + self.fixed_working_bytes()
 
     def activation_budget_bytes(self) -> float:
         """Bytes left for activations under the memory cap (may be negative)."""

@@ -178,9 +178,9 @@ def fit_profiles(profiles: Sequence[Profile], config: FitConfig | None = None) -
     none_b, full_b, act_res = fit_activation(compute, split)
     terms = {"compute_time": cfit.result, "activation_bytes": act_res}
     transient = fit_transient(compute, none_bytes=none_b, full_bytes=full_b, split=split)
-    transient_b = 0.0
+    transient_b, per_layer_b = 0.0, 0.0
     if transient is not None:
-        transient_b, terms["peak_bytes"] = transient
+        transient_b, per_layer_b, terms["peak_bytes"] = transient
     head_s, head_fixed_s, head_bytes = 0.0, 0.0, 0.0
     if heads:
         head_s, head_fixed_s, head_bytes, terms["head_time"] = fit_head(heads, split)
@@ -232,9 +232,14 @@ def fit_profiles(profiles: Sequence[Profile], config: FitConfig | None = None) -
         working_bytes_per_token=head_bytes * head_bytes_r + comm_buffer_bytes,
         fixed_working_bytes=AnalyticConfig().fixed_working_bytes,
         transient_bytes_per_token=transient_b * _ratio(none_full, none_prof),
+        # a layer's weight-gradient buffers grow with its parameters, as its FLOPs per token do
+        fixed_working_bytes_per_layer=per_layer_b * token_r,
     )
     notes.append(f"fixed micro-batch cost {fixed_s + head_fixed_s:.3g} s (layers' stack and head) in "
                  "microbatch_overhead_s; fixed_working_bytes is the analytic default")
+    if transient is not None:
+        notes.append(f"peak working memory: {transient_b:.4g} B per token per rank and "
+                     f"{per_layer_b:.4g} B per layer of the profiled shape")
     links, comm_res = fit_comm(comm, split)
     terms.update(comm_res)
     comm_coef = _comm_coefficients(links, cfg.comm_fallback_hardware or header.hardware, model, notes)

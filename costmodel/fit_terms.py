@@ -19,7 +19,8 @@ rest. numpy/scipy only: the service fits without torch.
 * activation bytes: ``T * ((n - k)*none + k*full)``.
 * peak bytes (where records carry ``device_peak_bytes``): the activation bytes (one layer of
   ``none`` rematerialised when ``k = n``), plus ``transient*T`` (the working set of a layer's
-  backward).
+  backward) plus ``per_layer*n`` (working memory of each layer whatever the tokens, such as
+  weight-gradient buffers: without it a few-token record's fixed bytes read as bytes per token).
 * head: time ``head_s_per_token * T + c_head``; bytes ``working * T``.
 * collectives: per op, placement, group size and node count ``alpha*steps + wire/bandwidth``
   (``costmodel.evaluate.collective_time_s``), so a fitted link reproduces the records it was
@@ -265,15 +266,18 @@ def fit_activation(records: Sequence[ComputeRecord], split: SplitConfig) -> tupl
 
 
 def fit_transient(records: Sequence[ComputeRecord], *, none_bytes: float, full_bytes: float,
-                  split: SplitConfig) -> tuple[float, TermResult] | None:
-    """Transient bytes per token per rank from the records' peaks (None when none has a peak).
+                  split: SplitConfig) -> tuple[float, float, TermResult] | None:
+    """Transient bytes per token per rank and working bytes per layer from the records' peaks
+    (None when no record has a peak).
 
-    The peak of a micro-batch is its kept activations (one rematerialised layer of ``none``
-    activations when every layer is checkpointed) and the transient working set
-    ``transient * T`` (``costmodel.evaluate.CostModel.activation_bytes``).
+    The peak of a micro-batch through ``n`` layers is its kept activations (one rematerialised
+    layer of ``none`` activations when every layer is checkpointed), the transient working set
+    ``transient * T`` and ``per_layer * n`` (``costmodel.evaluate.CostModel.activation_bytes``
+    and ``fixed_working_bytes``). Both are fitted by non-negative least squares in relative error.
 
     Raises:
-        ValueError: when only some compute records carry ``device_peak_bytes``.
+        ValueError: when only some compute records carry ``device_peak_bytes``, or when the records
+            have a single depth and the per-layer bytes cannot be told from per-token ones.
     """
     with_peak = [r for r in records if r.device_peak_bytes is not None]
     if not with_peak:
@@ -282,6 +286,7 @@ def fit_transient(records: Sequence[ComputeRecord], *, none_bytes: float, full_b
         raise ValueError(f"peak_bytes: {len(records) - len(with_peak)} of {len(records)} compute records "
                          "have no device_peak_bytes (profile again with one version of dcp profile)")
     tokens = np.array([r.tokens_per_rank for r in with_peak], dtype=np.float64)
+    layers = np.array([r.num_layers for r in with_peak], dtype=np.float64)
     known = np.array([r.tokens_per_rank * (max(r.num_layers - r.recompute_layers,
                                                1 if r.recompute_layers else 0) * none_bytes
                                            + r.recompute_layers * full_bytes)
@@ -289,13 +294,17 @@ def fit_transient(records: Sequence[ComputeRecord], *, none_bytes: float, full_b
     y = np.array([r.device_peak_bytes for r in with_peak], dtype=np.float64)
     if np.any(y <= 0):
         raise ValueError("device_peak_bytes must be positive in every compute record")
+    if len(set(layers.tolist())) < 2:
+        raise ValueError("peak_bytes: every compute record ran the same number of layers; profile "
+                         "at least two depths (--layer-counts) to tell per-layer from per-token bytes")
     train, held = split_indices(len(y), fraction=split.holdout_fraction, min_train=2, seed=split.seed,
                                 term="peak_bytes")
-    # least squares in relative error of known + t*T ~ y, t >= 0
-    a, b = tokens[train] / y[train], (known[train] - y[train]) / y[train]
-    transient = max(0.0, float(-(a @ b) / (a @ a)))
-    pred = known[held] + transient * tokens[held]
-    return transient, TermResult("peak_bytes", mape(y[held], pred), len(train), len(held), y[held], pred)
+    design = np.stack([tokens, layers], axis=1)
+    coef, _ = nnls(design[train] / y[train, None], (y[train] - known[train]) / y[train])
+    transient, per_layer = float(coef[0]), float(coef[1])
+    pred = known[held] + design[held] @ coef
+    return transient, per_layer, TermResult("peak_bytes", mape(y[held], pred), len(train), len(held),
+                                            y[held], pred)
 
 
 def fit_head(records: Sequence[HeadRecord], split: SplitConfig) -> tuple[float, float, float, TermResult]:

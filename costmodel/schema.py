@@ -89,6 +89,11 @@ class ActivationCoefficients(_Frozen):
         default=0.0, ge=0,
         description="Working set of one layer's backward per token per rank of the micro-batch.",
     )
+    fixed_working_bytes_per_layer: float = Field(
+        default=0.0, ge=0,
+        description="Working memory of a micro-batch per layer of the model, whatever its tokens "
+                    "(e.g. weight-gradient buffers of the backward); fitted from peaks.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ActivationCoefficients:

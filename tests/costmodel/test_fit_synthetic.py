@@ -34,6 +34,7 @@ BWD = {"tok": 4e-6, "pair": 2.5e-9, "sp": 7e-9, "tp": 1.1e-8, "sample": 2e-4, "l
 HALF = 300.0
 FIXED_S = 2e-3
 NONE_B, FULL_B, TRANSIENT_B = 9000.0, 512.0, 3000.0
+LAYER_B = 4e6  # working bytes per layer whatever the tokens (weight-gradient buffers)
 HEAD_S, HEAD_FIXED_S, HEAD_B = 3e-6, 1e-3, 20000.0
 ALPHA_S = 5e-5
 # effective per-rank bandwidth of every measured configuration (group size, nodes): node-crossing
@@ -86,7 +87,7 @@ def synthetic_profile(model: ModelSpec, *, noise: float, seed: int = 0, profiled
             t = (n + k) * fwd + n * _layer_time(BWD, batch, model.kind, d) + FIXED_S
             kept = tokens / d * ((n - k) * NONE_B + k * FULL_B)
             # backward frees the plain layers above before it rematerialises a checkpointed one
-            peak = tokens / d * (max(n - k, 1 if k else 0) * NONE_B + k * FULL_B + TRANSIENT_B)
+            peak = tokens / d * (max(n - k, 1 if k else 0) * NONE_B + k * FULL_B + TRANSIENT_B) + n * LAYER_B
             records.append(ComputeRecord(
                 num_layers=n, recompute_layers=k, samples=batch, group_size=d, tokens_per_rank=tokens // d,
                 **_timed(noisy(t)), activation_bytes=kept, device_kept_bytes=kept,
@@ -132,6 +133,8 @@ def test_fit_recovers_known_coefficients(model_name: str) -> None:
     assert f.activation.bytes_per_token_layer_none == pytest.approx(NONE_B, rel=1e-9)
     assert f.activation.bytes_per_token_layer_full == pytest.approx(FULL_B, rel=1e-9)
     assert f.activation.transient_bytes_per_token == pytest.approx(TRANSIENT_B, rel=1e-6)
+    # the profiled layers have the model's width: the per-layer bytes are not rescaled
+    assert f.activation.fixed_working_bytes_per_layer == pytest.approx(LAYER_B, rel=1e-6)
     for fit in (*f.comm.alltoall, *f.comm.allreduce):
         assert fit.group_size is not None and fit.num_nodes is not None
         assert fit.placement == ("intra" if fit.num_nodes == 1 else "inter")
@@ -197,7 +200,8 @@ def test_every_term_reproduces_its_own_records_through_the_evaluator(model_name:
         cm = CostModel(file=shallow, cluster=cluster)
         measured.append(rec.device_peak_bytes)
         predicted.append(float(cm.activation_bytes(rec.num_tokens, group_size=rec.group_size,
-                                                    recompute_layers=rec.recompute_layers)))
+                                                    recompute_layers=rec.recompute_layers))
+                         + cm.fixed_working_bytes() - f.activation.fixed_working_bytes)
     within("peak_bytes", measured, predicted)
 
 
