@@ -9,9 +9,9 @@ all-to-all's backward routes every contribution to the rank that owns it, so the
 exactly the gradient of the plain large-batch step, whatever the groups, micro-batches and
 checkpoint policies (up to rounding).
 
-FSDP / ZeRO: with sharded gradients, replace the all-reduce by a reduce-scatter with SUM (not
-AVG) over the same world (FSDP2: set the gradient divide factor to 1 and let the plan's
-weights do the normalisation); the result on each shard is the same slice of the same sum.
+DDP and FSDP2: pass ``grad_sync=DDPSync(...)`` or ``FSDP2Sync(...)`` (:mod:`executor.grad_sync`):
+the library then sums (not averages) the gradients once, in the backward of the rank's last
+micro-batch, and :meth:`Executor.sync_gradients` has nothing left to do.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import torch.distributed as dist
 from costmodel.specs import Sample
 from executor.consistency import check_plan_agreement
 from executor.context import SPContext
+from executor.grad_sync import AllReduceSync, GradSync
 from executor.groups import GroupRegistry
 from executor.layout import PackedLayout, SampleShape
 from planner.plan import LossNormalizer, RankPlan
@@ -57,7 +58,10 @@ class MicroBatchWork:
     recompute_layers: tuple[int, ...]
     """Checkpoint policy per sample."""
     sample_ids: tuple[str, ...]
-    """The samples, in order."""
+    """The samples, in order (empty for a padding micro-batch)."""
+    is_padding: bool = False
+    """A padding micro-batch (loss weight zero) that only makes this rank take part in the
+    gradient sync of DDP or FSDP2 (:mod:`executor.grad_sync`)."""
 
     def loss(self, token_losses: torch.Tensor) -> torch.Tensor:
         """This rank's share of the step loss: ``sum(token_losses * token_weights)``.
@@ -94,7 +98,8 @@ class Executor:
     """Runs planned steps on one rank. Create once, after ``init_process_group``."""
 
     def __init__(self, *, registry: GroupRegistry, device: torch.device | str = "cpu",
-                 weight_dtype: torch.dtype = torch.float64, timer: StepTimer | None = None) -> None:
+                 weight_dtype: torch.dtype = torch.float64, timer: StepTimer | None = None,
+                 grad_sync: GradSync | None = None) -> None:
         """Bind the executor to its groups.
 
         Args:
@@ -103,6 +108,9 @@ class Executor:
             weight_dtype: Dtype of the loss weights (fp64 keeps ``1/N`` exact enough).
             timer: Times each micro-batch between its hand-out and the next request
                 (``executor.measure``), when measurements are reported.
+            grad_sync: How gradients are summed over the world (``executor.grad_sync``):
+                ``AllReduceSync()`` (default), ``DDPSync(ddp_model, ...)`` or
+                ``FSDP2Sync(sharded_model, ...)``.
         """
         self.registry = registry
         self.rank = registry.rank
@@ -110,6 +118,7 @@ class Executor:
         self.device = torch.device(device)
         self.weight_dtype = weight_dtype
         self.timer = timer
+        self.grad_sync: GradSync = grad_sync if grad_sync is not None else AllReduceSync()
 
     def begin_step(self, rank_plan: RankPlan, *, step: int) -> None:
         """Check, on every rank together, that all hold the same plan for ``step``.
@@ -140,6 +149,9 @@ class Executor:
         group = rank_plan.group
         process_group = self.registry.group_for(group)
         batches = iter(loaded) if loaded is not None else None
+        sync_index = self.grad_sync.sync_index([[ps.recompute_layers for ps in mb.samples]
+                                                for mb in group.micro_batches])
+        self.grad_sync.begin_step()
         for index, micro in enumerate(group.micro_batches):
             samples = [ps.sample for ps in micro.samples]
             if batches is not None:
@@ -155,9 +167,28 @@ class Executor:
                               tuple(ps.recompute_layers for ps in micro.samples))
             if self.timer is not None:
                 self.timer.start()
-            yield work
+            with self.grad_sync.micro_batch(sync=index == sync_index):
+                yield work
             if self.timer is not None:
                 self.timer.stop()
+        if sync_index is None and self.grad_sync.in_backward:
+            with self.grad_sync.micro_batch(sync=True):
+                yield self._padding_work(len(group.micro_batches))
+
+    def _padding_work(self, index: int) -> MicroBatchWork:
+        """A group-of-one micro-batch of the sync mode's idle item, at loss weight zero."""
+        item = self.grad_sync.idle_item
+        assert item is not None
+        inputs, targets = item["inputs"], item["targets"]
+        assert isinstance(inputs, torch.Tensor) and isinstance(targets, torch.Tensor)
+        frames = item.get("frames", 1)
+        layout = PackedLayout(samples=(SampleShape(tokens=int(inputs.shape[0]), frames=int(frames)),),  # type: ignore[call-overload]
+                              group_size=1, index_in_group=0)
+        return MicroBatchWork(index=index, ctx=SPContext(layout=layout, group=None),
+                              inputs=inputs.to(self.device), targets=targets.to(self.device),
+                              token_weights=torch.zeros(int(inputs.shape[0]), dtype=self.weight_dtype,
+                                                        device=self.device),
+                              recompute_layers=(0,), sample_ids=(), is_padding=True)
 
     def _work(self, rank_plan: RankPlan, index: int, samples: list[Sample], items: list[Item],
               process_group: dist.ProcessGroup | None, policies: tuple[int, ...]) -> MicroBatchWork:
@@ -190,27 +221,10 @@ class Executor:
         )
 
     def sync_gradients(self, module: torch.nn.Module) -> None:
-        """Sum the gradients of ``module`` over the whole world in one all-reduce per dtype.
+        """Finish the step's gradient sum over the world (the chosen ``grad_sync`` mode).
 
-        Parameters without a gradient (a rank with no micro-batch) contribute zeros and get
-        the summed gradient, so every replica ends with the same ``.grad``.
+        Default: one all-reduce SUM per dtype; parameters without a gradient (a rank with no
+        micro-batch) contribute zeros, so every replica ends with the same ``.grad``. Under
+        DDP or FSDP2 the last backward already summed: nothing is left to do.
         """
-        params = [p for p in module.parameters() if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        if self.world_size == 1:
-            return
-        by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
-        for p in params:
-            by_dtype.setdefault(p.dtype, []).append(p)
-        for dtype in sorted(by_dtype, key=str):
-            group = by_dtype[dtype]
-            flat = torch.cat([p.grad.reshape(-1) for p in group if p.grad is not None])
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-            offset = 0
-            for p in group:
-                assert p.grad is not None
-                n = p.grad.numel()
-                p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
-                offset += n
+        self.grad_sync.finish(module, world_size=self.world_size)

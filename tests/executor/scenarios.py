@@ -16,6 +16,7 @@ from executor.consistency import PlanMismatchError
 from executor.groups import GroupRegistry
 from executor.runtime import Executor
 from planner.plan import Plan
+from tests.executor import sync_scenarios
 from tests.executor.helpers import (
     CONFIG,
     build_model,
@@ -109,6 +110,7 @@ def worker(rank: int, port: int, out_dir: str) -> None:
                 run_step(executor, model, plan.model_copy(update={"step": 0}), kind)
                 opt.step()
             results[f"params_{kind}"] = [p.detach().clone() for p in model.parameters()]
+        sync_scenarios.run(rank, registry, {"1d": plans_1d(), "2d": plans_2d()}, results)
         # Digest mismatch: rank 2 holds a different plan (another cost model id).
         plan = plans_1d()[0]
         if rank == 2:
