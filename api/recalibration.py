@@ -15,12 +15,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Executor, Future
 from dataclasses import asdict
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import Gauge
 
+from api.jobs import planner_wall_cap_s
 from api.measurements_store import GroupMeasurement, MeasurementStore
 from api.metrics import Metrics
 from api.pool import SolverPool
@@ -30,7 +31,7 @@ from costmodel.evaluate import CostModel, nodes_spanned
 from costmodel.recalibrate import TERMS, TermScales, TermSplitter, fit_scales, scale_file
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec, Sample
-from planner.epoch import StepResult, StepTask, plan_step
+from planner.epoch import CancelledError, StepResult, StepTask, run_epoch
 from planner.plan import Plan
 
 logger = logging.getLogger(__name__)
@@ -38,7 +39,11 @@ logger = logging.getLogger(__name__)
 FIT_DEADLINE_S = 120.0
 """Wall-clock limit of one fit on the pool."""
 REPLAN_WRITE_STEPS = 8
-"""Re-planned steps written per transaction (lowest steps first: ranks reach them soonest)."""
+"""Most re-planned steps written per transaction (steps are submitted lowest first)."""
+REPLAN_DEADLINE_MARGIN_S = 1.0
+"""A re-planned step is stopped at the planner's wall cap plus this margin."""
+
+T = TypeVar("T")
 
 
 def observations(groups: Sequence[GroupMeasurement], plans: dict[int, Plan]) -> list[dict[str, Any]]:
@@ -225,7 +230,8 @@ class Recalibrator:
         return TermScales()
 
     def replan(self, epoch_id: str, revision: Revision) -> tuple[list[int], list[int]]:
-        """Re-plan every stored step above the frozen step with ``revision`` (on the pool).
+        """Re-plan every stored step above the frozen step with ``revision`` (on the pool, at most
+        two steps per worker in flight, each under the planner's wall cap plus a margin).
 
         Returns:
             ``(steps replaced, steps left: fetched meanwhile)``.
@@ -234,27 +240,44 @@ class Recalibrator:
         assert record is not None
         frozen = self.revisions.state(epoch_id).frozen_through
         steps = sorted(s for s in self.store.digests(epoch_id) if s > frozen)
-        cluster_json = ClusterSpec.model_validate(record.spec["cluster"]).model_dump_json()
-        file_json = revision.file.model_dump_json()
-        futures = [self.pool.submit_with_deadline(
-            FIT_DEADLINE_S, plan_step,
-            StepTask(step=s, samples_json=self.store.batch_json(epoch_id, s), cluster_json=cluster_json,
-                     cost_model_json=file_json, options=record.spec["options"], seed=record.spec["seed"]))
-            for s in steps]
-        replaced: list[int] = []
-        left: list[int] = []
-        batch: list[StepResult] = []
-        for future in futures:
-            batch.append(future.result())
-            if len(batch) >= REPLAN_WRITE_STEPS:
-                done, kept = self.revisions.replace_unfrozen(epoch_id, batch, rev=revision.rev)
-                replaced += done
-                left += kept
-                batch = []
-        if batch:
-            done, kept = self.revisions.replace_unfrozen(epoch_id, batch, rev=revision.rev)
-            replaced += done
-            left += kept
+        cluster = ClusterSpec.model_validate(record.spec["cluster"])
+        cluster_json, file_json = cluster.model_dump_json(), revision.file.model_dump_json()
+        options, seed = record.spec["options"], record.spec["seed"]
+        tasks = (StepTask(step=s, samples_json=self.store.batch_json(epoch_id, s), cluster_json=cluster_json,
+                          cost_model_json=file_json, options=options, seed=seed) for s in steps)
+        deadline_s = planner_wall_cap_s(options, num_gpus=cluster.num_gpus) + REPLAN_DEADLINE_MARGIN_S
+        sink = _ReplanSink(self.revisions, epoch_id, revision.rev)
+        try:
+            run_epoch(tasks, executor=_Deadline(self.pool, deadline_s), sink=sink,
+                      max_in_flight=2 * self.pool.num_workers, write_batch_steps=REPLAN_WRITE_STEPS,
+                      should_stop=self._closed.is_set)
+        except CancelledError:
+            logger.info("epoch %s: re-planning with %s stopped at shutdown", epoch_id, revision.ref)
         logger.info("epoch %s: re-planned %d steps with %s (%d fetched meanwhile, left as they were)",
-                    epoch_id, len(replaced), revision.ref, len(left))
-        return replaced, left
+                    epoch_id, len(sink.replaced), revision.ref, len(sink.left))
+        return sink.replaced, sink.left
+
+
+class _ReplanSink:
+    """``planner.epoch.StepSink`` writing re-planned steps only while no rank has fetched them."""
+
+    def __init__(self, revisions: RevisionStore, epoch_id: str, rev: int) -> None:
+        self.revisions, self.epoch_id, self.rev = revisions, epoch_id, rev
+        self.replaced: list[int] = []
+        self.left: list[int] = []
+
+    def write_steps(self, results: Sequence[StepResult]) -> int:
+        done, kept = self.revisions.replace_unfrozen(self.epoch_id, results, rev=self.rev)
+        self.replaced += done
+        self.left += kept
+        return len(done)
+
+
+class _Deadline(Executor):
+    """Submits every task to the pool under one wall-clock deadline."""
+
+    def __init__(self, pool: SolverPool, deadline_s: float) -> None:
+        self.pool, self.deadline_s = pool, deadline_s
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        return self.pool.submit_with_deadline(self.deadline_s, fn, *args, **kwargs)
