@@ -25,17 +25,19 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 from api.faults import ClusterUnavailableError
-from planner.epoch import StepResult, StepTask, plan_step
+from api.ray_config import LOCAL, RayConfig, host_port
+from api.ray_tasks import SharedInputs, plan_step_batch
+from planner.epoch import StepTask, plan_step
 
 logger = logging.getLogger(__name__)
 
@@ -45,105 +47,15 @@ LINGER_S = 0.02
 """Longest time a partly filled batch waits for more steps before it is sent."""
 POLL_S = 0.05
 """Longest wait of the collector thread on running tasks before it looks for new batches."""
-LOCAL = "local"
-"""Address that starts a Ray instance in this process (one machine; tests and benchmarks)."""
-
-
+HEALTH_PROBE_S = 1.0
+"""While tasks run, the collector checks this often that the cluster's GCS port answers."""
+LOST_AFTER_PROBES = 3
+"""Failed probes in a row after which the cluster is taken as lost (the running steps fail)."""
+GCS_RECONNECT_TIMEOUT_S = 365 * 24 * 3600
+"""Ray ends a driver process whose GCS stays away 60 s (``RAY_gcs_rpc_server_reconnect_timeout_s``);
+the service must outlive its cluster, so the driver waits this long (the probes decide instead)."""
 class RayNotInstalledError(RuntimeError):
     """Ray was asked for but is not installed."""
-
-
-@dataclass(kw_only=True, frozen=True, slots=True)
-class RayConfig:
-    """Where the Ray cluster is and how steps are sent to it."""
-
-    address: str
-    """``auto`` (a cluster this machine belongs to, or ``RAY_ADDRESS``), ``host:port`` (its GCS),
-    ``ray://host:port`` (Ray Client), or ``local`` (a new instance in this process)."""
-    steps_per_task: int = 4
-    """Steps planned by one Ray task (more: less scheduling per step, more re-planning after a
-    killed worker)."""
-    max_retries: int = 3
-    """Ray re-runs a task whose worker or node died this many times before the job fails."""
-    connect_timeout_s: float = 5.0
-    """Longest wait for the cluster's port to answer before giving up with a clear error."""
-    local_num_cpus: int | None = None
-    """CPUs of a ``local`` instance (None: all of this machine's)."""
-
-    def __post_init__(self) -> None:
-        if not self.address.strip():
-            raise ValueError("ray address must not be empty (auto, host:port, ray://host:port or local)")
-        if self.steps_per_task < 1:
-            raise ValueError(f"steps_per_task must be at least 1, got {self.steps_per_task}")
-        if self.max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
-        if self.connect_timeout_s <= 0:
-            raise ValueError(f"connect_timeout_s must be positive, got {self.connect_timeout_s}")
-        if self.local_num_cpus is not None and self.local_num_cpus < 1:
-            raise ValueError(f"local_num_cpus must be at least 1, got {self.local_num_cpus}")
-        if self.address not in ("auto", LOCAL):
-            _host_port(self.address)
-
-
-def _host_port(address: str) -> tuple[str, int]:
-    """``(host, port)`` of ``host:port`` or ``ray://host:port``.
-
-    Raises:
-        ValueError: naming the address when it has no host or port.
-    """
-    parts = urlsplit(address if "://" in address else f"gcs://{address}")
-    if parts.scheme not in ("gcs", "ray") or not parts.hostname:
-        raise ValueError(f"ray address {address!r} is not auto, local, host:port or ray://host:port")
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if port is None:
-        raise ValueError(f"ray address {address!r} has no valid port (host:port or ray://host:port)")
-    return parts.hostname, port
-
-
-@dataclass(kw_only=True, frozen=True, slots=True)
-class SharedInputs:
-    """What every step of a job shares: put in the object store once per job."""
-
-    cluster_json: str
-    """The world (``ClusterSpec`` JSON)."""
-    cost_model_json: str
-    """The cost model (``CostModelFile`` JSON)."""
-    options_json: str
-    """PlannerConfig fields as JSON."""
-    seed: int
-    """Job seed (each step gets ``step_seed(seed, step)``)."""
-    deadline_s: float | None
-    """Wall-clock deadline of one step (None: none)."""
-
-
-def plan_step_batch(shared: SharedInputs, steps: Sequence[tuple[int, str]]) -> list[StepResult | Exception]:
-    """Plan a batch of steps (runs in a Ray worker); a failed step gives its exception.
-
-    Args:
-        shared: The job's inputs (resolved from the object store by Ray).
-        steps: ``(step, samples JSON)`` pairs.
-    """
-    from api.pool import run_with_deadline
-
-    options = json.loads(shared.options_json)
-    # SIGALRM deadlines need the main thread (where Ray runs plain tasks).
-    use_alarm = shared.deadline_s is not None and threading.current_thread() is threading.main_thread()
-    out: list[StepResult | Exception] = []
-    for step, samples_json in steps:
-        task = StepTask(step=step, samples_json=samples_json, cluster_json=shared.cluster_json,
-                        cost_model_json=shared.cost_model_json, options=options, seed=shared.seed)
-        try:
-            if use_alarm:
-                assert shared.deadline_s is not None
-                out.append(run_with_deadline(step, shared.deadline_s, plan_step, task))
-            else:
-                out.append(plan_step(task))
-        except Exception as exc:
-            out.append(exc)
-    return out
 
 
 @dataclass(slots=True)
@@ -180,6 +92,7 @@ class RayStepExecutor(Executor):
         self._open: dict[SharedInputs, _Batch] = {}
         self._inflight: dict[Any, list[Future[Any]]] = {}
         self._collector: threading.Thread | None = None
+        self._probe_target: tuple[str, int] | None = None
         self.num_tasks_sent = 0
         self.num_cluster_failures = 0
 
@@ -202,7 +115,7 @@ class RayStepExecutor(Executor):
                 self._shared_refs.clear()
             address = self.config.address
             if address not in ("auto", LOCAL):
-                host, port = _host_port(address)
+                host, port = host_port(address)
                 try:
                     socket.create_connection((host, port), timeout=self.config.connect_timeout_s).close()
                 except OSError as exc:
@@ -215,6 +128,8 @@ class RayStepExecutor(Executor):
                     kwargs.update(address=LOCAL, num_cpus=self.config.local_num_cpus, include_dashboard=False)
                 else:
                     kwargs["address"] = address
+                    # Read by Ray's core worker at init (see GCS_RECONNECT_TIMEOUT_S).
+                    os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", str(GCS_RECONNECT_TIMEOUT_S))
                 try:
                     ray.init(**kwargs)
                 except Exception as exc:
@@ -226,7 +141,28 @@ class RayStepExecutor(Executor):
                                       num_cpus=1)(plan_step_batch)
             self._connected = True
             self._broken = None
+            self._probe_target = self._find_probe_target()
         logger.info("ray: connected to %s (%s CPUs)", address, self._ray.cluster_resources().get("CPU"))
+
+    def _find_probe_target(self) -> tuple[str, int] | None:
+        """The port whose silence means the cluster is lost: the GCS (Ray Client: its server)."""
+        if self.config.address.startswith("ray://"):
+            return host_port(self.config.address)
+        try:
+            return host_port(str(self._ray.get_runtime_context().gcs_address))
+        except Exception as exc:
+            logger.warning("ray: no GCS address to watch (%s); a lost cluster is noticed by Ray only", exc)
+            return None
+
+    def _probe(self) -> bool:
+        """True when the watched port accepts a connection (or nothing is watched)."""
+        if self._probe_target is None:
+            return True
+        try:
+            socket.create_connection(self._probe_target, timeout=HEALTH_PROBE_S).close()
+        except OSError:
+            return False
+        return True
 
     def num_cpus(self) -> int:
         """CPUs of the cluster now (at least 1; connects first).
@@ -289,7 +225,12 @@ class RayStepExecutor(Executor):
         return future
 
     def _send(self, batch: _Batch) -> None:
-        """Start a Ray task for the batch (lock held)."""
+        """Start a Ray task for the batch (lock held); none on a cluster known to be lost."""
+        if self._broken is not None:
+            lost = ClusterUnavailableError(f"the Ray cluster at {self.config.address!r} is lost ({self._broken})")
+            for future in batch.futures:
+                _settle(future, lost)
+            return
         try:
             ref = self._shared_refs.get(batch.shared)
             if ref is None:
@@ -306,7 +247,17 @@ class RayStepExecutor(Executor):
     # --- results ----------------------------------------------------------------------------
 
     def _collect(self) -> None:
+        """The collector thread: sends lingering batches, settles finished ones, watches the cluster."""
+        while not self._closed:
+            try:
+                self._collect_loop()
+            except Exception:  # never leave futures unsettled because this thread died
+                logger.exception("ray: collector error; continuing")
+                time.sleep(POLL_S)
+
+    def _collect_loop(self) -> None:
         ray = self._ray
+        last_probe, failed_probes = time.monotonic(), 0
         while not self._closed:
             with self._lock:
                 now = time.monotonic()
@@ -323,6 +274,17 @@ class RayStepExecutor(Executor):
             if not refs:
                 time.sleep(LINGER_S / 2)
                 continue
+            if time.monotonic() - last_probe >= HEALTH_PROBE_S:
+                last_probe = time.monotonic()
+                failed_probes = 0 if self._probe() else failed_probes + 1
+                if failed_probes >= LOST_AFTER_PROBES:
+                    with self._lock:
+                        lost = [f for r in refs for f in self._inflight.pop(r, [])]
+                    host, port = self._probe_target or ("?", 0)
+                    self._fail(lost, ConnectionError(f"{host}:{port} has not answered "
+                                                     f"{failed_probes} probes {HEALTH_PROBE_S:g} s apart"))
+                    failed_probes = 0
+                    continue
             try:
                 ready, rest = ray.wait(refs, num_returns=1, timeout=POLL_S, fetch_local=True)
                 if ready and rest:
@@ -342,12 +304,7 @@ class RayStepExecutor(Executor):
                     self._fail(futures, exc)
                     continue
                 for future, outcome in zip(futures, outcomes, strict=True):
-                    if future.cancelled():
-                        continue
-                    if isinstance(outcome, BaseException):
-                        future.set_exception(outcome)
-                    else:
-                        future.set_result(outcome)
+                    _settle(future, outcome)
 
     def _fail(self, futures: list[Future[Any]], exc: BaseException) -> None:
         """Fail the futures of a batch whose task could not run (Ray's own errors)."""
@@ -363,8 +320,7 @@ class RayStepExecutor(Executor):
             error = RuntimeError(f"a Ray task failed: {str(exc)[:500]}")
         logger.warning("ray: a batch of %d step(s) failed: %s", len(futures), error)
         for future in futures:
-            if not future.done():
-                future.set_exception(error)
+            _settle(future, error)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop collecting; cancel the tasks still running; disconnect if this executor connected."""
@@ -389,6 +345,17 @@ class RayStepExecutor(Executor):
             if self._owns_ray:
                 self._ray.shutdown()
             self._connected = False
+
+
+def _settle(future: Future[Any], outcome: Any) -> None:
+    """Give a step's future its result or exception, once (a cancelled or settled one is left)."""
+    try:
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+    except InvalidStateError:
+        pass
 
 
 def connect_executor(config: RayConfig) -> RayStepExecutor:

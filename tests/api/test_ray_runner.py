@@ -9,6 +9,7 @@ refused at once, naming it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -225,22 +226,61 @@ def test_killed_driver_resumes_from_the_stored_steps(
         time.sleep(0.01)
     driver.kill()
     _, err = driver.communicate(timeout=30)
-    assert 0 < stored < NUM_STEPS, (stored, err.decode()[-2000:])
     at_kill = len(_digests(db, "e"))
-    assert at_kill < NUM_STEPS
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert f"done, {NUM_STEPS}/{NUM_STEPS} steps" in again.stdout
-    assert _digests(db, "e") == pool_digests
+    assert 0 < stored <= at_kill < NUM_STEPS, (stored, at_kill, err.decode()[-2000:])
+    # The restarted driver (here: this process) plans only the steps the store lacks.
     store = PlanStore.open(db)
+    executor = connect_executor(RayConfig(address=cluster.address, steps_per_task=4))
+    written: list[int] = []
     try:
-        record = store.get_epoch("e")
-        assert record is not None and record.steps_done == NUM_STEPS  # counted once per step
+        final = run_epoch_job(store, "e", get_cost_model=_cost_model, executor=executor, num_workers=0,
+                              on_written=written.append)
     finally:
+        executor.shutdown()
         store.close()
+    assert final.state == "done" and final.steps_done == NUM_STEPS, final.error
+    assert sum(written) == NUM_STEPS - at_kill
+    assert _digests(db, "e") == pool_digests
 
 
 def test_executor_runs_plan_step_only(cluster: Any) -> None:
     executor = RayStepExecutor(RayConfig(address=cluster.address))
     with pytest.raises(TypeError, match="plan_step"):
         executor.submit(print, "x")
+
+
+def test_lost_cluster_fails_the_job_naming_it_and_keeps_the_steps(
+        cluster: Any, manifest: Path, tmp_path: Path) -> None:
+    """Runs last in this module (pytest keeps the file's order): it kills the module's cluster."""
+    db = tmp_path / "l.sqlite"
+    store = _new_job(db, manifest)
+    executor = connect_executor(RayConfig(address=cluster.address, steps_per_task=2))
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(final=run_epoch_job(
+        store, "e", get_cost_model=_cost_model, executor=executor, num_workers=0, write_batch_steps=2,
+        requeue_transient=True)))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while (record := store.get_epoch("e")) is not None and record.steps_done < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for node in cluster.list_all_nodes():
+        for processes in node.all_processes.values():
+            for process in processes:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.process.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    thread.join(timeout=60)
+    try:
+        final = result["final"]
+        assert time.monotonic() - killed_at < 20
+        assert final.state == "queued" and final.transient, final  # the service retries it with backoff
+        assert cluster.address in final.error and "failed mid-job" in final.error
+        assert 4 <= final.steps_done < NUM_STEPS
+        assert len(_digests(db, "e")) == final.steps_done
+        again = run_epoch_job(store, "e", get_cost_model=_cost_model, executor=executor, num_workers=0,
+                              requeue_transient=True)
+        assert again.state == "queued" and "unreachable" in (again.error or ""), again
+        assert again.steps_done == final.steps_done
+    finally:
+        executor.shutdown()
+        store.close()
