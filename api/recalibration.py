@@ -167,6 +167,7 @@ class Recalibrator:
             threads = list(self._running.values())
         for thread in threads:
             thread.join(timeout=timeout_s)
+        self.revisions.close()
 
     # --------------------------------------------------------------- work
     def _plans(self, epoch_id: str, steps: set[int]) -> dict[int, Plan]:

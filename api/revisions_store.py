@@ -3,17 +3,20 @@
 * A revision ``id@rev`` (``rev >= 1``; ``id@0`` is the uploaded or embedded file) is written
   once and never changed, with the factors it applied to ``id@0`` and its fit quality.
 * Freezing: the first fetch of a step's rank view raises the epoch's ``frozen_through`` to that
-  step *in the transaction that reads the view* (:meth:`RevisionStore.fetch_rank_view`); a
+  step, committed *before* the view is read (:meth:`RevisionStore.fetch_rank_view`); a
   re-planned step is written only when it is above ``frozen_through``, checked in the
   transaction that writes it (:meth:`RevisionStore.replace_unfrozen`). SQLite serialises the
   two, so a step any rank has fetched never changes. Steps at or below a fetched one are frozen
-  too (ranks fetch in order): more than needed, never less. A per-process cache skips the write
-  once a step is known frozen.
+  too (ranks fetch in order): more than needed, never less. Every epoch is tracked, whether it
+  follows revisions or not (so that turning ``follow`` on later is safe); a per-process cache
+  skips the write once a step is known frozen, so it costs one small write per step (not per
+  rank), without a disk sync.
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
 import threading
 import time
 from collections.abc import Sequence
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from api.store import PlanStore
-from api.store_schema import transaction
+from api.store_schema import connect, transaction
 from costmodel.schema import CostModelFile
 from planner.epoch import StepResult
 
@@ -79,6 +82,8 @@ class RevisionStore:
         self.store = store
         self._frozen: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._local = threading.local()
+        self._conns: list[sqlite3.Connection] = []
 
     # ------------------------------------------------------------------ state
     def state(self, epoch_id: str) -> RecalibrationState:
@@ -108,36 +113,55 @@ class RevisionStore:
                          "current_rev=excluded.current_rev", (epoch_id, steps_at_fit, rev))
 
     # --------------------------------------------------------------- freezing
-    def fetch_rank_view(self, epoch_id: str, step: int, rank: int, *, fast: bool = False) -> str | None:
-        """``PlanStore.get_rank_view``, freezing the step when it is served for the first time.
+    def _freeze_conn(self, *, fast: bool) -> sqlite3.Connection:
+        """A connection of this thread for freezing: ``synchronous=NORMAL`` (a commit is in the
+        WAL, safe from a crash of the service, and synced by the next FULL commit of any
+        connection), no busy wait on the event loop's fast path."""
+        name = "fast" if fast else "slow"
+        conn: sqlite3.Connection | None = getattr(self._local, name, None)
+        if conn is None:
+            conn = connect(self.store.path, busy_timeout_s=0.0 if fast else self.store.busy_timeout_s)
+            conn.execute("PRAGMA synchronous=NORMAL")
+            setattr(self._local, name, conn)
+            with self._lock:
+                self._conns.append(conn)
+        return conn
 
-        With ``fast`` (the event loop's fast path) a step not frozen yet answers None, so that
-        the route freezes it on a worker thread.
+    def close(self) -> None:
+        """Close the freezing connections."""
+        with self._lock:
+            for conn in self._conns:
+                conn.close()
+            self._conns.clear()
+        self._local = threading.local()
+
+    def fetch_rank_view(self, epoch_id: str, step: int, rank: int, *, fast: bool = False) -> str | None:
+        """``PlanStore.get_rank_view``, freezing a stored step first when it is served for the
+        first time (committed before the view is read: a re-plan committed earlier is what the
+        rank gets, one committed later sees the step frozen and leaves it).
 
         Raises:
             ValueError: when the step is stored but the rank is outside its world.
-            sqlite3.Error: a busy store (``fast``: after the fast connection's short timeout).
+            sqlite3.Error: a store locked by a writer (``fast``: at once; the route then retries
+                on a worker thread with the store's busy timeout).
         """
         with self._lock:
             frozen = self._frozen.get(epoch_id)
-        if frozen is None:
-            row = self.store._conn(fast=fast).execute(
-                "SELECT frozen_through FROM epoch_recalibration WHERE epoch_id=?", (epoch_id,)).fetchone()
-            frozen = -1 if row is None else int(row["frozen_through"])
-        if step <= frozen:
-            return self.store.get_rank_view(epoch_id, step, rank, fast=fast)
-        if fast:
-            return None  # freezing writes (and syncs): the threaded route does it, never the event loop
-        with transaction(self.store._conn()) as conn:
-            view = self.store.get_rank_view(epoch_id, step, rank)
-            if view is not None:
-                conn.execute("INSERT INTO epoch_recalibration(epoch_id, frozen_through) VALUES (?, ?) "
-                             "ON CONFLICT(epoch_id) DO UPDATE SET frozen_through="
-                             "max(frozen_through, excluded.frozen_through)", (epoch_id, step))
-        if view is not None:
+        if frozen is None or step > frozen:
+            conn = self._freeze_conn(fast=fast)
+            with transaction(conn):
+                row = conn.execute("SELECT frozen_through FROM epoch_recalibration WHERE epoch_id=?",
+                                   (epoch_id,)).fetchone()
+                frozen = -1 if row is None else int(row["frozen_through"])
+                if step > frozen and conn.execute("SELECT 1 FROM plans WHERE epoch_id=? AND step=?",
+                                                  (epoch_id, step)).fetchone():
+                    conn.execute("INSERT INTO epoch_recalibration(epoch_id, frozen_through) VALUES (?, ?) "
+                                 "ON CONFLICT(epoch_id) DO UPDATE SET frozen_through="
+                                 "max(frozen_through, excluded.frozen_through)", (epoch_id, step))
+                    frozen = step
             with self._lock:
-                self._frozen[epoch_id] = max(self._frozen.get(epoch_id, -1), step, frozen)
-        return view
+                self._frozen[epoch_id] = max(self._frozen.get(epoch_id, -1), frozen)
+        return self.store.get_rank_view(epoch_id, step, rank, fast=fast)
 
     def replace_unfrozen(self, epoch_id: str, results: Sequence[StepResult], *, rev: int
                          ) -> tuple[list[int], list[int]]:
