@@ -14,6 +14,8 @@ import json
 import logging
 import random
 import time
+from collections.abc import Sequence
+from typing import Any
 
 import torch.distributed as dist
 
@@ -28,9 +30,12 @@ from executor.models import ModelConfig
 logger = logging.getLogger(__name__)
 
 
-def parse_args(description: str) -> argparse.Namespace:
-    """Command-line options shared by the examples."""
+def parse_args(description: str, *,
+               extra: Sequence[tuple[str, dict[str, Any]]] = ()) -> argparse.Namespace:
+    """Command-line options shared by the examples, plus ``extra`` ``(flag, add_argument kwargs)``."""
     parser = argparse.ArgumentParser(description=description)
+    for flag, kwargs in extra:
+        parser.add_argument(flag, **kwargs)
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="Planner service URL.")
     parser.add_argument("--epoch-id", default=None, help="Epoch job id (default: generated).")
     parser.add_argument("--steps", type=int, default=4, help="Optimizer steps to run.")

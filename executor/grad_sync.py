@@ -162,6 +162,7 @@ class FSDP2Sync:
         self.modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
         for m in self.modules:
             m.set_gradient_divide_factor(1.0)  # the plan's weights normalise: reduce with SUM
+            m.set_force_sum_reduction_for_comms(True)  # plain SUM (fp32 would use PREMUL_SUM: not on gloo)
             m.set_reshard_after_forward(False, recurse=False)
         self.idle_item = idle_item
 

@@ -27,13 +27,17 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("script", ["train_1d.py", "train_2d.py"])
-def test_example_trains_under_torchrun_with_served_plans(service: Service, script: str) -> None:
+@pytest.mark.parametrize(("script", "extra"), [("train_1d.py", []), ("train_2d.py", []),
+                                               ("train_hf_llama.py", ["--grad-sync", "fsdp2"])])
+def test_example_trains_under_torchrun_with_served_plans(service: Service, script: str,
+                                                         extra: list[str]) -> None:
+    if script == "train_hf_llama.py":
+        pytest.importorskip("transformers")
     steps = 3
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4",
            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
            str(ROOT / "examples" / script), "--url", service.url, "--steps", str(steps),
-           "--num-samples", "32", "--samples-per-step", "8", "--epoch-id", f"e2e-{script[:8]}"]
+           "--num-samples", "32", "--samples-per-step", "8", "--epoch-id", f"e2e-{script[:8]}", *extra]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=220)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     losses = [float(x) for x in re.findall(r"^step \d+: loss ([0-9.]+)", done.stdout, re.MULTILINE)]
