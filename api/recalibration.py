@@ -3,7 +3,8 @@
 ``Recalibrator.maybe_start`` is called after measurements are stored; when an epoch has
 ``every_steps`` more measured steps than at its last fit, a thread of the service gathers the
 measured groups with the micro-batches their plans gave them and submits the fit
-(:func:`fit_revision_task`, ``costmodel.recalibrate``) to the solver pool: nothing of it runs
+(:func:`fit_revision_task`, ``costmodel.recalibrate``; the last ``FIT_WINDOW_STEPS`` measured
+steps) to the solver pool: nothing of it runs
 in a request. The fit becomes revision ``id@rev`` of the epoch's cost model (immutable, with
 its held-out quality). An epoch that follows revisions then has every stored step above its
 frozen step re-planned with the revision on the pool (same samples, same step seed) and
@@ -40,10 +41,19 @@ FIT_DEADLINE_S = 120.0
 """Wall-clock limit of one fit on the pool."""
 REPLAN_WRITE_STEPS = 8
 """Most re-planned steps written per transaction (steps are submitted lowest first)."""
+FIT_WINDOW_STEPS = 256
+"""A fit uses the most recent measured steps (a drifting machine is followed; the work is bounded)."""
 REPLAN_DEADLINE_MARGIN_S = 1.0
 """A re-planned step is stopped at the planner's wall cap plus this margin."""
 
 T = TypeVar("T")
+
+
+def recent(groups: Sequence[GroupMeasurement], num_steps: int) -> list[GroupMeasurement]:
+    """The groups of the ``num_steps`` highest measured steps."""
+    steps = sorted({g.step for g in groups})[-num_steps:]
+    keep = set(steps)
+    return [g for g in groups if g.step in keep]
 
 
 def observations(groups: Sequence[GroupMeasurement], plans: dict[int, Plan]) -> list[dict[str, Any]]:
@@ -189,7 +199,7 @@ class Recalibrator:
             raise KeyError(f"unknown epoch {epoch_id!r}")
         state = self.revisions.state(epoch_id)
         measured_steps = self.measurements.measured_steps(epoch_id)
-        groups = self.measurements.groups(epoch_id)
+        groups = recent(self.measurements.groups(epoch_id), FIT_WINDOW_STEPS)
         records = observations(groups, self._plans(epoch_id, {g.step for g in groups}))
         if not records:
             return None

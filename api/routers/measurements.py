@@ -37,6 +37,8 @@ MAX_MICRO_BATCHES = 4096
 """Most micro-batches of one group in one step."""
 MAX_MEASURED_S = 86400.0
 """Longest micro-batch time accepted (a day)."""
+MAX_REPORT_STEPS = 512
+"""The recalibration report covers the most recent measured steps."""
 POSTS_PER_S = 20.0
 """Sustained measurement posts per second per epoch and rank (burst: twice as many)."""
 
@@ -223,7 +225,7 @@ async def post_measurements(epoch_id: EpochId, body: MeasurementsRequest, state:
 
 
 def _report(state: ServiceState, recalibrator: Recalibrator, epoch_id: str) -> RecalibrationReport:
-    from api.recalibration import observations
+    from api.recalibration import observations, recent
     from planner.plan import Plan
 
     record = state.store.get_epoch(epoch_id)
@@ -231,7 +233,7 @@ def _report(state: ServiceState, recalibrator: Recalibrator, epoch_id: str) -> R
         not_found(f"unknown epoch {epoch_id!r}")
     cost_model_id = record.spec["cost_model_id"]
     settings = recalibrator.revisions.state(epoch_id)
-    groups = recalibrator.measurements.groups(epoch_id)
+    groups = recent(recalibrator.measurements.groups(epoch_id), MAX_REPORT_STEPS)
     plans = {}
     for step in sorted({g.step for g in groups}):
         row = state.store.get_plan(epoch_id, step)
@@ -269,8 +271,8 @@ def _report(state: ServiceState, recalibrator: Recalibrator, epoch_id: str) -> R
 @router.get("/v1/epochs/{epoch_id}/recalibration", response_model=RecalibrationReport,
             responses={404: {"description": "Unknown epoch."}})
 async def get_recalibration(epoch_id: EpochId, state: State) -> RecalibrationReport:
-    """Settings, revisions, and the prediction error of every measured step (with the revision
-    its plan was made with) and per revision: the error before and after recalibration."""
+    """Settings, revisions, and the prediction error of the last 512 measured steps (with the
+    revision each plan was made with) and per revision: the error before and after recalibration."""
     recalibrator = _recalibrator(state)
     return await asyncio.to_thread(_report, state, recalibrator, epoch_id)
 
