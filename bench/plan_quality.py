@@ -332,9 +332,9 @@ def main() -> None:
           f"{rss['rss_after_imports_bytes'] / 2**20:.0f} MiB), {rss['latency_s']:.2f} s")
     result["rss"] = rss
     result["self_peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    result["machine"]["loadavg_at_end"] = os.getloadavg()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
-    result["loadavg_at_end"] = os.getloadavg()
     print(f"wrote {out}")
 
 
