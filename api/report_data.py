@@ -19,7 +19,7 @@ from costmodel.specs import ClusterSpec, Sample
 from planner.baseline_plan import strongest_baseline_plan
 from planner.epoch import build_config, step_seed
 from planner.plan import Plan
-from report.figures import PlanPictureInput, StepFigures
+from report.figures import PlanPictureInput, StepError, StepFigures
 from report.html import EpochInfo
 
 
@@ -112,3 +112,34 @@ def step_picture_input(store: PlanStore, record: EpochRecord, step: int, *,
         baseline = strongest_baseline_plan(plan, samples, cluster=cluster, cost_model=file, config=config)
     return PlanPictureInput(plan=plan, cost_model=CostModel(file=file, cluster=cluster), baseline=baseline,
                             label=f"epoch {record.id}, step {step}")
+
+
+MAX_ERROR_STEPS = 512
+"""Most measured steps whose prediction error the report draws (the highest ones)."""
+
+
+def measurements_key(store: PlanStore, epoch_id: str) -> tuple[int, int]:
+    """A cheap fingerprint of an epoch's measurements (measured steps, stored rank rows)."""
+    from api.measurements_store import MeasurementStore
+
+    measurements = MeasurementStore(store)
+    return measurements.measured_steps(epoch_id), measurements.num_rows(epoch_id)
+
+
+def prediction_errors(store: PlanStore, epoch_id: str, *, max_steps: int = MAX_ERROR_STEPS) -> list[StepError]:
+    """Per measured step (the highest ``max_steps``): its plan's predicted micro-batch times against
+    the medians its ranks measured (``api.recalibration.observations`` pairs them)."""
+    from api.measurements_store import MeasurementStore
+    from api.recalibration import observations, recent
+
+    groups = recent(MeasurementStore(store).groups(epoch_id), max_steps)
+    plans = {}
+    for step in sorted({g.step for g in groups}):
+        found = store.get_plan(epoch_id, step)
+        if found is not None:
+            plans[step] = Plan.model_validate_json(found[1])
+    pairs: dict[int, list[tuple[float, float]]] = {}
+    for r in observations(groups, plans):
+        if r["measured_s"] > 0:
+            pairs.setdefault(r["step"], []).append((r["predicted_s"], r["measured_s"]))
+    return [StepError.of_pairs(step, p) for step, p in sorted(pairs.items())]

@@ -1,5 +1,6 @@
 """An epoch's pictures: the plans' predicted speedup over each baseline and their gap to the lower
-bound, step by step, from the figures every stored plan records."""
+bound, step by step, from the figures every stored plan records; once ranks have posted
+measurements, the prediction error of each measured step."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from planner.baselines import NOT_HEADLINE
-from report.figures import STRONGEST, StepFigures, summarise
+from report.figures import STRONGEST, StepError, StepFigures, summarise
 from report.render import ImageFormat, render
 
 MAX_BARS = 400
@@ -38,8 +40,9 @@ def rolling_mean(values: Sequence[float], window: int) -> list[float]:
         return [float(v) for v in np.where(counts > 0, sums / counts, np.nan)]
 
 
-def epoch_figure(steps: Sequence[StepFigures], *, title: str) -> Figure:
-    """Speedup over each baseline (top) and gap to the lower bound (bottom) per step.
+def epoch_figure(steps: Sequence[StepFigures], *, title: str, errors: Sequence[StepError] = ()) -> Figure:
+    """Speedup over each baseline (top) and gap to the lower bound (middle) per step, and with
+    measurements the prediction error of each measured step (bottom).
 
     Raises:
         ValueError: without a step.
@@ -49,8 +52,10 @@ def epoch_figure(steps: Sequence[StepFigures], *, title: str) -> Figure:
     ordered = sorted(steps, key=lambda s: s.step)
     x = [s.step for s in ordered]
     marker = "o" if len(ordered) <= 64 else None
-    fig = Figure(figsize=(12.0, 7.0), layout="constrained")
-    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    fig = Figure(figsize=(12.0, 9.5 if errors else 7.0), layout="constrained")
+    axes = fig.subplots(3 if errors else 2, 1, sharex=True,
+                        gridspec_kw={"height_ratios": [3, 2, 2] if errors else [3, 2]})
+    top, bottom = axes[0], axes[1]
     names = [b.name for b in summarise(ordered)]
     colors = iter(["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#E377C2",
                    "#9D755D", "#EECA3B", "#BAB0AC"])
@@ -81,18 +86,45 @@ def epoch_figure(steps: Sequence[StepFigures], *, title: str) -> Figure:
     else:  # one artist instead of thousands of bars
         bottom.fill_between(x, gaps, step="mid", color="#4C78A8", linewidth=0, gid="gap-area")
     bottom.set_ylabel("gap to the lower bound (%)")
-    bottom.set_xlabel("step")
+    axes[-1].set_xlabel("step")
     mean_gap = sum(gaps) / len(gaps)
     bottom.axhline(mean_gap, color="black", linewidth=0.8, linestyle="--")
     bottom.set_title(f"Gap of each plan to its lower bound (dashed: mean {mean_gap:.2f}%)", loc="left")
     bottom.grid(axis="y", color="#DDDDDD", linewidth=0.5)
+    if errors:
+        _draw_errors(axes[2], errors)
     if len(x) <= 20:
         bottom.set_xticks(x)
     fig.suptitle(title, x=0.01, ha="left", fontsize=11, fontweight="bold")
     return fig
 
 
-def epoch_image(steps: Sequence[StepFigures], *, title: str, fmt: ImageFormat) -> bytes:
+def _draw_errors(ax: Axes, errors: Sequence[StepError]) -> None:
+    """Per measured step: the micro-batches' MAPE (bars) and mean predicted / measured - 1 (line)."""
+    ordered = sorted(errors, key=lambda e: e.step)
+    xs = [e.step for e in ordered]
+    mape = [100.0 * e.mape for e in ordered]
+    bias = [100.0 * (e.mean_ratio - 1.0) for e in ordered]
+    if len(xs) <= MAX_BARS:
+        bars = ax.bar(xs, mape, width=0.8 if len(xs) > 1 else 0.4, color="#F58518", label="MAPE")
+        for e, bar in zip(ordered, bars, strict=True):
+            bar.set_gid(f"error-step{e.step}")
+    else:
+        ax.fill_between(xs, mape, step="mid", color="#F58518", linewidth=0, label="MAPE", gid="error-area")
+    ax.plot(xs, bias, color="black", linewidth=1.2, marker="o" if len(xs) <= 64 else None, markersize=3,
+            label="mean predicted / measured - 1", gid="error-bias")
+    ax.axhline(0.0, color="#888888", linewidth=0.8)
+    total = sum(e.num_micro_batches for e in ordered)
+    mean = sum(e.mape * e.num_micro_batches for e in ordered) / total
+    ax.set_title(f"Prediction error of the measured steps ({len(ordered)} steps, {total} micro-batches, "
+                 f"MAPE {mean:.1%})", loc="left")
+    ax.set_ylabel("micro-batch time error (%)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    ax.grid(axis="y", color="#DDDDDD", linewidth=0.5)
+
+
+def epoch_image(steps: Sequence[StepFigures], *, title: str, fmt: ImageFormat,
+                errors: Sequence[StepError] = ()) -> bytes:
     """The epoch chart as PNG or SVG bytes.
 
     Raises:
@@ -100,4 +132,4 @@ def epoch_image(steps: Sequence[StepFigures], *, title: str, fmt: ImageFormat) -
     """
     if not steps:
         raise ValueError("an epoch report needs at least one planned step")
-    return render(lambda: epoch_figure(steps, title=title), fmt)
+    return render(lambda: epoch_figure(steps, title=title, errors=errors), fmt)

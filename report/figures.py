@@ -66,6 +66,33 @@ class StepFigures:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class StepError:
+    """A step's predictions against what its ranks measured (per micro-batch, then averaged)."""
+
+    step: int
+    """Step index."""
+    num_micro_batches: int
+    """Measured micro-batches of the step (one per group and micro-batch)."""
+    mape: float
+    """Mean ``|predicted - measured| / measured``."""
+    mean_ratio: float
+    """Mean ``predicted / measured`` (below 1: the model predicts too fast)."""
+
+    @classmethod
+    def of_pairs(cls, step: int, pairs: Sequence[tuple[float, float]]) -> StepError:
+        """From ``(predicted, measured)`` seconds of each measured micro-batch.
+
+        Raises:
+            ValueError: without a pair, or for a measured time that is not positive.
+        """
+        if not pairs or any(m <= 0 for _, m in pairs):
+            raise ValueError(f"step {step}: prediction errors need positive measured times, got {list(pairs)[:3]}")
+        return cls(step=step, num_micro_batches=len(pairs),
+                   mape=sum(abs(p - m) / m for p, m in pairs) / len(pairs),
+                   mean_ratio=sum(p / m for p, m in pairs) / len(pairs))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class BaselineSummary:
     """One baseline over the stored steps."""
 

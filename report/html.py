@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.baselines import description
-from report.figures import STRONGEST, StepFigures, summarise
+from report.figures import STRONGEST, StepError, StepFigures, summarise
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 1.5rem auto;
@@ -58,12 +58,23 @@ def data_uri(image: bytes, media_type: str) -> str:
     return f"data:{media_type};base64,{base64.b64encode(image).decode('ascii')}"
 
 
+def _error_text(errors: Sequence[StepError]) -> str:
+    if not errors:
+        return "no measurement posted yet (POST /v1/epochs/{id}/measurements)"
+    total = sum(e.num_micro_batches for e in errors)
+    mape = sum(e.mape * e.num_micro_batches for e in errors) / total
+    ratio = sum(e.mean_ratio * e.num_micro_batches for e in errors) / total
+    return (f"{len(errors)} measured steps, {total} micro-batches: MAPE {mape:.1%}, "
+            f"mean predicted / measured {ratio:.3f}")
+
+
 def _esc(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
 def epoch_html(info: EpochInfo, steps: Sequence[StepFigures], *, epoch_svg: bytes | None,
-               gantt_svg: bytes | None = None, gantt_step: int | None = None) -> str:
+               gantt_svg: bytes | None = None, gantt_step: int | None = None,
+               errors: Sequence[StepError] = (), gantt_note: str | None = None) -> str:
     """The summary page.
 
     Args:
@@ -72,6 +83,8 @@ def epoch_html(info: EpochInfo, steps: Sequence[StepFigures], *, epoch_svg: byte
         epoch_svg: The epoch chart (``report.epoch_report.epoch_image``, SVG; None without a step).
         gantt_svg: One step's Gantt chart (``report.plan_report.plan_image``, SVG), if any.
         gantt_step: Which step that is.
+        errors: Prediction errors of the measured steps (``api.report_data.prediction_errors``).
+        gantt_note: Why there is no Gantt chart of ``gantt_step`` (shown instead of it).
     """
     gaps = [s.gap for s in steps]
     rows = []
@@ -93,6 +106,7 @@ def epoch_html(info: EpochInfo, steps: Sequence[StepFigures], *, epoch_svg: byte
         ("predicted time of the planned steps", f"{plan_total:.4g} s"),
         ("gap to the lower bound", f"mean {100 * sum(gaps) / len(gaps):.2f}%, max {100 * max(gaps):.2f}%"
          if gaps else "no step planned yet"),
+        ("prediction error", _error_text(errors)),
     ]
     parts = [
         "<!DOCTYPE html>", "<html lang=en><head><meta charset=utf-8>",
@@ -116,5 +130,7 @@ def epoch_html(info: EpochInfo, steps: Sequence[StepFigures], *, epoch_svg: byte
         parts += [f"<h2>Step {gantt_step}: the plan beside the strongest baseline</h2>",
                   f'<img alt="Gantt chart of step {gantt_step}" '
                   f'src="{data_uri(gantt_svg, "image/svg+xml")}">']
+    elif gantt_note is not None:
+        parts += [f"<h2>Step {gantt_step}</h2>", f"<p class=note>No Gantt chart: {_esc(gantt_note)}</p>"]
     parts.append("</body></html>")
     return "\n".join(parts)

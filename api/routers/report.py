@@ -14,9 +14,9 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
 from pydantic import BaseModel, Field
 
 from api.deps import ServiceState, State
@@ -27,14 +27,18 @@ from api.report_data import (
     StepNotStoredError,
     epoch_info,
     epoch_title,
+    measurements_key,
+    prediction_errors,
     step_picture_input,
 )
 from api.routers.epochs import MAX_STEP, EpochId, StepIndex, _missing_step, _record
 from api.store import ACTIVE_STATES, EpochRecord, InvalidStoredCostModelError
-from report.figures import MEDIA_TYPES, ImageFormat, StepFigures
+from report.figures import MEDIA_TYPES, ImageFormat, StepError, StepFigures
 from report.html import epoch_html
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 router = APIRouter(prefix="/v1/epochs", tags=["reports"], responses=COMMON_RESPONSES)
 
@@ -55,14 +59,15 @@ class ReportCache:
         self.max_items = max_items
         self.figures = EpochFiguresCache()
         self._lock = threading.Lock()
-        self._items: OrderedDict[tuple[Any, ...], bytes] = OrderedDict()
+        self._items: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
 
-    def get_or_render(self, key: tuple[Any, ...], make: Callable[[], bytes]) -> bytes:
-        """The cached bytes of ``key``, or ``make()`` stored under it."""
+    def get_or_render(self, key: tuple[Any, ...], make: Callable[[], T]) -> T:
+        """The cached value of ``key``, or ``make()`` stored under it."""
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)
-                return self._items[key]
+                found: T = self._items[key]
+                return found
         data = make()
         with self._lock:
             self._items[key] = data
@@ -126,15 +131,26 @@ def _no_steps(record: EpochRecord) -> None:
               + ("; retry later" if active else ""), retry_after_s=1 if active else None)
 
 
+def _errors(state: ServiceState, cache: ReportCache, epoch_id: str) -> tuple[tuple[int, int], list[StepError]]:
+    """The epoch's measurements fingerprint and per-step prediction errors (none unmeasured)."""
+    found = measurements_key(state.store, epoch_id)
+    if found[0] == 0:
+        return found, []
+    return found, cache.get_or_render(("errors", epoch_id, found),
+                                      lambda: prediction_errors(state.store, epoch_id))
+
+
 def _epoch_bytes(state: ServiceState, cache: ReportCache, epoch_id: str, fmt: ImageFormat) -> bytes:
     record = _record(state, epoch_id)
     steps = _steps(state, cache, record)
     if not steps:
         _no_steps(record)
-    key = ("epoch", epoch_id, record.steps_done, record.steps_total, _fingerprint(steps), fmt)
+    measured, errors = _errors(state, cache, epoch_id)
+    key = ("epoch", epoch_id, record.steps_done, record.steps_total, _fingerprint(steps), measured, fmt)
     from report.epoch_report import epoch_image  # matplotlib: imported on the first picture
 
-    return cache.get_or_render(key, lambda: epoch_image(steps, title=epoch_title(record), fmt=fmt))
+    return cache.get_or_render(key, lambda: epoch_image(steps, title=epoch_title(record), fmt=fmt,
+                                                        errors=errors))
 
 
 BaselineFlag = Annotated[bool, Query(description="Draw the strongest baseline's plan of the same batch below.")]
@@ -225,13 +241,21 @@ async def epoch_report_html(
             _missing_step(record, step)
         chosen = step if step is not None else (
             max(steps, key=lambda s: (s.gap, -s.step)).step if steps else None)
-        key = ("html", epoch_id, record.state, record.steps_done, _fingerprint(steps), chosen)
+        measured, errors = _errors(state, cache, epoch_id)
+        key = ("html", epoch_id, record.state, record.steps_done, _fingerprint(steps), measured, chosen)
 
         def make() -> bytes:
             epoch_svg = _epoch_bytes(state, cache, epoch_id, "svg") if steps else None
-            gantt = _gantt_bytes(state, cache, epoch_id, chosen, "svg", True) if chosen is not None else None
-            return epoch_html(epoch_info(record), steps, epoch_svg=epoch_svg, gantt_svg=gantt,
-                              gantt_step=chosen).encode("utf-8")
+            gantt, note = None, None
+            if chosen is not None:
+                try:
+                    gantt = _gantt_bytes(state, cache, epoch_id, chosen, "svg", True)
+                except HTTPException as exc:  # e.g. its cost model changed: the page without it
+                    if exc.status_code != status.HTTP_409_CONFLICT:
+                        raise
+                    note = str(exc.detail)
+            return epoch_html(epoch_info(record), steps, errors=errors, epoch_svg=epoch_svg, gantt_svg=gantt,
+                              gantt_step=chosen, gantt_note=note).encode("utf-8")
 
         return cache.get_or_render(key, make)
 

@@ -133,3 +133,24 @@ def test_the_service_imports_matplotlib_only_to_draw() -> None:
     code = "import sys, api.app; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "False"
+
+
+def test_measured_steps_add_their_prediction_error(client: TestClient) -> None:
+    """Last in the module: it adds measurements to ``rep`` (ranks that ran 25% slower than predicted)."""
+    from api.measurements_store import MeasurementStore, RankMeasurement
+
+    store = client.app.state.service.store  # type: ignore[attr-defined]
+    rows = []
+    for step in (0, 1):
+        digest, text = store.get_plan("rep", step)
+        for group in Plan.model_validate_json(text).groups:
+            rows += [RankMeasurement(step=step, rank=r, first_rank=group.first_rank, group_size=group.size,
+                                     digest=digest, peak_bytes=None,
+                                     times_s=tuple(1.25 * mb.predicted_time_s for mb in group.micro_batches))
+                     for r in group.ranks]
+    assert MeasurementStore(store).add("rep", rows)[0] == len(rows)
+    root = ET.fromstring(client.get("/v1/epochs/rep/report.svg").content)
+    ids = {g.get("id") for g in root.iter(f"{SVG}g")}
+    assert {"error-step0", "error-step1", "error-bias"} <= ids
+    page = client.get("/v1/epochs/rep/report.html").text
+    assert "2 measured steps" in page and "MAPE 20.0%, mean predicted / measured 0.800" in page
