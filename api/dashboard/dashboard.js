@@ -32,7 +32,11 @@ async function getJSON(url) {
 function loadImage(img, url) {
   return new Promise((resolve, reject) => {
     img.onload = () => { view.images += 1; document.body.dataset.images = String(view.images); resolve(); };
-    img.onerror = () => reject(new Error(url + " did not load"));
+    img.onerror = () => {
+      // The service says why (e.g. 409: the epoch's cost model changed since it was planned).
+      fetch(url).then((r) => r.json()).then((d) => reject(new Error(url + ": " + d.detail)),
+        () => reject(new Error(url + " did not load")));
+    };
     img.src = url;
   });
 }
