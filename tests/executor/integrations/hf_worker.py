@@ -12,7 +12,7 @@ from executor.groups import GroupRegistry
 from executor.runtime import Executor
 from tests.executor import scenarios
 from tests.executor.helpers import init_gloo
-from tests.executor.integrations import hf_llama
+from tests.executor.integrations import hf_latte, hf_llama
 
 WORLD = 4
 
@@ -33,12 +33,26 @@ def _llama(rank: int, results: dict[str, object]) -> None:
             results[f"llama{tag}_grad_{i}"] = hf_llama.grads(model)
 
 
+def _latte(rank: int, results: dict[str, object]) -> None:
+    from executor.integrations import hf_diffusers
+
+    registry = GroupRegistry(world_size=WORLD, rank=rank, group_sizes=[1, 2, 4])
+    executor = Executor(registry=registry)
+    model = hf_latte.build()
+    hf_diffusers.prepare(model, group_sizes=registry.sizes)
+    for i, plan in enumerate(hf_latte.plans()):
+        model.zero_grad(set_to_none=True)
+        results[f"latte_loss_{i}"] = hf_latte.run_step(executor, model, plan)
+        results[f"latte_grad_{i}"] = hf_llama.grads(model)
+
+
 def worker(rank: int, port: int, out_dir: str) -> None:
     """Every integration scenario on one rank; results to ``out_dir/rank<r>.pt``."""
     init_gloo(rank, WORLD, port)
     results: dict[str, object] = {}
     try:
         _llama(rank, results)
+        _latte(rank, results)
     except Exception:
         results["error"] = traceback.format_exc()
         raise
