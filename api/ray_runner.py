@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -130,12 +131,19 @@ class RayStepExecutor(Executor):
                     kwargs["address"] = address
                     # Read by Ray's core worker at init (see GCS_RECONNECT_TIMEOUT_S).
                     os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", str(GCS_RECONNECT_TIMEOUT_S))
+                # ray.init replaces the SIGTERM handler with sys.exit: keep the service's (uvicorn's
+                # graceful shutdown: jobs stop after writing their finished steps).
+                main = threading.current_thread() is threading.main_thread()
+                previous = signal.getsignal(signal.SIGTERM) if main else None
                 try:
                     ray.init(**kwargs)
                 except Exception as exc:
                     raise ClusterUnavailableError(
                         f"could not connect to the Ray cluster at {address!r}: {type(exc).__name__}: {exc}"
                     ) from None
+                finally:
+                    if previous is not None:
+                        signal.signal(signal.SIGTERM, previous)
                 self._owns_ray = True
             self._remote = ray.remote(max_retries=self.config.max_retries, retry_exceptions=False,
                                       num_cpus=1)(plan_step_batch)
