@@ -36,8 +36,8 @@ def test_fuzz_live_server_no_5xx_no_schema_violation(tmp_path: Path) -> None:
         assert run["test_cases"].get("failed", 0) == 0, report[-4000:]
         assert run["server_5xx"] == 0 and run["server_tracebacks"] == 0, run
         assert run["schemathesis_exit_code"] == 0 or run["client_runtime_errors"], report[-4000:]
-        # the run really exercised the service (about 1,500 requests per mode on a quiet 2-core box;
-        # a bound far below it, as a loaded machine answers fewer)
+        # the run really exercised the service (the long runs average about 19 requests/s, some
+        # 750 in 40 s; the bound is far below that, as a loaded machine answers fewer)
         assert run["requests"] >= 200, run
         assert run["passed"], run
     assert "401" not in runs[1]["requests_by_status"] or runs[1]["requests_by_status"]["401"] < 50  # token sent
