@@ -270,7 +270,7 @@ def _swap(table: CostTable, groups: list[GroupState], top: int, load: np.ndarray
 
 def _eject(table: CostTable, groups: list[GroupState], load: np.ndarray,
            refresh: Callable[[int], None], *, max_classes: int = 4, max_per_size: int = 3,
-           max_overflow_tries: int = 6) -> list[int] | None:
+           max_overflow_tries: int = 6, max_givers: int = 64) -> list[int] | None:
     """One-for-many swap between a larger group ``h`` and a smaller group ``g``.
 
     A sample ``x`` of ``g`` moves to ``h``, which makes room by ejecting to ``g`` the samples
@@ -295,22 +295,26 @@ def _eject(table: CostTable, groups: list[GroupState], load: np.ndarray,
     Moves = list[tuple[int, int, int]]  # (sample, from group, to group)
     best: tuple[float, Moves] | None = None
     overflow: list[tuple[float, float, int, int, Moves]] = []  # (area, new_g, h, g, moves)
-    # The classes of each group worth moving out (longest there first), one sample each.
-    leaving: list[list[tuple[int, int]]] = []
-    for g, gg in enumerate(groups):
-        firsts: dict[int, int] = {}
-        for mb in gg.mbs:
-            for i in mb:
-                firsts.setdefault(cls[i], i)
-        leaving.append([(c, firsts[c]) for c in
-                        sorted(firsts, key=lambda c: (-ts[c][g], c))[:max_classes]])
     # Receiving groups: the ``max_per_size`` least loaded of each size.
     receivers: list[int] = []
     for col in sorted(set(cols)):
         receivers += sorted((g for g in range(len(groups)) if cols[g] == col),
                             key=lambda g: (loads[g], g))[:max_per_size]
     receivers.sort()
-    for h, gh in enumerate(groups):
+    # The classes of each receiver worth moving out (longest there first), one sample each.
+    leaving: dict[int, list[tuple[int, int]]] = {}
+    for g in receivers:
+        firsts: dict[int, int] = {}
+        for mb in groups[g].mbs:
+            for i in mb:
+                firsts.setdefault(cls[i], i)
+        leaving[g] = [(c, firsts[c]) for c in
+                      sorted(firsts, key=lambda c: (-ts[c][g], c))[:max_classes]]
+    # Larger groups: the ``max_givers`` most loaded (all of them in worlds of up to that many
+    # groups; beyond, the scan over every pair dominated the planner at 2,048+ groups).
+    givers = sorted(range(len(groups)), key=lambda h: (-loads[h], h))[:max_givers]
+    for h in sorted(givers):
+        gh = groups[h]
         items_h = [(cls[i], i) for mb in gh.mbs for i in mb]
         by_col: dict[int, list[tuple[float, int, int]]] = {}
         for g in receivers:
