@@ -11,9 +11,11 @@ results written to the plan store by the caller in the same small transactions. 
 * a worker or node killed mid-task makes Ray run the task again (``max_retries``); a step's
   future is resolved once, and the store ignores a step it already holds, so nothing is
   stored twice;
-* a cluster that cannot be reached, or is lost mid-job, fails the step futures with
+* a cluster that cannot be reached, or is lost mid-job (its GCS port silent for
+  ``LOST_AFTER_PROBES`` probes), fails the step futures with
   :class:`api.faults.ClusterUnavailableError` (a transient fault: the service retries the
-  job with backoff, ``dcp epoch`` run again resumes from the stored steps).
+  job with backoff and reconnects, ``dcp epoch`` run again resumes from the stored steps);
+* steps whose futures were cancelled (a cancelled or failed job) are not sent.
 
 Workers run the same ``planner.epoch.plan_step`` as the pool, so plans and digests equal the
 process pool's for the same seed. Ray is imported only when an executor is created: the
@@ -234,6 +236,12 @@ class RayStepExecutor(Executor):
 
     def _send(self, batch: _Batch) -> None:
         """Start a Ray task for the batch (lock held); none on a cluster known to be lost."""
+        live = [i for i, future in enumerate(batch.futures) if not future.cancelled()]
+        if len(live) < len(batch.futures):
+            batch.steps = [batch.steps[i] for i in live]
+            batch.futures = [batch.futures[i] for i in live]
+            if not live:
+                return
         if self._broken is not None:
             lost = ClusterUnavailableError(f"the Ray cluster at {self.config.address!r} is lost ({self._broken})")
             for future in batch.futures:
