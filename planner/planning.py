@@ -29,7 +29,7 @@ from planner.placement import representable
 from planner.plan import LowerBound, Plan, SolverStatus
 from planner.search.heuristic import heuristic_plan
 from planner.search.intra import intra_draft
-from planner.search.local_search import polish
+from planner.search.polish import polish
 
 logger = logging.getLogger(__name__)
 

@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from planner.assemble import Draft, DraftGroup
 from planner.costs import CostTable
-from planner.search.intra import intra_draft, intra_layout
+from planner.search.intra import intra_layout
 
 
 @dataclass(slots=True)
@@ -408,37 +407,3 @@ def _eject(table: CostTable, groups: list[GroupState], load: np.ndarray,
         refresh(k)
     return touched
 
-
-def states_of(table: CostTable, draft: list[tuple[int, int, list[int]]]) -> list[GroupState]:
-    """Groups ``(size, first rank, sample indices)`` as search states, each packed
-    first-fit-decreasing with every sample at its ``k_min`` (for seeding the local search with
-    another plan, e.g. a baseline's)."""
-    states = []
-    for size, first_rank, members in draft:
-        g = GroupState(size=size, col=table.size_index(size), first_rank=first_rank,
-                       mbs=[list(members)] if members else [])
-        g.free_bytes = [-1.0] * len(g.mbs)
-        if members:
-            g.mbs = []
-            g.free_bytes = []
-            for i in sorted(members, key=lambda i: (-table.mem_bytes[table.classes.class_of[i],
-                                                                     g.col], i)):
-                _insert(table, g, i)
-        g.load_s = group_time(table, g)
-        states.append(g)
-    return states
-
-
-def polish(table: CostTable, draft: Draft, *, max_moves: int, intra: bool) -> Draft:
-    """Another plan's groups improved by the local search (then per-group repacking, and with
-    ``intra`` the per-micro-batch policies of ``intra.intra_draft``)."""
-    states = states_of(table, [(g.size, g.first_rank, [i for mb in g.micro_batches for i, _ in mb])
-                               for g in draft])
-    local_search(table, states, max_moves=max_moves)
-    cls = table.classes.class_of
-    out: Draft = []
-    for g in states:
-        repack(table, g)
-        mbs = [[(i, int(table.k_min[cls[i], g.col])) for i in sorted(mb)] for mb in g.mbs]
-        out.append(DraftGroup(size=g.size, first_rank=g.first_rank, micro_batches=mbs))
-    return intra_draft(table, out) if intra else out

@@ -1,0 +1,42 @@
+"""Polishing another plan (e.g. a baseline's) with the search's own moves.
+
+The plan's groups become search states (each packed first-fit-decreasing at ``k_min``), the
+local search improves them, and the intra-step policies (``intra.intra_draft``) lay them out.
+"""
+
+from __future__ import annotations
+
+from planner.assemble import Draft, DraftGroup
+from planner.costs import CostTable
+from planner.search.intra import intra_draft
+from planner.search.local_search import GroupState, _insert, group_time, local_search, repack
+
+
+def states_of(table: CostTable, draft: list[tuple[int, int, list[int]]]) -> list[GroupState]:
+    """Groups ``(size, first rank, sample indices)`` as search states, each packed
+    first-fit-decreasing with every sample at its ``k_min`` (for seeding the local search with
+    another plan, e.g. a baseline's)."""
+    cls = table.classes.class_of
+    states = []
+    for size, first_rank, members in draft:
+        g = GroupState(size=size, col=table.size_index(size), first_rank=first_rank)
+        for i in sorted(members, key=lambda i: (-table.mem_bytes[cls[i], g.col], i)):
+            _insert(table, g, i)
+        g.load_s = group_time(table, g)
+        states.append(g)
+    return states
+
+
+def polish(table: CostTable, draft: Draft, *, max_moves: int, intra: bool) -> Draft:
+    """Another plan's groups improved by the local search (then per-group repacking, and with
+    ``intra`` the per-micro-batch policies of ``intra.intra_draft``)."""
+    states = states_of(table, [(g.size, g.first_rank, [i for mb in g.micro_batches for i, _ in mb])
+                               for g in draft])
+    local_search(table, states, max_moves=max_moves)
+    cls = table.classes.class_of
+    out: Draft = []
+    for g in states:
+        repack(table, g)
+        mbs = [[(i, int(table.k_min[cls[i], g.col])) for i in sorted(mb)] for mb in g.mbs]
+        out.append(DraftGroup(size=g.size, first_rank=g.first_rank, micro_batches=mbs))
+    return intra_draft(table, out) if intra else out
