@@ -148,6 +148,22 @@ def test_unreachable_cluster_is_refused_naming_it(cluster: Any) -> None:
         RayConfig(address="ray://somewhere")
 
 
+def test_cli_refuses_an_unreachable_cluster_before_creating_the_store(manifest: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from dcp_cli.main import app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "never.sqlite"
+    result = CliRunner(env={"COLUMNS": "250"}).invoke(app, [
+        "epoch", str(manifest), "--samples-per-step", "8", "--out", str(out), "--ray-address", f"127.0.0.1:{port}"])
+    assert result.exit_code == 2
+    assert f"--ray-address: the Ray cluster at '127.0.0.1:{port}' is unreachable" in " ".join(result.output.split())
+    assert not out.exists()
+
+
 def test_service_plans_on_the_cluster_with_the_pool_digests(
         cluster: Any, manifest: Path, pool_digests: list[tuple[int, str]], tmp_path: Path) -> None:
     data = tmp_path / "data"
