@@ -10,7 +10,8 @@ deadlock on gloo when groups overlap). A group of one rank needs no process grou
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Sequence
 
 import torch.distributed as dist
 
@@ -56,15 +57,40 @@ class GroupRegistry:
             if dist.get_world_size() != world_size or dist.get_rank() != rank:
                 raise ValueError(f"registry for rank {rank} of {world_size} but torch.distributed is "
                                  f"rank {dist.get_rank()} of {dist.get_world_size()}")
+        start = time.perf_counter()
+        self.num_groups = 0
+        """Process groups created over the world (every contiguous block of every size > 1)."""
         for size in self.sizes:
             if size == 1:
                 continue
             for first in range(world_size - size + 1):
                 ranks = list(range(first, first + size))
                 group = dist.new_group(ranks=ranks, backend=backend)
+                self.num_groups += 1
                 if rank in ranks:
                     self._groups[(first, size)] = group
-        logger.info("rank %d: %d SP groups over sizes %s", rank, len(self._groups), self.sizes)
+        self.creation_time_s = time.perf_counter() - start
+        """Wall time this rank spent creating the groups."""
+        logger.info("rank %d: %d SP groups over sizes %s (%d with this rank) in %.3f s", rank, self.num_groups,
+                    self.sizes, len(self._groups), self.creation_time_s)
+
+    def check_layout(self, group_sizes: Sequence[int]) -> None:
+        """Check that every group of a plan (sizes in rank order) is one of the registered groups.
+
+        Every rank holds the sizes of all groups (``RankPlan.group_sizes``), so every rank
+        raises together, before any collective of the step (no rank waits for another).
+
+        Raises:
+            ValueError: for sizes that do not add up to the world or a size not registered.
+        """
+        if sum(group_sizes) != self.world_size or any(d <= 0 for d in group_sizes):
+            raise ValueError(f"plan group sizes {list(group_sizes)} do not partition a world of {self.world_size}")
+        first = 0
+        for size in group_sizes:
+            if size not in self.sizes:
+                raise ValueError(f"the plan's group of ranks {first}..{first + size - 1} has size {size}, not one "
+                                 f"of the registered sizes {list(self.sizes)}")
+            first += size
 
     def group_for(self, group: GroupPlan) -> dist.ProcessGroup | None:
         """The process group of a planned group this rank belongs to (``None`` for size one).

@@ -125,10 +125,11 @@ class Executor:
 
         Raises:
             PlanMismatchError: on every rank when plans differ.
-            ValueError: when the agreed plan uses a group size that was not registered.
+            ValueError: on every rank, when the agreed plan uses a group size that was not registered.
         """
         check_plan_agreement(rank_plan, step=step, rank=self.rank, world_size=self.world_size,
                              device=self.device)
+        self.registry.check_layout(rank_plan.group_sizes)  # every rank, every group: raise together
         self.registry.group_for(rank_plan.group)
         if self.timer is not None:
             self.timer.begin_step(rank_plan, step=step)

@@ -120,6 +120,13 @@ def worker(rank: int, port: int, out_dir: str) -> None:
             results["mismatch"] = None
         except PlanMismatchError as err:
             results["mismatch"] = str(err)
+        # A group size the registry does not have (3): every rank refuses, none waits.
+        odd = make_plan([([0, 1, 2], [[(s1d("q", 5), 0)]]), ([3], [[(s1d("r", 2), 0)]])], num_ranks=WORLD)
+        try:
+            executor.begin_step(odd.rank_view(rank), step=0)
+            results["unregistered"] = None
+        except ValueError as err:
+            results["unregistered"] = str(err)
         # Wrong step on every rank: the plan is for step 0, the loop is at step 5.
         try:
             executor.begin_step(plans_1d()[0].rank_view(rank), step=5)
