@@ -13,10 +13,10 @@
    gradients already allocated as in training);
 5. compares with ``CostModel.microbatch_time_s`` and ``CostModel.microbatch_peak_bytes`` less
    the model states per micro-batch and per group. The fitted file's ``fixed_working_bytes``
-   (what any micro-batch needs outside the layers, whose own fixed working bytes are fitted:
-   loss scratch, embedding and head buffers) is set from one calibration micro-batch of one
-   sample of half the longest size on each rank (its peak less its predicted activations and
-   the layers' fitted working bytes), kept out of the comparison.
+   (what any micro-batch needs whatever its tokens: weight-gradient buffers, loss scratch; the
+   fitted per-layer part is folded into it, the depth being fixed) is set from one calibration
+   micro-batch of one sample of half the longest size on each rank (its peak less its predicted
+   activations), kept out of the comparison.
 
 Clocks: ``wall`` times everything and needs a quiet machine; ``thread`` times the CPU time of
 each rank's one torch thread, in the compute profile, the collectives' profile and the executor
@@ -223,10 +223,12 @@ def compare(file: CostModelFile, config: CheckConfig, plans: Sequence[tuple[Plan
     base = CostModel(file=file, cluster=cpu_cluster(config.world_size))
     calibration = _calibration_sample(config)
     calibration_act = float(base.activation_bytes(calibration.tokens, group_size=1))
-    per_layer = base.num_layers * file.activation.fixed_working_bytes_per_layer  # fitted
-    fixed_working = max(0.0, max(float(m["calibration"]) for m in measured) - calibration_act - per_layer)
+    fixed_working = max(0.0, max(float(m["calibration"]) for m in measured) - calibration_act)
+    # The model's layer count is fixed, so the calibration measures all of the constant part,
+    # the layers' fitted working bytes included (they are fitted to tell per-token bytes apart
+    # from fixed ones in the profile, whose depths vary).
     file = file.model_copy(update={"activation": file.activation.model_copy(
-        update={"fixed_working_bytes": fixed_working})})
+        update={"fixed_working_bytes": fixed_working, "fixed_working_bytes_per_layer": 0.0})})
     cm = CostModel(file=file, cluster=cpu_cluster(config.world_size))
     rows: list[dict[str, Any]] = []
     groups: list[dict[str, Any]] = []
