@@ -116,12 +116,14 @@ class RevisionStore:
     def _freeze_conn(self, *, fast: bool) -> sqlite3.Connection:
         """A connection of this thread for freezing: ``synchronous=NORMAL`` (a commit is in the
         WAL, safe from a crash of the service, and synced by the next FULL commit of any
-        connection), no busy wait on the event loop's fast path."""
+        connection), no WAL checkpoint (that syncs the file: left to the store's writers), no busy
+        wait on the event loop's fast path."""
         name = "fast" if fast else "slow"
         conn: sqlite3.Connection | None = getattr(self._local, name, None)
         if conn is None:
             conn = connect(self.store.path, busy_timeout_s=0.0 if fast else self.store.busy_timeout_s)
             conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints run on the store's writers
             setattr(self._local, name, conn)
             with self._lock:
                 self._conns.append(conn)
