@@ -107,11 +107,11 @@ def pack_cheapest(table: CostTable, group: DraftGroup, members: Sequence[int]) -
     """
     j = table.size_index(group.size)
     cls = table.classes.class_of
-    if any(table.k_min[cls[i], j] < 0 for i in members):
+    mem, kmin = table.column(j)[5], table.column(j)[6]  # lists: no numpy scalar per sample
+    if any(kmin[cls[i]] < 0 for i in members):
         return False
-    order = sorted(members, key=lambda i: (-table.mem_bytes[cls[i], j], i))
-    group.micro_batches = first_fit(order, [float(table.mem_bytes[cls[i], j]) for i in order],
-                                    table.budget_bytes,
-                                    [int(table.k_min[cls[i], j]) for i in order])
+    order = sorted(members, key=lambda i: (-mem[cls[i]], i))
+    group.micro_batches = first_fit(order, [mem[cls[i]] for i in order], table.budget_bytes,
+                                    [int(kmin[cls[i]]) for i in order])
     return True
 

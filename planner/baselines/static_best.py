@@ -25,7 +25,8 @@ def lpt_draft(table: CostTable, *, group_size: int) -> Draft | None:
         return None
     j = table.size_index(group_size)
     cls = table.classes.class_of
-    times = [float(table.time_s[cls[i], j]) for i in range(len(table.samples))]
+    time_j = table.column(j)[4]
+    times = [time_j[c] for c in cls]
     if any(t == float("inf") for t in times):
         return None
     num_work = table.cost_model.cluster.num_gpus // group_size

@@ -44,19 +44,20 @@ def group_time(table: CostTable, g: GroupState) -> float:
     if table.intra_policies:
         return intra_layout(table, g.col, [i for mb in g.mbs for i in mb])[0]
     cls = table.classes.class_of
-    return (sum(table.time_s[cls[i], g.col] for mb in g.mbs for i in mb)
+    time_c = table.column(g.col)[4]  # lists: no numpy scalar per sample
+    return (sum(time_c[cls[i]] for mb in g.mbs for i in mb)
             + float(table.overhead_s_by_size[g.col]) * len(g.mbs))
 
 
 def repack(table: CostTable, g: GroupState) -> None:
     """Repack a group's samples first-fit-decreasing by memory when that opens fewer batches."""
     cls = table.classes.class_of
-    items = sorted((i for mb in g.mbs for i in mb),
-                   key=lambda i: (-table.mem_bytes[cls[i], g.col], i))
+    mem_c = table.column(g.col)[5]
+    items = sorted((i for mb in g.mbs for i in mb), key=lambda i: (-mem_c[cls[i]], i))
     mbs: list[list[int]] = []
     free: list[float] = []
     for i in items:
-        mem = table.mem_bytes[cls[i], g.col]
+        mem = mem_c[cls[i]]
         for m, f in enumerate(free):
             if f >= mem:
                 mbs[m].append(i)
@@ -71,7 +72,7 @@ def repack(table: CostTable, g: GroupState) -> None:
 
 
 def _insert(table: CostTable, g: GroupState, i: int) -> None:
-    mem = table.mem_bytes[table.classes.class_of[i], g.col]
+    mem = table.column(g.col)[5][table.classes.class_of[i]]
     m = g.room(mem)
     if m < 0:
         g.mbs.append([i])
@@ -85,7 +86,7 @@ def _remove(table: CostTable, g: GroupState, i: int) -> None:
     for m, mb in enumerate(g.mbs):
         if i in mb:
             mb.remove(i)
-            g.free_bytes[m] += table.mem_bytes[table.classes.class_of[i], g.col]
+            g.free_bytes[m] += table.column(g.col)[5][table.classes.class_of[i]]
             if not mb:
                 del g.mbs[m]
                 del g.free_bytes[m]
