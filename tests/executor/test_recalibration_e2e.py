@@ -57,7 +57,7 @@ def wrong_setup(world: int) -> tuple[ClusterSpec, list[Sample], dict[str, object
     cluster = cluster.model_copy(update={"hardware": hardware})
     wrong = scale_file(analytic.model_copy(update={"hardware": "h200-tight"}), TermScales(compute=0.5),
                        new_id="ref-llama-recal-wrong")
-    samples = [Sample(id=f"r{i}", tokens=8 + (i * 53) % 220)
+    samples = [Sample(id=f"r{i}", tokens=8 + (i * 53) % 400)
                for i in range(SAMPLES_PER_STEP * (STEPS_A + STEPS_B))]
     return cluster, samples, wrong.model_dump(mode="json")
 
@@ -106,7 +106,8 @@ def test_measured_error_drops_after_recalibration_and_fetched_steps_stay(service
     assert all(revs[s] == 0 for s in range(STEPS_A)) and all(revs[s] >= 1 for s in range(STEPS_A, STEPS_A + STEPS_B))
     # Measured, not constructed: the plans' own predictions against the ranks' timings. On the
     # shared 2-core box the timings of equal micro-batches spread 2-3x (bench/README.md), so the
-    # bar is a clear drop, not a small error: before, predictions are 15-60x too fast.
+    # bar is a clear drop, not a small error: before, predictions are ~20x too fast (MAPE 95%,
+    # |ln| 3.0); after, 10%, 15% and 40% (|ln| 0.1, 0.2, 0.6) in three runs at load 9-12.
     before_err = next(e for e in report["by_revision"] if e["rev"] == 0)
     later = [e for e in report["by_revision"] if e["rev"] >= 1]
     count = sum(e["num_steps"] for e in later)
@@ -116,5 +117,5 @@ def test_measured_error_drops_after_recalibration_and_fetched_steps_stay(service
                                             "revisions": [(r["ref"], r["scales"], r["fit"])
                                                           for r in report["revisions"]]}))
     assert before_err["mape"] > 0.8 and before_err["mean_abs_log_ratio"] > 2.0, before_err
-    assert later_mape < 0.7 * before_err["mape"], (before_err, later)
-    assert later_log < 0.35 * before_err["mean_abs_log_ratio"], (before_err, later)
+    assert later_mape < 0.6 * before_err["mape"], (before_err, later)
+    assert later_log < 0.3 * before_err["mean_abs_log_ratio"], (before_err, later)
