@@ -33,6 +33,29 @@ def _llama(rank: int, results: dict[str, object]) -> None:
             results[f"llama{tag}_grad_{i}"] = hf_llama.grads(model)
 
 
+def _llama_fsdp2(rank: int, results: dict[str, object]) -> None:
+    """The fp32 Llama under FSDP2 (per decoder layer, then the root): the sync users run."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from executor.grad_sync import FSDP2Sync
+    from executor.integrations import hf_transformers as hf
+
+    registry = GroupRegistry(world_size=WORLD, rank=rank, group_sizes=[1, 2, 4])
+    model = hf_llama.build(hf.register(), dtype=torch.float32)
+    hf.prepare(model, group_sizes=registry.sizes)
+    mesh = init_device_mesh("cpu", (WORLD,))
+    for layer in hf.decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    one_token = {"inputs": torch.zeros(1, dtype=torch.long), "targets": torch.zeros(1, dtype=torch.long)}
+    executor = Executor(registry=registry, grad_sync=FSDP2Sync(model, idle_item=one_token))
+    for i, plan in enumerate(scenarios.plans_1d()[:2]):
+        model.zero_grad(set_to_none=True)
+        results[f"llama_fsdp2_loss_{i}"] = hf_llama.run_step(executor, model, plan)
+        results[f"llama_fsdp2_grad_{i}"] = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+
+
 def _latte(rank: int, results: dict[str, object]) -> None:
     from executor.integrations import hf_diffusers
 
@@ -52,6 +75,7 @@ def worker(rank: int, port: int, out_dir: str) -> None:
     results: dict[str, object] = {}
     try:
         _llama(rank, results)
+        _llama_fsdp2(rank, results)
         _latte(rank, results)
     except Exception:
         results["error"] = traceback.format_exc()

@@ -6,7 +6,8 @@ uneven shards; samples shorter than their group; several micro-batches; mixed pe
 checkpoint policies; an idle rank; token and sample normalisation) through the attention plugin.
 References: the plain model in one process on the whole padded batch, (a) with its own loss
 (``labels=``, fp32: <= 1e-5 relative), (b) fp64 with the plan's normaliser from its logits
-(<= 1e-10 relative).
+(<= 1e-10 relative); and the fp32 model under FSDP2 (``fully_shard`` per decoder layer and
+root, :class:`executor.grad_sync.FSDP2Sync`) against (a).
 """
 
 from __future__ import annotations
@@ -45,6 +46,21 @@ def test_fp32_step_equals_the_plain_model_with_its_own_loss(hf_world4: list[dict
     assert sum(shares) == pytest.approx(loss, rel=1e-5)
     for r, res in enumerate(hf_world4):
         worst, where = _worst_relative(res[f"llama32_grad_{index}"], reference)  # type: ignore[arg-type]
+        assert worst <= 1e-5, f"rank {r}: {where} relative diff {worst:.2e}"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("index", [0, 1])
+def test_fsdp2_step_equals_the_plain_model_with_its_own_loss(hf_world4: list[dict[str, object]],
+                                                            index: int) -> None:
+    plan = scenarios.plans_1d()[index]
+    model = hf_llama.build("sdpa", dtype=torch.float32)
+    loss = hf_llama.reference_backward(model, plan, own_loss=True)
+    reference = hf_llama.grads(model)
+    shares = [float(res[f"llama_fsdp2_loss_{index}"]) for res in hf_world4]  # type: ignore[arg-type]
+    assert sum(shares) == pytest.approx(loss, rel=1e-5)
+    for r, res in enumerate(hf_world4):
+        worst, where = _worst_relative(res[f"llama_fsdp2_grad_{index}"], reference)  # type: ignore[arg-type]
         assert worst <= 1e-5, f"rank {r}: {where} relative diff {worst:.2e}"
 
 
