@@ -142,3 +142,38 @@ def test_an_upload_may_not_take_a_revision_name(client: TestClient) -> None:
     file = client.get(f"/v1/cost-models/{COST_MODEL}").json()
     response = client.post("/v1/cost-models", json={**file, "id": "mine@3"}, headers=AUTH)
     assert response.status_code == 409 and "revisions" in response.json()["detail"]
+
+
+def test_revisions_frozen_steps_and_measurements_survive_a_restart(settings: Any) -> None:
+    from api.app import create_app
+
+    with TestClient(create_app(settings)) as first:
+        _epoch(first, "k1")
+        views = [_view(first, "k1", s, r) for s in range(2) for r in range(8)]
+        first.post("/v1/epochs/k1/recalibration", json={"follow": True, "every_steps": 2}, headers=AUTH)
+        first.post("/v1/epochs/k1/measurements", json={"steps": [_measured(v, 2.0) for v in views]},
+                   headers=AUTH)
+        deadline = time.monotonic() + 60
+        while not first.get("/v1/epochs/k1/recalibration").json()["revisions"] or \
+                first.get("/v1/epochs/k1/recalibration").json()["busy"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        before = first.get("/v1/epochs/k1/recalibration").json()
+        digests = {s: _plan(first, "k1", s)[1] for s in range(6)}
+    with TestClient(create_app(settings)) as second:
+        after = second.get("/v1/epochs/k1/recalibration").json()
+        assert after["revisions"] == before["revisions"] and after["frozen_through"] == 1
+        assert after["current_ref"] == f"{COST_MODEL}@1" and after["measured_steps"] == 2
+        assert {s: _plan(second, "k1", s)[1] for s in range(6)} == digests
+        # Ranks go on: two more measured steps give the next revision, still never touching 0..3.
+        more = [_measured(_view(second, "k1", s, r), 2.0) for s in (2, 3) for r in range(8)]
+        assert second.post("/v1/epochs/k1/measurements", json={"steps": more},
+                           headers=AUTH).json()["recalibration"] in ("scheduled", "running")
+        deadline = time.monotonic() + 60
+        while len(second.get("/v1/epochs/k1/recalibration").json()["revisions"]) < 2 or \
+                second.get("/v1/epochs/k1/recalibration").json()["busy"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        for s in range(4):
+            assert _plan(second, "k1", s)[1] == digests[s]
+        assert _plan(second, "k1", 4)[0].cost_model_id == f"{COST_MODEL}@2"
