@@ -76,6 +76,8 @@ def fill_ranks(total: int, sizes: Sequence[int]) -> list[int] | None:
     """Split ``total`` ranks into as few groups of the given sizes as possible (None if none)."""
     if total == 0:
         return []
+    if total < 0:
+        return None
     best: list[list[int] | None] = [None] * (total + 1)
     best[0] = []
     for r in range(1, total + 1):

@@ -79,6 +79,8 @@ def _round_groups(groups: np.ndarray, sizes: list[int], n: int, *, ceil_largest:
     samples need their group even when their share of work is a fraction of one); otherwise
     sizes are rounded down and the largest remainders get the spare ranks.
     """
+    # at most n groups of any size: a tiny deadline (or an extreme cost model) can ask for 1e300
+    groups = np.clip(np.nan_to_num(np.asarray(groups, dtype=np.float64), nan=0.0, posinf=n), 0.0, n)
     whole = np.floor(groups + 1e-9).astype(int)
     if ceil_largest:
         used = 0
