@@ -42,20 +42,24 @@ class LnsStats:
     """What the rounds did (for the benchmark)."""
 
     rounds: int = 0
+    """Neighbourhoods solved."""
     improved_rounds: int = 0
+    """Rounds whose result was kept."""
     start_makespan_s: float = 0.0
+    """Slowest group of the seed draft (search rows, gradient sync excluded)."""
     end_makespan_s: float = 0.0
+    """Slowest group after the last round."""
 
 
 @dataclass(slots=True)
 class _Sub:
     """One sub-problem: the groups it touches, their kept micro-batches and freed samples."""
 
-    groups: list[int]
-    kept: dict[int, Layout]
-    freed: list[int]
-    slots: dict[int, int]
-    current: dict[int, Layout]
+    groups: list[int]  # indices of the touched groups, the slowest first
+    kept: dict[int, Layout]  # per touched group, its micro-batches that stay as they are
+    freed: list[int]  # samples the model places
+    slots: dict[int, int]  # per touched group, micro-batch slots offered (freed + 1)
+    current: dict[int, Layout]  # per touched group, its incumbent layout (for the hint)
 
 
 @dataclass(slots=True)
