@@ -69,8 +69,9 @@ class PlannerConfig:
     max_resize_tries: int = 0
     """Most split / merge moves of the group-size multiset tried after the local search
     (``planner.search.resize``; each is one re-placement and local search; 0: off). Off in the
-    50 ms preset: 3 tries cost 8-18 ms CPU at 256 samples x 32 GPUs for 0.05-0.3% mean step
-    time (measured on 6 steps per workload); ``for_budget`` turns them on from 0.2 s."""
+    50 ms preset: 3 tries (with 8 ejections) cost 15-21 ms CPU at 256 samples x 32 GPUs for
+    0.07-0.22% mean step time, worst step 0.6% (6 steps of video-short, video-balanced and
+    text-longtail, baselines off); ``for_budget`` turns them on from 0.2 s."""
     deep_search_min_gap: float = 0.02
     """The ejections and resize moves run only where the heuristic's compute makespan is over
     the compute lower bound by more than this fraction (0: always)."""
