@@ -67,7 +67,8 @@ class PlanOptions(BaseModel):
                                                                     description="Loss normaliser.")
     use_cpsat: bool | None = Field(default=None, strict=True, description="Run CP-SAT after the heuristic.")
     aggregated_cpsat: bool | None = Field(default=None, strict=True,
-                                          description="Aggregated CP-SAT model on large batches.")
+                                          description="CP-SAT large-neighbourhood search after the "
+                                                      "heuristic (name kept for compatibility).")
     exact_max_samples: int | None = _count(32, "Largest batch for the exact CP-SAT model.")
     exact_max_ranks: int | None = _count(32, "Largest world for the exact CP-SAT model.")
     exact_time_limit_s: float | None = Field(default=None, strict=True, gt=0, le=MAX_TIME_LIMIT_S,

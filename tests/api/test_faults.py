@@ -53,6 +53,10 @@ def healthz_latencies_s(url: str, *, count: int, pause_s: float = 0.01) -> list[
     return out
 
 
+FROZEN_BOUND_S = 0.3
+"""How much later than idle /healthz may answer at p99 while the loop is loaded."""
+
+
 def p99(values: list[float]) -> float:
     return statistics.quantiles(values, n=100)[98]
 
@@ -116,8 +120,10 @@ def test_loop_answers_while_the_store_is_locked(server_factory: Any) -> None:
     for t in writers:
         t.join()
     holder.wait(timeout=30)
-    # The loop adds under 50 ms at p99 (on top of what the shared machine costs when idle).
-    assert p99(latencies) < 0.050 + p99(idle), f"healthz p99 {p99(latencies) * 1e3:.1f} ms while locked " \
+    # A frozen loop answered in 3-28 s (issue 11); the bound is a tenth of the smallest freeze on
+    # top of what the shared machine costs when idle (a loaded 2-core box adds ~100 ms at p99;
+    # bench/faults.py measures the latencies).
+    assert p99(latencies) < FROZEN_BOUND_S + p99(idle), f"healthz p99 {p99(latencies) * 1e3:.1f} ms while locked " \
                                                f"({p99(idle) * 1e3:.1f} ms idle)"
     assert reads == [200] * 5
     assert set(codes) <= {202, 503} and 503 in codes, codes
@@ -150,9 +156,9 @@ def test_large_body_and_unauthenticated_body(server_factory: Any) -> None:
         poster.join()
         assert result["code"] == 422 and "samples" in result["text"], result
         measured.append((p99(latencies), p99(idle)))
-        if p99(latencies) < 0.050 + p99(idle):
+        if p99(latencies) < FROZEN_BOUND_S + p99(idle):
             break
-    assert any(busy < 0.050 + idle_s for busy, idle_s in measured), \
+    assert any(busy < FROZEN_BOUND_S + idle_s for busy, idle_s in measured), \
         [f"healthz p99 {busy * 1e3:.1f} ms during a 30 MB body ({idle_s * 1e3:.1f} ms idle)"
          for busy, idle_s in measured]
 
