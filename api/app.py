@@ -30,7 +30,16 @@ from api.metrics import LatencyMiddleware, Metrics
 from api.pool import SolverPool
 from api.recalibration import Recalibrator
 from api.registry import CostModelRegistry
-from api.routers import cost_models, dashboard, epochs, health, measurements, plans, report
+from api.routers import (
+    cost_models,
+    dashboard,
+    epochs,
+    health,
+    measurements,
+    plan_measurements,
+    plans,
+    report,
+)
 from api.settings import Settings
 from api.store import PlanStore
 
@@ -126,7 +135,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.metrics = Metrics()
     for router in (plans.router, epochs.router, report.router, cost_models.router, measurements.router,
-                   health.router, dashboard.router):
+                   plan_measurements.router, health.router, dashboard.router):
         app.include_router(router)
 
     def current_store() -> PlanStore | None:

@@ -25,6 +25,7 @@ from prometheus_client import Gauge
 from api.jobs import planner_wall_cap_s
 from api.measurements_store import GroupMeasurement, MeasurementStore
 from api.metrics import Metrics
+from api.plan_measurements import PlanMeasurementStore
 from api.pool import SolverPool
 from api.revisions_store import RecalibrationState, Revision, RevisionStore
 from api.store import PlanStore
@@ -92,8 +93,9 @@ def fit_revision_task(base_json: str, cluster_json: str, records: list[dict[str,
     split = TermSplitter(CostModel(file=base, cluster=cluster))
     terms = [split([Sample.model_validate(s) for s in r["samples"]], group_size=r["group_size"],
                    recompute_layers=r["policies"],
-                   num_nodes=nodes_spanned(first_rank=r["first_rank"], group_size=r["group_size"],
-                                           gpus_per_node=cluster.gpus_per_node))
+                   num_nodes=r.get("num_nodes") or nodes_spanned(
+                       first_rank=r["first_rank"], group_size=r["group_size"],
+                       gpus_per_node=cluster.gpus_per_node))
              for r in records]
     fit = fit_scales(np.array(terms), np.array([r["measured_s"] for r in records]),
                      steps=[r["step"] for r in records], prior=TermScales(**prior))
@@ -108,6 +110,7 @@ class Recalibrator:
         self.store = store
         self.measurements = MeasurementStore(store)
         self.revisions = RevisionStore(store)
+        self.plan_measurements = PlanMeasurementStore(store)
         self.get_cost_model = get_cost_model
         self.pool = pool
         self._lock = threading.Lock()
@@ -230,6 +233,38 @@ class Recalibrator:
             self.replan(epoch_id, revision)
         if self.epoch_revision is not None:
             self.epoch_revision.labels(epoch_id).set(self.revisions.state(epoch_id).current_rev)
+        return revision
+
+    def recalibrate_plans(self, cost_model_id: str) -> Revision | None:
+        """Fit a new revision of a cost model from its measured one-off plans (on the pool).
+
+        Returns:
+            The revision, or None when no one-off plan of the model was measured.
+        """
+        records = self.plan_measurements.records(cost_model_id)
+        cluster_json = self.plan_measurements.cluster_json(cost_model_id)
+        if not records or cluster_json is None:
+            return None
+        base = self.get_cost_model(cost_model_id)
+        latest = self.revisions.latest(base.id)
+        prior = TermScales(**latest.scales) if latest is not None else TermScales()
+        future: Future[dict[str, Any]] = self.pool.submit_with_deadline(
+            FIT_DEADLINE_S, fit_revision_task, base.model_dump_json(), cluster_json, records, prior.as_dict())
+        result = future.result()
+        scales, quality = TermScales(**result["scales"]), result["quality"]
+
+        def make_file(rev: int) -> CostModelFile:
+            return scale_file(base, scales, new_id=f"{base.id}@{rev}",
+                              note=f"recalibrated on {quality['num_points']} measured micro-batches of "
+                                   f"one-off plans: factors {scales.as_dict()}")
+
+        revision = self.revisions.add_revision(base, make_file=make_file, scales=scales.as_dict(),
+                                               fit=quality, source_epoch=None)
+        if self.term_ratio is not None:
+            for term in TERMS:
+                self.term_ratio.labels(base.id, term).set(1.0 / getattr(scales, term))
+        logger.info("cost model %s from one-off plans: factors %s, held-out MAPE %s -> %s", revision.ref,
+                    scales.as_dict(), quality["heldout_mape_before"], quality["heldout_mape_after"])
         return revision
 
     def _scales(self, cost_model_id: str, rev: int) -> TermScales:

@@ -26,10 +26,22 @@ class CostModelRegistry:
         Raises:
             KeyError: naming the unknown id.
         """
+        if "@" in cost_model_id:  # id@rev: an immutable recalibrated revision (api.recalibration)
+            return self._revision(cost_model_id)
         found = self._builtin.get(cost_model_id) or self.store.get_cost_model(cost_model_id)
         if found is None:
             raise KeyError(f"unknown cost model {cost_model_id!r}; GET /v1/cost-models lists them")
         return found
+
+    def _revision(self, ref: str) -> CostModelFile:
+        base, _, rev = ref.partition("@")
+        row = None
+        if rev.isdigit():
+            row = self.store._conn().execute(
+                "SELECT body FROM cost_model_revisions WHERE cost_model_id=? AND rev=?", (base, int(rev))).fetchone()
+        if row is None:
+            raise KeyError(f"unknown cost model revision {ref!r}; GET /v1/cost-models/{base}/revisions lists them")
+        return CostModelFile.model_validate_json(row["body"])
 
     def list(self) -> list[tuple[CostModelFile, str]]:
         """Every cost model with where it came from (``builtin`` or ``uploaded``)."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-STORE_SCHEMA_VERSION = 5
+STORE_SCHEMA_VERSION = 6
 
 _MIGRATIONS: list[str] = [
     # 0 -> 1: initial schema.
@@ -145,6 +145,28 @@ _MIGRATIONS: list[str] = [
         replanned_at REAL NOT NULL,
         PRIMARY KEY (epoch_id, step)
     );
+    """,
+    # 5 -> 6: measurements of one-off plans (POST /v1/plans answers are not stored): the plan
+    # and its cluster kept once per digest, one row per rank (api.plan_measurements).
+    """
+    CREATE TABLE measured_plans (
+        digest TEXT PRIMARY KEY,
+        cost_model_id TEXT NOT NULL,
+        cluster TEXT NOT NULL,
+        plan TEXT NOT NULL,
+        received_at REAL NOT NULL
+    );
+    CREATE TABLE plan_measurements (
+        digest TEXT NOT NULL,
+        rank INTEGER NOT NULL,
+        first_rank INTEGER NOT NULL,
+        group_size INTEGER NOT NULL,
+        times_s TEXT NOT NULL,
+        peak_bytes INTEGER,
+        received_at REAL NOT NULL,
+        PRIMARY KEY (digest, rank)
+    );
+    CREATE INDEX measured_plans_by_model ON measured_plans(cost_model_id, received_at)
     """,
 ]
 

@@ -131,7 +131,8 @@ class RecalibrationReport(BaseModel):
     steps: list[StepError]
 
 
-def _recalibrator(state: ServiceState) -> Recalibrator:
+def recalibrator_of(state: ServiceState) -> Recalibrator:
+    """The service's recalibrator, or a 503 while it is not running."""
     found = state.recalibrator
     if found is None:
         raise HTTPException(status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
@@ -139,8 +140,8 @@ def _recalibrator(state: ServiceState) -> Recalibrator:
     return found
 
 
-class _RateLimiter:
-    """Token buckets per (epoch, rank)."""
+class RateLimiter:
+    """Token buckets per (epoch or plan, rank)."""
 
     def __init__(self, rate_per_s: float, burst: float) -> None:
         self.rate_per_s, self.burst = rate_per_s, burst
@@ -148,6 +149,7 @@ class _RateLimiter:
         self._lock = threading.Lock()
 
     def allow(self, key: tuple[str, int]) -> bool:
+        """Take a token for ``key``; False when its bucket is empty."""
         now = time.monotonic()
         with self._lock:
             tokens, at = self._buckets.get(key, (self.burst, now))
@@ -161,7 +163,7 @@ class _RateLimiter:
             return True
 
 
-_LIMITER = _RateLimiter(POSTS_PER_S, 2 * POSTS_PER_S)
+LIMITER = RateLimiter(POSTS_PER_S, 2 * POSTS_PER_S)
 
 
 def _checked(state: ServiceState, epoch_id: str, body: MeasurementsRequest) -> list[RankMeasurement]:
@@ -208,8 +210,8 @@ async def post_measurements(epoch_id: EpochId, body: MeasurementsRequest, state:
                             ) -> MeasurementsAccepted:
     """Store measured forward+backward times per micro-batch (and peak bytes) of planned steps;
     all steps or none. A step a rank already reported is ignored (posts may be retried)."""
-    recalibrator = _recalibrator(state)
-    if not _LIMITER.allow((epoch_id, body.steps[0].rank)):
+    recalibrator = recalibrator_of(state)
+    if not LIMITER.allow((epoch_id, body.steps[0].rank)):
         raise HTTPException(status_code=status.HTTP_429_TOO_MANY_REQUESTS,
                             detail=f"more than {POSTS_PER_S:g} measurement posts per second from rank "
                                    f"{body.steps[0].rank}; batch steps into fewer posts",
@@ -273,7 +275,7 @@ def _report(state: ServiceState, recalibrator: Recalibrator, epoch_id: str) -> R
 async def get_recalibration(epoch_id: EpochId, state: State) -> RecalibrationReport:
     """Settings, revisions, and the prediction error of the last 512 measured steps (with the
     revision each plan was made with) and per revision: the error before and after recalibration."""
-    recalibrator = _recalibrator(state)
+    recalibrator = recalibrator_of(state)
     return await asyncio.to_thread(_report, state, recalibrator, epoch_id)
 
 
@@ -283,7 +285,7 @@ async def set_recalibration(epoch_id: EpochId, body: RecalibrationSettings, stat
                             ) -> RecalibrationReport:
     """Recalibrate the epoch's cost model every ``every_steps`` measured steps; with ``follow``,
     re-plan the steps no rank has fetched with each new revision (fetched steps never change)."""
-    recalibrator = _recalibrator(state)
+    recalibrator = recalibrator_of(state)
 
     def configure() -> RecalibrationReport:
         if state.store.get_epoch(epoch_id) is None:
@@ -303,7 +305,7 @@ CostModelId = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za
             tags=["cost-models"])
 async def list_revisions(cost_model_id: CostModelId, state: State) -> list[RevisionOut]:
     """The recalibrated revisions of a cost model, oldest first (empty when none)."""
-    recalibrator = _recalibrator(state)
+    recalibrator = recalibrator_of(state)
     found = await asyncio.to_thread(recalibrator.revisions.revisions, cost_model_id)
     return [RevisionOut(ref=r.ref, rev=r.rev, scales=r.scales, fit=r.fit, source_epoch=r.source_epoch,
                         created_at=r.created_at) for r in found]
@@ -315,7 +317,7 @@ async def get_revision(cost_model_id: CostModelId,
                        rev: Annotated[int, Path(ge=1, le=10**9, description="Revision number.")],
                        state: State) -> CostModelFile:
     """The coefficients of revision ``rev`` (its ``id`` is ``cost_model_id@rev``)."""
-    recalibrator = _recalibrator(state)
+    recalibrator = recalibrator_of(state)
     found = await asyncio.to_thread(recalibrator.revisions.revisions, cost_model_id)
     for r in found:
         if r.rev == rev:

@@ -1,0 +1,70 @@
+"""One-off plans: measurements in, a revision fitted from them, plans made with id@rev."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from planner.plan import Plan
+
+from .conftest import AUTH, COST_MODEL, FAST
+
+
+def _plan(client: TestClient, seed: int, model: str = COST_MODEL) -> dict[str, Any]:
+    samples = [{"id": f"p{seed}-{i}", "tokens": 1024 * (1 + (i * 5 + seed) % 16)} for i in range(12)]
+    response = client.post("/v1/plans", json={"samples": samples, "cluster": "h200x8", "cost_model_id": model,
+                                              "options": FAST}, headers=AUTH)
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def _ranks(plan: dict[str, Any], digest: str, factor: float) -> list[dict[str, Any]]:
+    return [{"rank": r, "plan_digest": digest,
+             "micro_batch_times_s": [factor * mb["predicted_time_s"] for mb in g["micro_batches"]]}
+            for g in plan["groups"] for r in g["ranks"]]
+
+
+def test_one_off_plan_measurements_give_a_revision_that_plans(client: TestClient) -> None:
+    path = "/v1/plans/measurements"
+    assert client.post(f"/v1/cost-models/{COST_MODEL}/recalibrate", headers=AUTH).status_code == 422
+    first = _plan(client, 0)
+    plan, digest = first["plan"], first["digest"]
+    ranks = _ranks(plan, digest, 3.0)
+    bad_cases = [
+        ({"ranks": [{**ranks[0], "plan_digest": "0" * 64}]}, 409, "not the digest of this plan"),
+        ({"ranks": [{**ranks[0], "rank": 8}]}, 422, "not in the plan's world"),
+        ({"ranks": [{**ranks[0], "micro_batch_times_s": [1.0] * 99}]}, 422, "micro-batches"),
+        ({"plan": {**plan, "num_ranks": 10**18}}, 422, "num_ranks"),
+        ({"cluster": "h200x32"}, 422, "has 32 GPUs"),
+    ]
+    for change, code, reason in bad_cases:
+        body = {"plan": plan, "cluster": "h200x8", "ranks": ranks, **change}
+        response = client.post(path, json=body, headers=AUTH)
+        assert response.status_code == code and reason in response.text, response.text
+    other = {**plan, "cost_model_id": "no-such-model"}
+    other_digest = Plan.model_validate(other).digest()
+    response = client.post(path, json={"plan": other, "cluster": "h200x8",
+                                       "ranks": _ranks(other, other_digest, 1.0)}, headers=AUTH)
+    assert response.status_code == 404
+    stored = client.post(path, json={"plan": plan, "cluster": "h200x8", "ranks": ranks}, headers=AUTH).json()
+    assert stored == {"digest": digest, "stored": 8, "duplicates": 0}
+    for seed in range(1, 6):
+        made = _plan(client, seed)
+        assert client.post(path, json={"plan": made["plan"], "cluster": "h200x8",
+                                       "ranks": _ranks(made["plan"], made["digest"], 3.0)},
+                           headers=AUTH).status_code == 200
+
+    revision = client.post(f"/v1/cost-models/{COST_MODEL}/recalibrate", headers=AUTH)
+    assert revision.status_code == 201, revision.text
+    body = revision.json()
+    assert body["ref"] == f"{COST_MODEL}@1" and body["source_epoch"] is None
+    assert math.isclose(body["scales"]["compute"], 3.0, rel_tol=0.1)
+    assert body["fit"]["heldout_mape_before"] > 0.6 and body["fit"]["heldout_mape_after"] < 0.05
+    again = _plan(client, 0, model=f"{COST_MODEL}@1")
+    assert again["plan"]["cost_model_id"] == f"{COST_MODEL}@1"
+    assert again["plan"]["predicted_step_time_s"] > 2.5 * plan["predicted_step_time_s"]
+    missing = client.post("/v1/plans", json={"samples": [{"id": "a", "tokens": 100}], "cluster": "h200x8",
+                                             "cost_model_id": f"{COST_MODEL}@9"}, headers=AUTH)
+    assert missing.status_code == 404 and "revision" in missing.text
