@@ -27,7 +27,7 @@ from api.measurements_store import GroupMeasurement, MeasurementStore
 from api.metrics import Metrics
 from api.plan_measurements import PlanMeasurementStore
 from api.pool import SolverPool
-from api.revisions_store import RecalibrationState, Revision, RevisionStore
+from api.revisions_store import RecalibrationState, Revision, RevisionStore, split_ref
 from api.store import PlanStore
 from costmodel.evaluate import CostModel, nodes_spanned
 from costmodel.recalibrate import TERMS, TermScales, TermSplitter, fit_scales, scale_file
@@ -206,8 +206,9 @@ class Recalibrator:
         records = observations(groups, self._plans(epoch_id, {g.step for g in groups}))
         if not records:
             return None
-        base = self.get_cost_model(record.spec["cost_model_id"])
-        prior = self._scales(base.id, state.current_rev)
+        base_name, start_rev = split_ref(record.spec["cost_model_id"])  # an epoch may start at id@rev
+        base = self.get_cost_model(base_name)
+        prior = self._scales(base.id, state.current_rev or start_rev)
         cluster_json = ClusterSpec.model_validate(record.spec["cluster"]).model_dump_json()
         future: Future[dict[str, Any]] = self.pool.submit_with_deadline(
             FIT_DEADLINE_S, fit_revision_task, base.model_dump_json(), cluster_json, records, prior.as_dict())

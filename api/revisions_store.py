@@ -70,6 +70,12 @@ class Revision:
         return f"{self.cost_model_id}@{self.rev}"
 
 
+def split_ref(ref: str) -> tuple[str, int]:
+    """``(base id, rev)`` of ``id@rev`` (revision 0 for a plain id)."""
+    base, _, rev = ref.partition("@")
+    return base, int(rev) if rev.isdigit() else 0
+
+
 def revision_ref(cost_model_id: str, rev: int) -> str:
     """``id@rev``; revision 0 is the base id itself."""
     return cost_model_id if rev == 0 else f"{cost_model_id}@{rev}"

@@ -24,6 +24,7 @@ from api.deps import ServiceState, State, Writer
 from api.errors import COMMON_RESPONSES, conflict, not_found, unprocessable
 from api.measurements_store import RankMeasurement
 from api.recalibration import Recalibrator
+from api.revisions_store import split_ref
 from api.routers.epochs import MAX_STEP, EpochId
 from api.schemas import MAX_NUM_GPUS
 from api.strictjson import StrictJSONRoute
@@ -233,7 +234,7 @@ def _report(state: ServiceState, recalibrator: Recalibrator, epoch_id: str) -> R
     record = state.store.get_epoch(epoch_id)
     if record is None:
         not_found(f"unknown epoch {epoch_id!r}")
-    cost_model_id = record.spec["cost_model_id"]
+    cost_model_id, start_rev = split_ref(record.spec["cost_model_id"])
     settings = recalibrator.revisions.state(epoch_id)
     groups = recent(recalibrator.measurements.groups(epoch_id), MAX_REPORT_STEPS)
     plans = {}
@@ -245,7 +246,7 @@ def _report(state: ServiceState, recalibrator: Recalibrator, epoch_id: str) -> R
     per_step: dict[int, list[tuple[float, float]]] = {}
     for r in observations(groups, plans):
         per_step.setdefault(r["step"], []).append((r["predicted_s"], r["measured_s"]))
-    steps = [StepError(step=s, rev=step_revs.get(s, 0), num_micro_batches=len(pairs),
+    steps = [StepError(step=s, rev=step_revs.get(s, start_rev), num_micro_batches=len(pairs),
                        mape=sum(abs(p - m) / m for p, m in pairs) / len(pairs),
                        mean_ratio=sum(p / m for p, m in pairs) / len(pairs),
                        mean_abs_log_ratio=sum(abs(math.log(max(p, 1e-300) / m)) for p, m in pairs) / len(pairs))
@@ -261,7 +262,7 @@ def _report(state: ServiceState, recalibrator: Recalibrator, epoch_id: str) -> R
             mean_abs_log_ratio=sum(e.mean_abs_log_ratio * e.num_micro_batches for e in errs) / count))
     revisions = [RevisionOut(ref=r.ref, rev=r.rev, scales=r.scales, fit=r.fit, source_epoch=r.source_epoch,
                              created_at=r.created_at) for r in recalibrator.revisions.revisions(cost_model_id)]
-    current = settings.current_rev
+    current = settings.current_rev or start_rev
     return RecalibrationReport(
         epoch_id=epoch_id, cost_model_id=cost_model_id, follow=settings.follow,
         every_steps=settings.every_steps, frozen_through=settings.frozen_through,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 from fastapi.testclient import TestClient
@@ -68,3 +69,29 @@ def test_one_off_plan_measurements_give_a_revision_that_plans(client: TestClient
     missing = client.post("/v1/plans", json={"samples": [{"id": "a", "tokens": 100}], "cluster": "h200x8",
                                              "cost_model_id": f"{COST_MODEL}@9"}, headers=AUTH)
     assert missing.status_code == 404 and "revision" in missing.text
+    # An epoch may start at a revision; its own recalibration makes the next one from the base.
+    from .conftest import manifest_lines
+
+    epoch = {"epoch_id": "at-rev", "manifest_jsonl": manifest_lines(32), "batch": {"samples_per_step": 8},
+             "seed": 1, "cluster": "h200x8", "cost_model_id": f"{COST_MODEL}@1", "options": FAST}
+    assert client.post("/v1/epochs", json=epoch, headers=AUTH).status_code == 202
+    deadline = time.monotonic() + 60
+    while client.get("/v1/epochs/at-rev").json()["state"] != "done":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    views = [client.get(f"/v1/epochs/at-rev/steps/{s}/ranks/{r}").json() for s in range(2) for r in range(8)]
+    steps = [{"step": v["step"], "rank": v["rank"], "plan_digest": v["plan_digest"],
+              "micro_batch_times_s": [mb["predicted_time_s"] for mb in v["group"]["micro_batches"]]}
+             for v in views]
+    client.post("/v1/epochs/at-rev/recalibration", json={"follow": True, "every_steps": 2}, headers=AUTH)
+    assert client.post("/v1/epochs/at-rev/measurements", json={"steps": steps}, headers=AUTH).status_code == 200
+    report: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        report = client.get("/v1/epochs/at-rev/recalibration").json()
+        if len(report["revisions"]) == 2 and not report["busy"]:
+            break
+        time.sleep(0.05)
+    assert report["current_ref"] == f"{COST_MODEL}@2" and [e["rev"] for e in report["steps"]] == [1, 1]
+    assert report["by_revision"][0]["mape"] < 1e-6  # @1 predicted these steps exactly
+    assert all(math.isclose(v, w, rel_tol=0.05) for v, w in zip(report["revisions"][1]["scales"].values(),
+                                                                  body["scales"].values(), strict=True))
