@@ -28,6 +28,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from costmodel.grad_sync import ModelStateBytes, SyncCalls, model_state, sync_calls
 from costmodel.schema import CommCoefficients, CostModelFile, LayerTimeTerms
 from costmodel.specs import ClusterSpec, Sample
 
@@ -72,13 +73,14 @@ def nodes_spanned(*, first_rank: int, group_size: int, gpus_per_node: int) -> in
     return last // gpus_per_node - first_rank // gpus_per_node + 1
 
 
-Collective = Literal["alltoall", "allreduce", "allgather"]
-"""``allgather`` (parameters after a sharded optimizer step) is timed with the all-reduce links."""
+Collective = Literal["alltoall", "allreduce", "allgather", "reducescatter"]
+"""``allgather`` (parameters: after a sharded optimizer step, FSDP2's per unit) and
+``reducescatter`` (FSDP2's gradients) are timed with the all-reduce links."""
 
 
 def latency_steps(op: Collective, group_size: int) -> float:
     """Latency terms of one operation: 1 for an all-to-all, ``2*(d-1)`` for a ring all-reduce,
-    ``d-1`` for a ring all-gather."""
+    ``d-1`` for a ring all-gather or reduce-scatter."""
     if op == "alltoall":
         return 1.0
     return float(group_size - 1) * (2.0 if op == "allreduce" else 1.0)
@@ -86,7 +88,8 @@ def latency_steps(op: Collective, group_size: int) -> float:
 
 def wire_bytes(op: Collective, bytes_per_rank: ArrayLike, group_size: int) -> FloatArray:
     """Bytes each rank sends in one operation on ``bytes_per_rank`` bytes: ``(d-1)/d`` of them for
-    an all-to-all and an all-gather, twice that for a ring all-reduce."""
+    an all-to-all, an all-gather (of its output) and a reduce-scatter (of its input), twice that
+    for a ring all-reduce."""
     share = (group_size - 1) / group_size * (2.0 if op == "allreduce" else 1.0)
     return np.asarray(np.asarray(bytes_per_rank, dtype=np.float64) * share, dtype=np.float64)
 
@@ -325,32 +328,38 @@ class CostModel:
                                         recompute_layers=list(recompute_layers))
         return float(fixed + times.sum())
 
+    def grad_sync_calls(self) -> tuple[SyncCalls, ...]:
+        """The collectives of one step's gradient sync under ``cluster.grad_sync``
+        (:func:`costmodel.grad_sync.sync_calls`)."""
+        return sync_calls(self.cluster, num_params=self.file.num_params, num_layers=self.num_layers,
+                          grad_bytes_per_param=self.file.comm.grad_bytes_per_param)
+
     def grad_sync_time_s(self) -> float:
         """Gradient sync of one step over the whole world, as the executor runs it.
 
-        One ring all-reduce of the gradients (``2*(N-1)`` latency terms, ``2*(N-1)/N`` of the
-        bytes sent per rank); with ZeRO-1 also the all-gather of the updated parameters.
+        Each call of :meth:`grad_sync_calls` timed by :func:`collective_time_s` over the world:
+        allreduce one ring all-reduce (``2*(N-1)`` latency terms, ``2*(N-1)/N`` of the bytes sent
+        per rank), ddp one per bucket, fsdp2 ``L+1`` all-gathers and ``L+1`` reduce-scatters
+        (``N-1`` latency terms, ``(N-1)/N`` of the bytes each); with ZeRO-1 (allreduce, ddp)
+        also the all-gather of the updated parameters.
         """
         n = self.cluster.num_gpus
         if n == 1:
             return 0.0
-        comm = self.file.comm
-        grad_bytes = self.file.num_params * comm.grad_bytes_per_param
-        nodes = self.cluster.num_nodes
-        total = float(collective_time_s(comm, "allreduce", grad_bytes, group_size=n, num_nodes=nodes))
-        if self.cluster.state_sharding == "zero1":
-            total += float(collective_time_s(comm, "allgather", grad_bytes, group_size=n, num_nodes=nodes))
-        return total
+        comm, nodes = self.file.comm, self.cluster.num_nodes
+        return sum(call.num_calls * float(collective_time_s(
+            comm, call.op, call.bytes_per_rank / call.num_calls, group_size=n, num_nodes=nodes))
+            for call in self.grad_sync_calls())
 
     # --------------------------------------------------------------- memory
+    def model_state(self) -> ModelStateBytes:
+        """Model states per rank by kind (:func:`costmodel.grad_sync.model_state`)."""
+        return model_state(self.cluster, num_params=self.file.num_params)
+
     def model_state_bytes(self) -> float:
-        """Model states per rank: bf16 params and grads (kept whole by the executor), fp32 master
-        weights and Adam moments replicated or sharded over the world (ZeRO-1) [R20]."""
-        p = float(self.file.num_params)
-        n = self.cluster.num_gpus
-        if self.cluster.state_sharding == "replicated":
-            return 16 * p
-        return 4 * p + 12 * p / n
+        """Model states per rank at their peak in a step under the cluster's sync mode: bf16
+        params and grads, fp32 master weights and Adam moments replicated or sharded [R20]."""
+        return self.model_state().total_bytes
 
     def activation_bytes(self, tokens: ArrayLike, *, group_size: int, recompute_layers: ArrayLike = 0
                          ) -> FloatArray:

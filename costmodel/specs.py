@@ -138,6 +138,10 @@ class HardwareSpec(_Frozen):
 
 
 StateSharding = Literal["replicated", "zero1", "zero2", "zero3"]
+GradSyncMode = Literal["allreduce", "ddp", "fsdp2"]
+
+DDP_DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
+"""``DistributedDataParallel``'s default ``bucket_cap_mb=25`` in bytes."""
 
 
 class ClusterSpec(_Frozen):
@@ -159,7 +163,27 @@ class ClusterSpec(_Frozen):
         default="zero1",
         description="How model states are held: replicated (plain optimizer), zero1 (optimizer "
         "states sharded, e.g. ZeroRedundancyOptimizer); zero2/zero3 are refused until the executor "
-        "shards gradients.",
+        "shards gradients. With grad_sync=fsdp2 it must be zero1: FSDP2 shards the optimizer "
+        "states itself (its parameter sharding comes from grad_sync).",
+    )
+    grad_sync: GradSyncMode = Field(
+        default="allreduce",
+        description="How the executor sums a step's gradients (executor/grad_sync.py): allreduce "
+        "(AllReduceSync: one all-reduce of the whole gradients per step), ddp (DDPSync: DDP's "
+        "bucketed all-reduce in the rank's last backward), fsdp2 (FSDP2Sync: fully_shard per layer "
+        "and the root; one all-gather of the parameters and one reduce-scatter of the gradients "
+        "per unit and step).",
+    )
+    ddp_bucket_bytes: int = Field(
+        default=DDP_DEFAULT_BUCKET_BYTES,
+        gt=0,
+        description="DDP's bucket_cap_mb in bytes (grad_sync=ddp only). At DDP's default (25 MiB) "
+        "the first bucket holds 1 MiB, as DDP does.",
+    )
+    ddp_gradient_as_bucket_view: bool = Field(
+        default=False,
+        description="DDP's gradient_as_bucket_view (grad_sync=ddp only): False (DDP's default) "
+        "keeps the bucket buffers as a second copy of the gradients.",
     )
 
     @model_validator(mode="after")
@@ -167,6 +191,18 @@ class ClusterSpec(_Frozen):
         if self.num_gpus % self.gpus_per_node != 0:
             raise ValueError(
                 f"num_gpus={self.num_gpus} is not a multiple of gpus_per_node={self.gpus_per_node}"
+            )
+        if self.grad_sync == "fsdp2" and self.state_sharding == "replicated":
+            raise ValueError(
+                "state_sharding='replicated' with grad_sync='fsdp2': FSDP2 shards the optimizer "
+                "states itself; use state_sharding='zero1' (the default)"
+            )
+        if self.grad_sync != "ddp" and (self.ddp_bucket_bytes != DDP_DEFAULT_BUCKET_BYTES
+                                        or self.ddp_gradient_as_bucket_view):
+            raise ValueError(
+                f"ddp_bucket_bytes={self.ddp_bucket_bytes} / ddp_gradient_as_bucket_view="
+                f"{self.ddp_gradient_as_bucket_view} are DDP settings but grad_sync="
+                f"{self.grad_sync!r}: set grad_sync='ddp' or leave them at their defaults"
             )
         return self
 

@@ -1,0 +1,135 @@
+"""What a step's gradient sync issues and what model states a rank holds, per executor mode.
+
+``ClusterSpec.grad_sync`` names the mode the executor runs (``executor/grad_sync.py``); this
+module lists the collectives of one step and the bytes of the model states under that mode, so
+that :class:`costmodel.evaluate.CostModel` times them with its one collective formula and the
+executor tests can count them (``tests/executor/test_sync_cost_model.py``):
+
+- ``allreduce`` (``AllReduceSync``): one all-reduce of the whole gradients per step.
+- ``ddp`` (``DDPSync``): the rank's last backward all-reduces DDP's buckets, one call each.
+  From the second step on DDP has rebuilt its buckets in the order the gradients become ready:
+  a bucket closes once it holds ``bucket_cap_mb`` bytes or more, and at DDP's default cap the
+  first bucket closes at 1 MiB (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``). With
+  parameters much smaller than a bucket that is ``1 + ceil((G - first) / cap)`` buckets for
+  ``G`` gradient bytes (``ceil(G / cap)`` when ``first = cap``); the first step runs one bucket.
+- ``fsdp2`` (``FSDP2Sync``, ``fully_shard`` on every layer and then the root: ``L + 1`` units):
+  one all-gather of each unit's parameters at the step's start and one reduce-scatter of each
+  unit's gradients in the last backward: ``L + 1`` calls of each over all parameters.
+
+With ``state_sharding='zero1'`` the ``allreduce`` and ``ddp`` modes also all-gather the updated
+parameters (a sharded optimizer step); FSDP2 needs no such call (its parameters stay sharded).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from costmodel.specs import DDP_DEFAULT_BUCKET_BYTES, ClusterSpec
+
+if TYPE_CHECKING:
+    from costmodel.evaluate import Collective
+
+DDP_DEFAULT_FIRST_BUCKET_BYTES = 1024 * 1024
+"""``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``: DDP's first bucket at its default cap."""
+
+BF16_BYTES = 2
+FP32_BYTES = 4
+ADAM_MOMENTS = 2
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SyncCalls:
+    """Calls of one collective in a step's gradient sync, over the whole world."""
+
+    op: Collective
+    """The collective (timed by ``costmodel.evaluate.collective_time_s``)."""
+    num_calls: int
+    """Calls per step, each paying the collective's latency."""
+    bytes_per_rank: float
+    """Bytes summed over the calls, as ``collective_time_s`` takes them: an all-reduce's input,
+    an all-gather's output, a reduce-scatter's input (the whole tensor on every rank)."""
+
+
+def ddp_num_buckets(grad_bytes: float, *, bucket_bytes: int) -> int:
+    """DDP's buckets for ``grad_bytes`` of gradients after its bucket rebuild (see the module)."""
+    first = DDP_DEFAULT_FIRST_BUCKET_BYTES if bucket_bytes == DDP_DEFAULT_BUCKET_BYTES else bucket_bytes
+    if grad_bytes <= first:
+        return 1
+    return 1 + math.ceil((grad_bytes - first) / bucket_bytes)
+
+
+def sync_calls(cluster: ClusterSpec, *, num_params: int, num_layers: int, grad_bytes_per_param: float
+               ) -> tuple[SyncCalls, ...]:
+    """The collectives of one step's gradient sync under ``cluster.grad_sync``.
+
+    Args:
+        cluster: The world, its sync mode and state sharding.
+        num_params: Parameters of the model.
+        num_layers: Layers ``L`` (FSDP2 shards ``L + 1`` units: each layer and the root).
+        grad_bytes_per_param: Bytes of a gradient (and of a training-dtype parameter) element.
+
+    Returns:
+        One entry per collective kind, in the order the step issues them.
+    """
+    grad_bytes = num_params * grad_bytes_per_param
+    if cluster.grad_sync == "fsdp2":
+        units = num_layers + 1
+        return (SyncCalls(op="allgather", num_calls=units, bytes_per_rank=grad_bytes),
+                SyncCalls(op="reducescatter", num_calls=units, bytes_per_rank=grad_bytes))
+    buckets = (ddp_num_buckets(grad_bytes, bucket_bytes=cluster.ddp_bucket_bytes)
+               if cluster.grad_sync == "ddp" else 1)
+    calls = [SyncCalls(op="allreduce", num_calls=buckets, bytes_per_rank=grad_bytes)]
+    if cluster.state_sharding == "zero1":
+        calls.append(SyncCalls(op="allgather", num_calls=1, bytes_per_rank=grad_bytes))
+    return tuple(calls)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelStateBytes:
+    """Model-state bytes one rank holds at its peak in a step (bf16 training, fp32 Adam) [R20]."""
+
+    params_bytes: float
+    """bf16 parameters the forward and backward use (FSDP2: unsharded over the whole step)."""
+    grads_bytes: float
+    """bf16 gradients accumulated over the micro-batches (DDP: plus its bucket buffers)."""
+    fp32_state_bytes: float
+    """fp32 master parameters and the two Adam moments (sharded under zero1 and FSDP2)."""
+
+    @property
+    def master_bytes(self) -> float:
+        """The master parameters' share of ``fp32_state_bytes`` (4 of its 12 bytes a parameter)."""
+        return self.fp32_state_bytes * FP32_BYTES / ((1 + ADAM_MOMENTS) * FP32_BYTES)
+
+    @property
+    def total_bytes(self) -> float:
+        """All of them."""
+        return self.params_bytes + self.grads_bytes + self.fp32_state_bytes
+
+
+def model_state(cluster: ClusterSpec, *, num_params: int) -> ModelStateBytes:
+    """Model states per rank under the cluster's sync mode and state sharding.
+
+    With ``p`` parameters and ``n`` ranks (``s = 1`` replicated, ``s = n`` zero1):
+
+    - allreduce: ``2p`` params + ``2p`` grads + ``(4p + 8p) / s`` master and moments (16p
+      replicated, ``4p + 12p/n`` zero1, as before the modes existed).
+    - ddp: the same plus ``2p`` for DDP's bucket buffers, a second gradient copy unless
+      ``ddp_gradient_as_bucket_view`` (then the gradients are views into them).
+    - fsdp2: ``2p + 2p + (4p + 8p) / n``. The executor all-gathers every unit at the step's
+      start and keeps the unsharded parameters and their unsharded, accumulated gradients until
+      the last backward; the sharded fp32 parameters are the master weights and the moments are
+      sharded. The sharded fp32 gradient (``4p/n``) appears only as each unit's reduce-scatter
+      frees that unit's unsharded parameters and gradients (4 bytes per parameter), so it never
+      raises the peak. FSDP2 pads each parameter's first dimension to a multiple of ``n``
+      (not counted: at most ``n - 1`` rows per parameter).
+    """
+    p = float(num_params)
+    n = cluster.num_gpus
+    shards = 1 if cluster.state_sharding == "replicated" else n
+    grads = BF16_BYTES * p
+    if cluster.grad_sync == "ddp" and not cluster.ddp_gradient_as_bucket_view:
+        grads += BF16_BYTES * p
+    return ModelStateBytes(params_bytes=BF16_BYTES * p, grads_bytes=grads,
+                           fp32_state_bytes=(1 + ADAM_MOMENTS) * FP32_BYTES * p / shards)
