@@ -56,6 +56,8 @@ def main() -> None:
     parser.add_argument("--tokens-max", type=int, default=2048)
     parser.add_argument("--memory-tokens", type=int, default=600)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-concurrent", action="store_true",
+                        help="profile in one process and run one-rank groups in turns (the GPU way)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "model_vs_executor_cpu.json")
     parser.add_argument("--quiet", "-q", action="store_true",
                         help="No progress bar or stage lines: the summary lines only.")
@@ -74,7 +76,7 @@ def main() -> None:
         config = CheckConfig(kind=kind, clock=args.clock, num_steps=args.steps,  # type: ignore[arg-type]
                              samples_per_step=args.samples, tokens_max=args.tokens_max,
                              memory_tokens=args.memory_tokens, repeats=args.repeats,
-                             sweep_repeats=args.repeats,
+                             sweep_repeats=args.repeats, concurrent=not args.no_concurrent,
                              ffn_hidden=128 if kind == "1d" else 256)
         start = time.perf_counter()
         report = run_check(config, progress=lambda text: None if args.quiet else print(f"  {text}", file=sys.stderr))
@@ -83,7 +85,8 @@ def main() -> None:
         results["runs"][kind] = report
         s = report["summary"]
         sizes = sorted({r["group_size"] for r in report["micro_batches"]})
-        print(f"{kind} ({args.clock} clock): {s['micro_batches']} micro-batches on group sizes {sizes}, "
+        mode = "concurrent" if config.concurrent else "one at a time"
+        print(f"{kind} ({args.clock} clock, {mode}): {s['micro_batches']} micro-batches on group sizes {sizes}, "
               f"{s['checkpointed_micro_batches']} checkpointed ({s['mixed_policy_micro_batches']} mixed): "
               f"time MAPE {s['time_mape']:.1%} (bias {s['time_bias']:+.1%}), per group "
               f"{s['group_time_mape']:.1%}; peak MAPE {s['peak_mape']:.1%} (max {s['peak_max_error']:.1%}); "
