@@ -331,7 +331,7 @@ class CostModel:
     def grad_sync_calls(self) -> tuple[SyncCalls, ...]:
         """The collectives of one step's gradient sync under ``cluster.grad_sync``
         (:func:`costmodel.grad_sync.sync_calls`)."""
-        return sync_calls(self.cluster, num_params=self.file.num_params, num_layers=self.num_layers,
+        return sync_calls(self.cluster, model=self.file.model, num_params=self.file.num_params,
                           grad_bytes_per_param=self.file.comm.grad_bytes_per_param)
 
     def grad_sync_time_s(self) -> float:

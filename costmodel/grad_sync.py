@@ -7,11 +7,14 @@ executor tests can count them (``tests/executor/test_sync_cost_model.py``):
 
 - ``allreduce`` (``AllReduceSync``): one all-reduce of the whole gradients per step.
 - ``ddp`` (``DDPSync``): the rank's last backward all-reduces DDP's buckets, one call each.
-  From the second step on DDP has rebuilt its buckets in the order the gradients become ready:
-  a bucket closes once it holds ``bucket_cap_mb`` bytes or more, and at DDP's default cap the
-  first bucket closes at 1 MiB (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``). With
-  parameters much smaller than a bucket that is ``1 + ceil((G - first) / cap)`` buckets for
-  ``G`` gradient bytes (``ceil(G / cap)`` when ``first = cap``); the first step runs one bucket.
+  From the second step on DDP has rebuilt its buckets in the order the gradients become ready
+  (the last layer's first): parameter tensors join the open bucket, which closes once it holds
+  ``bucket_cap_mb`` bytes or more, and at DDP's default cap the first bucket closes at 1 MiB
+  (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``). :func:`ddp_num_buckets` runs that rule
+  on the model's parameter tensors (:func:`param_tensor_elements`): about ``ceil(G / cap)``
+  buckets for ``G`` gradient bytes when tensors are much smaller than a bucket, about one per
+  tensor when they are larger (a 4096 x 14336 bf16 matrix is 117 MB). DDP's first step runs one
+  bucket (it buckets by readiness only once it has seen a backward); this prices later steps.
 - ``fsdp2`` (``FSDP2Sync``, ``fully_shard`` on every layer and then the root: ``L + 1`` units):
   one all-gather of each unit's parameters at the step's start and one reduce-scatter of each
   unit's gradients in the last backward: ``L + 1`` calls of each over all parameters.
@@ -22,11 +25,11 @@ parameters (a sharded optimizer step); FSDP2 needs no such call (its parameters 
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from costmodel.specs import DDP_DEFAULT_BUCKET_BYTES, ClusterSpec
+from costmodel.specs import DDP_DEFAULT_BUCKET_BYTES, ClusterSpec, ModelSpec
 
 if TYPE_CHECKING:
     from costmodel.evaluate import Collective
@@ -52,22 +55,46 @@ class SyncCalls:
     an all-gather's output, a reduce-scatter's input (the whole tensor on every rank)."""
 
 
-def ddp_num_buckets(grad_bytes: float, *, bucket_bytes: int) -> int:
-    """DDP's buckets for ``grad_bytes`` of gradients after its bucket rebuild (see the module)."""
+def param_tensor_elements(model: ModelSpec) -> list[int]:
+    """Elements of each parameter tensor, in the order backward makes their gradients ready.
+
+    The layout of ``costmodel.analytic.num_params`` (they add up to it): 1D (LLaMA, as the
+    executor's reference model) the output head ``V*h``, the final norm ``h``, then from the
+    last layer down: ``down f*h``, ``up h*f``, ``gate h*f``, norm ``h``, ``out h*h``, fused
+    ``qkv h*(h + 2*h_kv)``, norm ``h``; the input embedding ``V*h`` last. 2D (STDiT), per block
+    from the last down: ``fc2 f*h``, ``fc1 h*f``, cross-attention out ``h*h``, kv ``2*h*h`` and
+    q ``h*h``, self-attention out ``h*h`` and qkv ``3*h*h``, norms ``6*h``.
+    """
+    h, f = model.hidden, model.ffn_hidden
+    if model.kind == "1d":
+        h_kv = h * model.kv_heads // model.num_heads
+        layer = [f * h, h * f, h * f, h, h * h, h * (h + 2 * h_kv), h]
+        return [model.vocab * h, h, *layer * model.num_layers, model.vocab * h]
+    block = [f * h, h * f, h * h, 2 * h * h, h * h, h * h, 3 * h * h, 6 * h]
+    return block * (2 * model.num_layers)
+
+
+def ddp_num_buckets(tensor_bytes: Sequence[float], *, bucket_bytes: int) -> int:
+    """DDP's buckets after its rebuild: tensors (in gradient-ready order) fill the open bucket,
+    which closes at ``>=`` its limit (1 MiB for the first at DDP's default cap, else the cap)."""
     first = DDP_DEFAULT_FIRST_BUCKET_BYTES if bucket_bytes == DDP_DEFAULT_BUCKET_BYTES else bucket_bytes
-    if grad_bytes <= first:
-        return 1
-    return 1 + math.ceil((grad_bytes - first) / bucket_bytes)
+    closed, filled, limit = 0, 0.0, first
+    for size in tensor_bytes:
+        filled += size
+        if filled >= limit:
+            closed, filled, limit = closed + 1, 0.0, bucket_bytes
+    return closed + (1 if filled > 0 or closed == 0 else 0)
 
 
-def sync_calls(cluster: ClusterSpec, *, num_params: int, num_layers: int, grad_bytes_per_param: float
+def sync_calls(cluster: ClusterSpec, *, model: ModelSpec, num_params: int, grad_bytes_per_param: float
                ) -> tuple[SyncCalls, ...]:
     """The collectives of one step's gradient sync under ``cluster.grad_sync``.
 
     Args:
         cluster: The world, its sync mode and state sharding.
-        num_params: Parameters of the model.
-        num_layers: Layers ``L`` (FSDP2 shards ``L + 1`` units: each layer and the root).
+        model: The architecture (layers ``L``: FSDP2 shards ``L + 1`` units, each layer and the
+            root; parameter tensors: DDP's buckets).
+        num_params: Parameters of the model (the cost-model file's count).
         grad_bytes_per_param: Bytes of a gradient (and of a training-dtype parameter) element.
 
     Returns:
@@ -75,11 +102,13 @@ def sync_calls(cluster: ClusterSpec, *, num_params: int, num_layers: int, grad_b
     """
     grad_bytes = num_params * grad_bytes_per_param
     if cluster.grad_sync == "fsdp2":
-        units = num_layers + 1
+        units = model.num_layers + 1
         return (SyncCalls(op="allgather", num_calls=units, bytes_per_rank=grad_bytes),
                 SyncCalls(op="reducescatter", num_calls=units, bytes_per_rank=grad_bytes))
-    buckets = (ddp_num_buckets(grad_bytes, bucket_bytes=cluster.ddp_bucket_bytes)
-               if cluster.grad_sync == "ddp" else 1)
+    buckets = 1
+    if cluster.grad_sync == "ddp":
+        sizes = [n * grad_bytes_per_param for n in param_tensor_elements(model)]
+        buckets = ddp_num_buckets(sizes, bucket_bytes=cluster.ddp_bucket_bytes)
     calls = [SyncCalls(op="allreduce", num_calls=buckets, bytes_per_rank=grad_bytes)]
     if cluster.state_sharding == "zero1":
         calls.append(SyncCalls(op="allgather", num_calls=1, bytes_per_rank=grad_bytes))
