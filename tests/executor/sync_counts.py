@@ -11,6 +11,7 @@ states (and DDP's bucket buffers: the all-reduced tensors), to ``<out_dir>/rank<
 
 from __future__ import annotations
 
+import time
 import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -105,6 +106,15 @@ def _fsdp_sharded(model: nn.Module) -> list[torch.Tensor]:
     return out
 
 
+def _backend_ops(profiler: torch.profiler.profile) -> dict[str, int]:
+    """Calls per collective the gloo backend ran (``gloo:*`` events), from Python or C++."""
+    ops: dict[str, int] = {}
+    for event in profiler.events():
+        if event.name.startswith("gloo:"):
+            ops[event.name] = ops.get(event.name, 0) + 1
+    return ops
+
+
 def _wrap(mode: str, model: nn.Module, *, bucket_cap_mb: float | None) -> tuple[nn.Module, DDPSync | FSDP2Sync]:
     if mode == "ddp":
         kwargs = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
@@ -122,18 +132,28 @@ def _wrap(mode: str, model: nn.Module, *, bucket_cap_mb: float | None) -> tuple[
 
 def _run(rank: int, registry: GroupRegistry, mode: str, counters: Counters, *,
          bucket_cap_mb: float | None) -> dict[str, object]:
-    """Two steps (plans 0 and 1, every rank has 3 micro-batches in the second); the second's record."""
+    """Three steps (plans 0, 2, 1: every rank has 3 micro-batches in the last); the last one's record.
+
+    DDP rebuilds its buckets at the second step's first forward (a one-off broadcast of the
+    bucket order, issued from C++), so the third step shows what every later step issues.
+    """
+    start_cpu_s = time.process_time()
     model, sync = _wrap(mode, build_model("1d", dtype=torch.float32), bucket_cap_mb=bucket_cap_mb)
     executor = Executor(registry=registry, grad_sync=sync)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     record: dict[str, object] = {}
-    for plan in plans_1d()[:2]:
+    plans = plans_1d()
+    for step, plan in enumerate([plans[0], plans[2], plans[1]]):
+        plan = plan.model_copy(update={"step": step})
         opt.zero_grad(set_to_none=True)
         rank_plan = plan.rank_view(rank)
-        executor.begin_step(rank_plan, step=plan.step or 0)
+        executor.begin_step(rank_plan, step=step)
         counters.take()  # the plan-digest check is the executor's, not the sync's
         data = dataset_for(plan, "1d", dtype=torch.float32)
         works = rank_plan.group.micro_batches
+        profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        if step == 2:  # only the counted step: the profiler costs seconds per run
+            profiler.start()
         for i, work in enumerate(executor.micro_batches(rank_plan, load_sample=data.load)):
             out = model(work.inputs, work.ctx, recompute_layers=work.recompute_layers)
             loss = work.loss(Llama1D.token_losses(out, work.targets))
@@ -145,7 +165,11 @@ def _run(rank: int, registry: GroupRegistry, mode: str, counters: Counters, *,
         executor.sync_gradients(model)
         buckets = list(counters.allreduced)
         record["counts"] = counters.take()
+        if step == 2:
+            profiler.stop()
+            record["backend_ops"] = _backend_ops(profiler)
         opt.step()
+    record["cpu_s"] = time.process_time() - start_cpu_s
     params = list(model.parameters())
     record["after_step_state_bytes"] = storage_bytes(
         [*params, *(p.grad for p in params), *_optimizer_tensors(opt), *buckets])

@@ -28,9 +28,10 @@ from tests.executor.scenarios import WORLD
 
 FP32_OVER_BF16 = 2  # the analytic file counts bf16 bytes; the test runs fp32
 FP32_GRAD_BYTES = sum(p.numel() * 4 for p in build_model("1d", dtype=torch.float32).parameters())
-# DDP's default cap (25 MiB: one bucket here) and caps of about a half, a third, a fifth of the
-# gradients (even byte counts: the cost model's bf16 cap is half of them)
-DDP_BUCKETS: dict[float | None, int] = {None: 1, **{(FP32_GRAD_BYTES // k + 1) // 2 * 2 / 2**20: k for k in (2, 3, 5)}}
+# DDP's default cap (25 MiB: one bucket here) and a cap of about a fifth of the gradients, an even
+# byte count (the cost model's bf16 cap is half of it): 5 buckets, where ceil(G / cap) would be 6
+# (each bucket closes past its cap). Also checked by hand at a half and a third: 2 and 3.
+DDP_BUCKETS: dict[float | None, int] = {None: 1, (FP32_GRAD_BYTES // 5 + 1) // 2 * 2 / 2**20: 5}
 DDP_CAPS_MB = list(DDP_BUCKETS)
 
 
@@ -116,3 +117,19 @@ def test_fsdp2_peak_state_bytes_match_the_cost_model(runs: list[dict[str, object
         assert record["peak_state_bytes"] == want, r  # type: ignore[index]
         # after the step only shards are left: parameters, gradients, two moments
         assert record["after_step_state_bytes"] == 4 * FP32_GRAD_BYTES / WORLD, r  # type: ignore[index]
+
+
+@pytest.mark.timeout(240)
+def test_no_collective_escapes_the_count(runs: list[dict[str, object]]) -> None:
+    """The gloo backend ran exactly the wrapped calls (the profiler sees C++-issued ones too, such
+    as DDP's one-off bucket-order broadcast in the step before). gloo has no reduce-scatter: it
+    runs FSDP2's as an all-reduce (NCCL, which the cost model prices, runs a reduce-scatter)."""
+    backend = {"all_reduce": "gloo:all_reduce", "reduce_scatter_single": "gloo:all_reduce",
+               "all_gather_single": "gloo:all_gather", "all_to_all_single": "gloo:all_to_all"}
+    for r, res in enumerate(runs):
+        for key in [f"ddp_{cap}" for cap in DDP_CAPS_MB] + ["fsdp2"]:
+            record: dict[str, dict[str, tuple[int, int]]] = res[key]  # type: ignore[assignment]
+            expected: dict[str, int] = {}
+            for name, (calls, _) in record["counts"].items():
+                expected[backend[name]] = expected.get(backend[name], 0) + calls
+            assert record["backend_ops"] == expected, (r, key)
