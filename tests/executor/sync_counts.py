@@ -3,10 +3,11 @@
 Run under ``torch.multiprocessing.spawn`` by ``test_sync_cost_model.py`` (world of 4, fp32, the
 1D reference model): the rank wraps the ``torch.distributed`` functions the sync modes call
 (``all_reduce`` from DDPSync's comm hook, ``all_gather_single`` and ``reduce_scatter_single``
-from FSDP2) and others they might call, runs two planned steps with AdamW between them
-(DDP rebuilds its buckets after the first), and records for the second step the calls and bytes
-of each collective, and the bytes of the unique storages of the parameters, gradients, optimizer
-states (and DDP's bucket buffers: the all-reduced tensors), to ``<out_dir>/rank<r>.pt``.
+from FSDP2) and others they might call, runs three planned steps with AdamW between them
+(DDP rebuilds its buckets at the second), and records for the third step the calls and bytes of
+each collective, the collectives the gloo backend ran (torch profiler), and the bytes of the
+unique storages of the parameters, gradients, optimizer states (and DDP's bucket buffers: the
+all-reduced tensors), to ``<out_dir>/rank<r>.pt``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The cost model prices the gradient sync the executor runs under DDP and FSDP2: the calls and
-bytes of each collective, counted on gloo world 4 in the second of two steps (DDP has rebuilt its
-buckets by then), and each rank's model-state bytes (unique storages of parameters, gradients,
+bytes of each collective, counted on gloo world 4 in the third of three steps (DDP has rebuilt
+its buckets by then), and each rank's model-state bytes (unique storages of parameters, gradients,
 optimizer states and DDP's bucket buffers).
 
 dtype mapping: the run is fp32; the cost model counts bf16 parameters and gradients and fp32
