@@ -365,7 +365,9 @@ class CostModel:
                          ) -> FloatArray:
         """Peak bytes one rank holds for samples under a policy (additive per sample).
 
-        ``s/d * (max(L-k, [k>0])*none + k*full + working + transient)``. Backward runs from the
+        ``s/d * (max(L-k, [k>0])*none + k*full + working + max(transient, head_transient))``
+        (the head's and loss's backward runs first, on top of every kept layer; then each
+        layer's). Backward runs from the
         last layer down: a checkpointed layer rematerialises its ``none`` activations only after
         the plain layers above it have freed theirs, so the rematerialised layer adds to the peak
         only when every layer is checkpointed (``k = L``, which is then dominated by ``k = L-1``).
@@ -378,7 +380,8 @@ class CostModel:
         layers = self.num_layers
         kept_none_layers = np.maximum(layers - k, np.where(k > 0, 1.0, 0.0))
         per_token = (kept_none_layers * a.bytes_per_token_layer_none + k * a.bytes_per_token_layer_full
-                     + a.working_bytes_per_token + a.transient_bytes_per_token)
+                     + a.working_bytes_per_token
+                     + max(a.transient_bytes_per_token, a.head_transient_bytes_per_token))
         return np.asarray(s / group_size * per_token, dtype=np.float64)
 
     def fixed_working_bytes(self) -> float:

@@ -31,6 +31,7 @@ from costmodel.fit_terms import (
     fit_comm,
     fit_compute,
     fit_head,
+    fit_head_transient,
     fit_transient,
     mape,
     relative_nnls,
@@ -181,9 +182,10 @@ def fit_profiles(profiles: Sequence[Profile], config: FitConfig | None = None) -
     transient_b, per_layer_b = 0.0, 0.0
     if transient is not None:
         transient_b, per_layer_b, terms["peak_bytes"] = transient
-    head_s, head_fixed_s, head_bytes = 0.0, 0.0, 0.0
+    head_s, head_fixed_s, head_bytes, head_transient_b = 0.0, 0.0, 0.0, None
     if heads:
         head_s, head_fixed_s, head_bytes, terms["head_time"] = fit_head(heads, split)
+        head_transient_b = fit_head_transient(heads)
     sizes = sorted({r.group_size for r in compute})
     notes = [f"fitted to {len(compute)} compute (group sizes {sizes}), {len(heads)} head and "
              f"{len(comm)} comm records ({header.device} {header.device_name!r}, {header.dtype}, "
@@ -232,6 +234,7 @@ def fit_profiles(profiles: Sequence[Profile], config: FitConfig | None = None) -
         working_bytes_per_token=head_bytes * head_bytes_r + comm_buffer_bytes,
         fixed_working_bytes=AnalyticConfig().fixed_working_bytes,
         transient_bytes_per_token=transient_b * _ratio(none_full, none_prof),
+        head_transient_bytes_per_token=(head_transient_b or 0.0) * head_bytes_r,
         # a layer's weight-gradient buffers grow with its parameters, as its FLOPs per token do
         fixed_working_bytes_per_layer=per_layer_b * token_r,
     )
@@ -240,6 +243,9 @@ def fit_profiles(profiles: Sequence[Profile], config: FitConfig | None = None) -
     if transient is not None:
         notes.append(f"peak working memory: {transient_b:.4g} B per token per rank and "
                      f"{per_layer_b:.4g} B per layer of the profiled shape")
+    if heads and head_transient_b is None:
+        notes.append("no device_peak_bytes in the head records: the head's transient working set "
+                     "is not fitted (0)")
     links, comm_res = fit_comm(comm, split)
     terms.update(comm_res)
     comm_coef = _comm_coefficients(links, cfg.comm_fallback_hardware or header.hardware, model, notes)

@@ -318,6 +318,20 @@ def fit_head(records: Sequence[HeadRecord], split: SplitConfig) -> tuple[float, 
     return float(coef[0]), float(coef[1]), bytes_per_token, result
 
 
+def fit_head_transient(records: Sequence[HeadRecord]) -> float | None:
+    """Bytes per token of the head's backward beyond its saved tensors: NNLS of
+    ``peak - saved = head_transient*T + c`` over the head records that carry a peak (None when
+    none does; ``c``, the head's weight-gradient buffers, is a constant the micro-batch's fixed
+    working bytes hold)."""
+    with_peak = [r for r in records if r.device_peak_bytes is not None]
+    if len(with_peak) < 2:
+        return None
+    tokens = np.array([r.tokens for r in with_peak], dtype=np.float64)
+    extra = np.array([max(0.0, float(r.device_peak_bytes or 0.0) - r.activation_bytes) for r in with_peak])
+    coef, _ = nnls(np.stack([tokens, np.ones_like(tokens)], axis=1), extra)
+    return float(coef[0])
+
+
 # ------------------------------------------------------------------------------------ comm
 def fit_comm(records: Sequence[CommRecord], split: SplitConfig
              ) -> tuple[dict[str, list[LinkFit]], dict[str, TermResult]]:

@@ -89,6 +89,12 @@ class ActivationCoefficients(_Frozen):
         default=0.0, ge=0,
         description="Working set of one layer's backward per token per rank of the micro-batch.",
     )
+    head_transient_bytes_per_token: float = Field(
+        default=0.0, ge=0,
+        description="Working set of the head's and loss's backward per token beyond what the head "
+                    "saves (the logits' gradient, softmax scratch); it runs before the layers' "
+                    "backward, so the larger of it and a layer's transient counts.",
+    )
     fixed_working_bytes_per_layer: float = Field(
         default=0.0, ge=0,
         description="Working memory of a micro-batch per layer of the model, whatever its tokens "

@@ -158,6 +158,9 @@ class HeadRecord(_Timed):
     record: Literal["head"] = "head"
     tokens: int = Field(gt=0, description="Tokens in the micro-batch.")
     activation_bytes: float = Field(ge=0, description="Exact bytes kept by the forward for backward.")
+    device_peak_bytes: float | None = Field(
+        default=None, ge=0, description="Peak over forward+backward above the start (logits, their "
+                                         "gradient and the loss's scratch); absent in older profiles.")
 
 
 class CommRecord(_Timed):

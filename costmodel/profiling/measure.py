@@ -254,3 +254,25 @@ def head_activation_bytes(head: nn.Module, inputs: torch.Tensor) -> int:
         loss = head(inputs)
     del loss
     return counter.num_bytes
+
+
+def head_peak_bytes(head: nn.Module, inputs: torch.Tensor) -> float:
+    """Peak bytes of the head's forward+backward above the start (parameter gradients already
+    allocated, as in training): its saved tensors plus its transient working set."""
+    params = list(head.parameters())
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    try:
+        if inputs.device.type == "cuda":
+            torch.cuda.synchronize(inputs.device)
+            torch.cuda.reset_peak_memory_stats(inputs.device)
+            base = torch.cuda.memory_allocated(inputs.device)
+            head(inputs).backward()
+            torch.cuda.synchronize(inputs.device)
+            return float(torch.cuda.max_memory_allocated(inputs.device) - base)
+        with LiveBytesTracker() as tracker:
+            head(inputs).backward()
+            return float(tracker.peak_bytes)
+    finally:
+        for p in params:
+            p.grad = None

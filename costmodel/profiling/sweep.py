@@ -33,6 +33,7 @@ from costmodel.profiling.measure import (
     CpuClock,
     MemoryMeasurement,
     head_activation_bytes,
+    head_peak_bytes,
     make_head_step,
     make_step,
     measure_memory,
@@ -281,6 +282,7 @@ def run_sweep(profiled: ModelSpec, config: SweepConfig, *, device: torch.device,
         records.append(HeadRecord(
             tokens=tokens, time_s=t.time_s, time_s_min=t.time_s_min, time_s_max=t.time_s_max,
             num_repeats=t.num_repeats, activation_bytes=float(head_activation_bytes(head, inputs)),
+            device_peak_bytes=head_peak_bytes(head, inputs),
         ))
     logger.info("sweep of %s: %d configurations on %s", profiled.name, len(steps), device)
     return records

@@ -36,6 +36,7 @@ FIXED_S = 2e-3
 NONE_B, FULL_B, TRANSIENT_B = 9000.0, 512.0, 3000.0
 LAYER_B = 4e6  # working bytes per layer whatever the tokens (weight-gradient buffers)
 HEAD_S, HEAD_FIXED_S, HEAD_B = 3e-6, 1e-3, 20000.0
+HEAD_TRANSIENT_B, HEAD_GRAD_B = 6000.0, 3e6  # the loss's backward per token; head weight gradients
 ALPHA_S = 5e-5
 # effective per-rank bandwidth of every measured configuration (group size, nodes): node-crossing
 # groups are much slower, and not by any formula the fit knows
@@ -94,7 +95,8 @@ def synthetic_profile(model: ModelSpec, *, noise: float, seed: int = 0, profiled
                 device_peak_bytes=noisy(peak)))
     for tokens in (256, 1024, 4096, 16384, 512, 2048):
         records.append(HeadRecord(tokens=tokens, **_timed(noisy(HEAD_S * tokens + HEAD_FIXED_S)),
-                                  activation_bytes=HEAD_B * tokens))
+                                  activation_bytes=HEAD_B * tokens,
+                                  device_peak_bytes=noisy((HEAD_B + HEAD_TRANSIENT_B) * tokens + HEAD_GRAD_B)))
     for op in ("alltoall", "allreduce"):
         for d, nodes in BW:
             for nbytes in np.geomspace(1e5, 1e8, 6):
@@ -135,6 +137,7 @@ def test_fit_recovers_known_coefficients(model_name: str) -> None:
     assert f.activation.transient_bytes_per_token == pytest.approx(TRANSIENT_B, rel=1e-6)
     # the profiled layers have the model's width: the per-layer bytes are not rescaled
     assert f.activation.fixed_working_bytes_per_layer == pytest.approx(LAYER_B, rel=1e-6)
+    assert f.activation.head_transient_bytes_per_token == pytest.approx(HEAD_TRANSIENT_B, rel=1e-6)
     for fit in (*f.comm.alltoall, *f.comm.allreduce):
         assert fit.group_size is not None and fit.num_nodes is not None
         assert fit.placement == ("intra" if fit.num_nodes == 1 else "inter")
@@ -190,13 +193,15 @@ def test_every_term_reproduces_its_own_records_through_the_evaluator(model_name:
         within(op, [r.time_s for r in recs],
                [float(collective_time_s(f.comm, op, r.bytes_per_rank, group_size=r.group_size,  # type: ignore[arg-type]
                                         num_nodes=r.num_nodes)) for r in recs])
-    # peak memory: activation_bytes of the stack's depth without the head's working bytes
+    # peak memory: activation_bytes of the stack's depth without the head's working bytes (the
+    # layer records ran no head)
     measured, predicted = [], []
     for rec in profile.compute:
         assert rec.device_peak_bytes is not None
         shallow = f.model_copy(update={
             "model": model.model_copy(update={"num_layers": rec.num_layers}),
-            "activation": f.activation.model_copy(update={"working_bytes_per_token": 0.0})})
+            "activation": f.activation.model_copy(update={"working_bytes_per_token": 0.0,
+                                                          "head_transient_bytes_per_token": 0.0})})
         cm = CostModel(file=shallow, cluster=cluster)
         measured.append(rec.device_peak_bytes)
         predicted.append(float(cm.activation_bytes(rec.num_tokens, group_size=rec.group_size,
