@@ -70,8 +70,9 @@ def prepare(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: Cost
     """Check the input and tabulate costs and bounds.
 
     Raises:
-        ValueError: for an empty batch, repeated sample ids, a world the allowed sizes cannot
-            partition, model states over the memory cap, or a sample that fits nowhere.
+        ValueError: for an empty batch, repeated sample ids, a 1D sample for a 2D model, a world
+            the allowed sizes cannot partition, model states over the memory cap, or a sample
+            that fits nowhere.
     """
     if len(samples) == 0:
         raise ValueError("the batch is empty: a plan needs at least one sample")
@@ -81,6 +82,11 @@ def prepare(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: Cost
             raise ValueError(f"sample id {s.id!r} appears more than once in the batch")
         seen.add(s.id)
     cm = CostModel(file=cost_model, cluster=cluster)
+    if cm.is_2d:
+        flat = next((s for s in samples if not s.is_2d), None)
+        if flat is not None:
+            raise ValueError(f"sample {flat.id!r} has tokens but no frames, height and width: "
+                             f"model {cost_model.model.name!r} is 2D (spatial + temporal attention)")
     sizes = allowed_sizes(cm, mode=config.sizes, max_group_size=config.max_group_size,
                           explicit=config.group_sizes)
     n = cluster.num_gpus

@@ -120,6 +120,15 @@ def test_plan_duplicate_ids_and_unknown_model(client: TestClient) -> None:
     assert client.post("/v1/plans", json=body, headers=AUTH).status_code == 404
 
 
+def test_a_1d_sample_for_a_2d_model_is_named(client: TestClient) -> None:
+    body = {"samples": [{"id": "clip", "tokens": 4096, "frames": 4, "height": 32, "width": 32},
+                        {"id": "flat", "tokens": 4096}],
+            "cluster": "h200x8", "cost_model_id": "analytic-stdit3-xl-h200-sxm", "options": FAST}
+    response = client.post("/v1/plans", json=body, headers=AUTH)
+    assert response.status_code == 422, response.text
+    assert "'flat'" in response.text and "2D" in response.text
+
+
 def test_sample_that_fits_nowhere_is_named(client: TestClient) -> None:
     body = {"samples": [{"id": "ok", "tokens": 1024}, {"id": "giant", "tokens": 50_000_000}],
             "cluster": "h200x8", "cost_model_id": COST_MODEL, "options": FAST}

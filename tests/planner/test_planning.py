@@ -74,6 +74,8 @@ def test_every_plan_passes_the_validator(shapes: list[dict[str, int]], cluster_n
     is_2d = [("frames" in s) for s in shapes]
     model = "stdit3-xl" if sum(is_2d) * 2 >= len(shapes) else "llama-7b"
     samples = [Sample(id=f"h{i}", **shape) for i, shape in enumerate(shapes)]
+    if model == "stdit3-xl":  # a 2D model takes 2D samples only (a 1D one is refused, named)
+        samples = [s for s in samples if s.is_2d]
     cluster = load_cluster(cluster_name)
     cmf = default_cost_model_file(model, cluster.hardware.name)
     cm = CostModel(file=cmf, cluster=cluster)
@@ -145,6 +147,15 @@ def test_lns_under_a_tiny_limit_keeps_a_valid_plan() -> None:
     plan = plan_batch(samples, cluster=cluster, cost_model=cmf, config=config)
     assert validate_plan(plan, samples, cost_model=cm) == []
     assert plan.solver.status in ("HEURISTIC", "BASELINE", "FEASIBLE")
+
+
+@pytest.mark.timeout(60)
+def test_a_1d_sample_for_a_2d_model_is_named() -> None:
+    cluster = load_cluster("h200x8")
+    cmf = default_cost_model_file("stdit3-xl", cluster.hardware.name)
+    samples = [Sample(id="clip", tokens=4096, frames=4, height=32, width=32), Sample(id="flat", tokens=4096)]
+    with pytest.raises(ValueError, match="'flat'.*2D"):
+        plan_batch(samples, cluster=cluster, cost_model=cmf)
 
 
 @pytest.mark.timeout(60)
