@@ -140,9 +140,23 @@ class CostTable:
         self._rows: tuple[list[list[float]], list[list[float]], list[list[int]]] | None = None
         for j, d in enumerate(self.sizes):
             self._fill_size(j, d)
+        self._check_finite()
         # Fastest fitting size per class (ties: smaller size).
         fits = np.isfinite(self.time_s)
         self.fits_anywhere = fits.any(axis=1)
+
+    def _check_finite(self) -> None:
+        """Refuse a cost model whose times overflow float64 on this batch (an uploaded file can
+        hold coefficients near 1e308: every comparison of the search would then fail)."""
+        parts = {"micro-batch fixed time": self.overhead_s_by_size, "layer call time": self.call_s_by_size,
+                 "gradient sync time": np.asarray([self.grad_sync_s]),
+                 "sample time": np.where(np.isfinite(self.mem_bytes), self.time_s, 0.0),
+                 "recompute time": self.recompute_s_per_layer}
+        bad = [name for name, values in parts.items() if not np.isfinite(values).all()]
+        if bad:
+            raise ValueError(f"cost model {self.cost_model.file.id!r} predicts a non-finite "
+                             f"{', '.join(bad)} on this batch: its coefficients are too large to "
+                             "evaluate in float64")
 
     def _fill_size(self, j: int, d: int) -> None:
         cm, c = self.cost_model, self.classes

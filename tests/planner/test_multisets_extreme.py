@@ -23,3 +23,21 @@ def test_round_groups_of_extreme_counts_fill_the_world(groups: list[float], ceil
 def test_fill_ranks_of_a_negative_count_is_none() -> None:
     assert fill_ranks(-3, [2, 1]) is None
     assert sorted(fill_ranks(5, [2, 1]) or [], reverse=True) == [2, 2, 1]
+
+
+def test_a_cost_model_whose_times_overflow_is_refused_by_name() -> None:
+    """The fuzzer's second find: an uploaded file with per-call and fixed costs near 1e308 made
+    every time infinite and the heuristic found no group multiset (an assertion, a 500)."""
+    from costmodel.presets import default_cost_model_file, load_cluster
+    from costmodel.specs import Sample
+    from planner.planning import plan_batch
+
+    cluster = load_cluster("h200x8")
+    base = default_cost_model_file("llama-7b", cluster.hardware.name)
+    huge = base.model_copy(update={"id": "huge", "compute": base.compute.model_copy(update={
+        "forward": base.compute.forward.model_copy(update={"per_call": 4.36e307}),
+        "microbatch_overhead_s": 2.4e307})})
+    samples = [Sample(id=f"doc-{i}", tokens=1000 + 500 * i) for i in range(3)]
+    with pytest.raises(ValueError, match="'huge' predicts a non-finite"):
+        plan_batch(samples, cluster=cluster, cost_model=huge)
+    assert plan_batch(samples, cluster=cluster, cost_model=base).sample_ids  # the sane file plans
