@@ -92,6 +92,10 @@ def main() -> None:
               f"{s['group_time_mape']:.1%}; peak MAPE {s['peak_mape']:.1%} (max {s['peak_max_error']:.1%}); "
               f"fit held-out MAPE {_fit_quality(report)}; "
               f"{report['wall_s']:.0f} s, load {report['loadavg_after'][0]:.1f}")
+        for d, g in s["by_group_size"].items():
+            print(f"  d={d}: all-to-all {g['alltoall_s'] * 1e3:.1f} ms measured / "
+                  f"{g['predicted_alltoall_s'] * 1e3:.1f} ms predicted, the rest {g['rest_s'] * 1e3:.1f} / "
+                  f"{g['predicted_rest_s'] * 1e3:.1f} ms (sums over its micro-batches)")
         bar.advance(task)
     bar.stop()
     results["machine"]["loadavg_at_end"] = os.getloadavg()

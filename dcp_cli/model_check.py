@@ -47,6 +47,7 @@ from costmodel.evaluate import CostModel
 from costmodel.fit import FitConfig, FitResult, fit_profiles
 from costmodel.presets import cpu_cluster
 from costmodel.profiling.memtrack import LiveBytesTracker
+from costmodel.recalibrate import TERMS, TermSplitter
 from costmodel.schema import CostModelFile
 from costmodel.specs import Sample
 from dcp_cli.check_config import (
@@ -135,22 +136,40 @@ def _calibration_peak(model: Any, config: CheckConfig) -> float:
     return float(tracker.peak_bytes)
 
 
+class _AllToAllClock:
+    """Time (by the check's clock) spent inside ``all_to_all_single`` on this rank."""
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        self.now, self.total_s = now, 0.0
+        self._inner = dist.all_to_all_single
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        start = self.now()
+        try:
+            return self._inner(*args, **kwargs)
+        finally:
+            self.total_s += self.now() - start
+
+
 def _measure(run: Callable[[], None], *, repeats: int, now: Callable[[], float],
-             group: Any) -> dict[str, Any]:
-    """Warm-up, ``repeats`` timed runs (after a group barrier), then one run for the peak."""
+             group: Any, a2a: _AllToAllClock | None = None) -> dict[str, Any]:
+    """Warm-up, ``repeats`` timed runs (after a group barrier), then one run for the peak; with
+    ``a2a``, the part of each run spent inside the all-to-alls."""
     run()
-    times = []
+    times, a2a_times = [], []
     for _ in range(repeats):
         if group is not None:
             dist.barrier(group=group)
+        inside = a2a.total_s if a2a is not None else 0.0
         start = now()
         run()
         times.append(now() - start)
+        a2a_times.append(a2a.total_s - inside if a2a is not None else 0.0)
     if group is not None:
         dist.barrier(group=group)
     with LiveBytesTracker() as tracker:
         run()
-    return {"times_s": times, "peak_bytes": tracker.peak_bytes}
+    return {"times_s": times, "alltoall_times_s": a2a_times, "peak_bytes": tracker.peak_bytes}
 
 
 def _exec_worker(rank: int, world: int, port: int, out_dir: str, config_json: str, plans_json: str) -> None:
@@ -162,6 +181,10 @@ def _exec_worker(rank: int, world: int, port: int, out_dir: str, config_json: st
         registry = GroupRegistry(world_size=world, rank=rank, group_sizes=config.group_sizes)
         executor = Executor(registry=registry, weight_dtype=torch.float64)
         now = time.thread_time if config.clock == "thread" else time.perf_counter
+        # The executor's all-to-alls (executor.ulysses calls dist.all_to_all_single) are timed
+        # apart, so the report splits each micro-batch into all-to-all and the rest.
+        a2a = _AllToAllClock(now)
+        dist.all_to_all_single = a2a  # type: ignore[assignment]  # this spawned rank only
         model: Any = build_reference_model(config)
         for p in model.parameters():
             p.grad = torch.zeros_like(p)  # as after the first micro-batch of a step
@@ -182,7 +205,7 @@ def _exec_worker(rank: int, world: int, port: int, out_dir: str, config_json: st
                 if group is None:
                     solo.append((key, run))
                     continue
-                results[key] = _measure(run, repeats=config.repeats, now=now, group=group)
+                results[key] = _measure(run, repeats=config.repeats, now=now, group=group, a2a=a2a)
         # Concurrent (a cpu:W cluster's ranks share the machine): one-rank groups run at once, as
         # in training; otherwise they take turns, so that no other rank shares the CPU while they
         # are timed (a GPU rank has its device to itself). Groups of several ranks run together.
@@ -230,6 +253,7 @@ def compare(file: CostModelFile, config: CheckConfig, plans: Sequence[tuple[Plan
     file = file.model_copy(update={"activation": file.activation.model_copy(
         update={"fixed_working_bytes": fixed_working, "fixed_working_bytes_per_layer": 0.0})})
     cm = CostModel(file=file, cluster=cpu_cluster(config.world_size))
+    splitter = TermSplitter(cm)
     rows: list[dict[str, Any]] = []
     groups: list[dict[str, Any]] = []
     for plan, _ in plans:
@@ -239,8 +263,11 @@ def compare(file: CostModelFile, config: CheckConfig, plans: Sequence[tuple[Plan
                 samples = [ps.sample for ps in mb.samples]
                 ks = [ps.recompute_layers for ps in mb.samples]
                 per_rank = [measured[r][f"{plan.step}/{m}"] for r in group.ranks]
-                # slowest rank of each repeat, then the fastest repeat
-                time_s = min(max(rep) for rep in zip(*(x["times_s"] for x in per_rank), strict=True))
+                # slowest rank of each repeat, then the fastest repeat (and its all-to-all part)
+                reps = [max((x["times_s"][i], x["alltoall_times_s"][i]) for x in per_rank)
+                        for i in range(len(per_rank[0]["times_s"]))]
+                time_s, alltoall_s = min(reps)
+                terms = splitter(samples, group_size=group.size, recompute_layers=ks)
                 peak = max(x["peak_bytes"] for x in per_rank)
                 pred_t = cm.microbatch_time_s(samples, group_size=group.size, recompute_layers=ks)
                 pred_b = cm.microbatch_peak_bytes(samples, group_size=group.size,
@@ -248,6 +275,8 @@ def compare(file: CostModelFile, config: CheckConfig, plans: Sequence[tuple[Plan
                 rows.append({"step": plan.step, "group": gi, "micro_batch": m, "group_size": group.size,
                              "tokens": sum(s.tokens for s in samples), "num_samples": len(samples),
                              "policies": ks, "time_s": time_s, "predicted_time_s": pred_t,
+                             "alltoall_s": alltoall_s,
+                             "predicted_alltoall_s": float(terms[TERMS.index("alltoall")]),
                              "peak_bytes": peak, "predicted_peak_bytes": pred_b})
                 group_meas += time_s
                 group_pred += pred_t
@@ -272,7 +301,13 @@ def compare(file: CostModelFile, config: CheckConfig, plans: Sequence[tuple[Plan
             str(d): {"micro_batches": len(sel),
                      "time_mape": statistics.fmean(err(r["time_s"], r["predicted_time_s"]) for r in sel),
                      "time_bias": statistics.fmean(r["predicted_time_s"] / r["time_s"] - 1 for r in sel),
-                     "peak_mape": statistics.fmean(err(r["peak_bytes"], r["predicted_peak_bytes"]) for r in sel)}
+                     "peak_mape": statistics.fmean(err(r["peak_bytes"], r["predicted_peak_bytes"]) for r in sel),
+                     # where a group's time goes: inside the all-to-alls and the rest
+                     "alltoall_s": sum(r["alltoall_s"] for r in sel),
+                     "predicted_alltoall_s": sum(r["predicted_alltoall_s"] for r in sel),
+                     "rest_s": sum(r["time_s"] - r["alltoall_s"] for r in sel),
+                     "predicted_rest_s": sum(r["predicted_time_s"] - r["predicted_alltoall_s"]
+                                             for r in sel)}
             for d in sorted({r["group_size"] for r in rows})
             for sel in [[r for r in rows if r["group_size"] == d]]},
         "by_policy": {
