@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from api.store import PlanStore
-from api.store_schema import connect, transaction
+from api.store_schema import ThreadConnections, connect, transaction
 from costmodel.schema import CostModelFile
 from planner.epoch import StepResult
 
@@ -88,8 +88,7 @@ class RevisionStore:
         self.store = store
         self._frozen: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._local = threading.local()
-        self._conns: list[sqlite3.Connection] = []
+        self._conns = ThreadConnections()
 
     # ------------------------------------------------------------------ state
     def state(self, epoch_id: str) -> RecalibrationState:
@@ -124,24 +123,17 @@ class RevisionStore:
         WAL, safe from a crash of the service, and synced by the next FULL commit of any
         connection), no WAL checkpoint (that syncs the file: left to the store's writers), no busy
         wait on the event loop's fast path."""
-        name = "fast" if fast else "slow"
-        conn: sqlite3.Connection | None = getattr(self._local, name, None)
-        if conn is None:
+        def open_conn() -> sqlite3.Connection:
             conn = connect(self.store.path, busy_timeout_s=0.0 if fast else self.store.busy_timeout_s)
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints run on the store's writers
-            setattr(self._local, name, conn)
-            with self._lock:
-                self._conns.append(conn)
-        return conn
+            return conn
+
+        return self._conns.get("fast" if fast else "slow", open_conn)
 
     def close(self) -> None:
         """Close the freezing connections."""
-        with self._lock:
-            for conn in self._conns:
-                conn.close()
-            self._conns.clear()
-        self._local = threading.local()
+        self._conns.close()
 
     def fetch_rank_view(self, epoch_id: str, step: int, rank: int, *, fast: bool = False) -> str | None:
         """``PlanStore.get_rank_view``, freezing a stored step first when it is served for the

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -27,7 +26,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from api.store_schema import STORE_SCHEMA_VERSION, connect, migrate, schema_version, transaction
+from api.store_schema import (
+    STORE_SCHEMA_VERSION,
+    ThreadConnections,
+    connect,
+    migrate,
+    schema_version,
+    transaction,
+)
 from costmodel.schema import CostModelFile
 from costmodel.specs import Sample
 from planner.epoch import StepResult, group_view_templates, rank_view_json
@@ -108,9 +114,7 @@ class PlanStore:
         self.path = Path(path)
         self.busy_timeout_s = busy_timeout_s
         self.fast_busy_timeout_s = fast_busy_timeout_s
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._conns: list[sqlite3.Connection] = []
+        self._conns = ThreadConnections()
 
     @classmethod
     def open(cls, path: str | Path, *, busy_timeout_s: float = 5.0) -> PlanStore:
@@ -122,22 +126,13 @@ class PlanStore:
 
     # ------------------------------------------------------------------ plumbing
     def _conn(self, *, fast: bool = False) -> sqlite3.Connection:
-        name = "fast_conn" if fast else "conn"
-        conn: sqlite3.Connection | None = getattr(self._local, name, None)
-        if conn is None:
-            conn = connect(self.path, busy_timeout_s=self.fast_busy_timeout_s if fast else self.busy_timeout_s)
-            setattr(self._local, name, conn)
-            with self._lock:
-                self._conns.append(conn)
-        return conn
+        timeout_s = self.fast_busy_timeout_s if fast else self.busy_timeout_s
+        return self._conns.get("fast_conn" if fast else "conn",
+                               lambda: connect(self.path, busy_timeout_s=timeout_s))
 
     def close(self) -> None:
         """Close every connection opened by this store."""
-        with self._lock:
-            for conn in self._conns:
-                conn.close()
-            self._conns.clear()
-        self._local = threading.local()
+        self._conns.close()
 
     def schema_version(self) -> int:
         """The schema version of the file (0 for an empty file)."""

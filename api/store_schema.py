@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -184,6 +185,33 @@ def connect(path: Path, *, busy_timeout_s: float) -> sqlite3.Connection:
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute("PRAGMA foreign_keys=ON")
     return conn
+
+
+class ThreadConnections:
+    """One connection per thread and name (opened on first use), all closed together."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._conns: list[sqlite3.Connection] = []
+
+    def get(self, name: str, open_conn: Callable[[], sqlite3.Connection]) -> sqlite3.Connection:
+        """This thread's connection ``name``, opened by ``open_conn`` the first time."""
+        conn: sqlite3.Connection | None = getattr(self._local, name, None)
+        if conn is None:
+            conn = open_conn()
+            setattr(self._local, name, conn)
+            with self._lock:
+                self._conns.append(conn)
+        return conn
+
+    def close(self) -> None:
+        """Close every connection opened through this object."""
+        with self._lock:
+            for conn in self._conns:
+                conn.close()
+            self._conns.clear()
+        self._local = threading.local()
 
 
 @contextmanager
