@@ -95,7 +95,12 @@ def main() -> None:
         for d, g in s["by_group_size"].items():
             print(f"  d={d}: all-to-all {g['alltoall_s'] * 1e3:.1f} ms measured / "
                   f"{g['predicted_alltoall_s'] * 1e3:.1f} ms predicted, the rest {g['rest_s'] * 1e3:.1f} / "
-                  f"{g['predicted_rest_s'] * 1e3:.1f} ms (sums over its micro-batches)")
+                  f"{g['predicted_rest_s'] * 1e3:.1f} ms (sums over its micro-batches)"
+                  + ("" if g.get("emulated_s") is None else
+                     f"; on the emulated group {g['emulated_s'] * 1e3:.1f} ms (the compute model's "
+                     f"{g['predicted_rest_s'] * 1e3:.1f}; all-to-alls add "
+                     f"{(g['time_s_sum'] - g['emulated_s']) * 1e3:.1f}"
+                     f" measured / {g['predicted_alltoall_s'] * 1e3:.1f} predicted)"))
         bar.advance(task)
     bar.stop()
     results["machine"]["loadavg_at_end"] = os.getloadavg()

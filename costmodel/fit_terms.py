@@ -206,7 +206,7 @@ def fit_compute(records: Sequence[ComputeRecord], kind: str, split: SplitConfig,
         raise ValueError(
             "attention_half_tokens cannot be identified: every compute record has group_size 1 "
             "(a dcp-profile/1 file, or a sweep without --group-sizes); profile again with group "
-            "sizes above 1 (dcp profile --group-sizes 1,2,4, format dcp-profile/2) or fix it "
+            "sizes above 1 (dcp profile --group-sizes 1,2,4, format dcp-profile/2 or later) or fix it "
             "(dcp fit --attention-half-tokens VALUE)"
         )
     per_call = len({r.num_layers for r in records}) > 1
@@ -338,7 +338,9 @@ def fit_comm(records: Sequence[CommRecord], split: SplitConfig
     """Alpha-beta per op, placement, group size and node count; MAPE per op over all its groups.
 
     The design matrix is ``[latency_steps, wire_bytes]`` (``costmodel.evaluate``), so that the
-    fitted link times a record exactly as ``collective_time_s`` does.
+    fitted link times a record exactly as ``collective_time_s`` does. Where a group has
+    ``in_layer`` records (what a call adds inside the model's layers on the real group), they
+    are fitted and its ``isolated`` ones are left out: the step pays the former.
     """
     fits: dict[str, list[LinkFit]] = {"alltoall": [], "allreduce": []}
     results: dict[str, TermResult] = {}
@@ -348,6 +350,7 @@ def fit_comm(records: Sequence[CommRecord], split: SplitConfig
         measured, predicted, num_train = [], [], 0
         for d, nodes in keys:
             group = [r for r in recs if (r.group_size, r.num_nodes) == (d, nodes)]
+            group = [r for r in group if r.context == "in_layer"] or group
             steps = latency_steps(op, d)  # type: ignore[arg-type]
             a = np.array([[steps, float(wire_bytes(op, r.bytes_per_rank, d))]  # type: ignore[arg-type]
                           for r in group])

@@ -1,8 +1,8 @@
-"""Profiles for ``dcp check-model``: the executor's own layers and the collectives on this machine.
+"""Compute profile for ``dcp check-model``: the executor's own layers on this machine.
 
 The layers are profiled with the profiling sweep (``costmodel.profiling.sweep``), each called as
 one rank of a group (``executor.ulysses.EmulatedGroup``: the all-to-all is a local copy); the
-collectives with ``dcp profile-comm``'s sweep on a gloo world.
+collectives are profiled by :mod:`dcp_cli.check_comm`.
 
 With ``CheckConfig.concurrent`` (the default) every one of the ``world_size`` ranks runs the
 same sweep at the same time and rank 0's records are kept: the ranks of a ``cpu:W`` cluster
@@ -20,21 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
 from costmodel.presets import CPU_HARDWARE
-from costmodel.profiling.comm import CommSweepConfig, run_comm_sweep
-from costmodel.profiling.format import CommRecord, ComputeRecord, HeadRecord, Profile, ProfileHeader
+from costmodel.profiling.format import ComputeRecord, HeadRecord, Profile
 from costmodel.profiling.sweep import SweepConfig, make_header, run_sweep
 from costmodel.specs import ModelSpec
 from dcp_cli.check_config import (
     CheckConfig,
     ProgressFn,
     build_reference_model,
-    free_port,
-    init_rank,
     reference_spec,
 )
 from executor.context import SPContext
@@ -140,29 +136,3 @@ def profile_reference(config: CheckConfig, *, progress: ProgressFn | None = None
                                + (f", {config.world_size} ranks sweeping at once" if concurrent else ""))
     return Profile(header=header, compute=[r for r in records if isinstance(r, ComputeRecord)],
                    head=[r for r in records if isinstance(r, HeadRecord)])
-
-
-def _comm_worker(rank: int, world: int, port: int, out: str, clock: str) -> None:
-    init_rank(rank, world, port)
-    try:
-        config = CommSweepConfig(bytes_min=4 * 1024, bytes_max=2 * 1024 * 1024, num_sizes=6,
-                                 gpus_per_node=world, warmup=3, repeats=15,
-                                 clock=clock)  # type: ignore[arg-type]
-        records = run_comm_sweep(config, device=torch.device("cpu"))
-        if rank == 0:
-            Path(out).write_text(json.dumps([r.model_dump(mode="json") for r in records]))
-    finally:
-        dist.destroy_process_group()
-
-
-def profile_comm(world: int, *, clock: str = "wall") -> Profile:
-    """All-to-all and all-reduce on ``world`` gloo ranks of this machine (timed by ``clock``)."""
-    header = ProfileHeader(hardware=CPU_HARDWARE, device="cpu", dtype="float32", world_size=world,
-                           notes="dcp check-model: gloo on loopback")
-    if world < 2:
-        return Profile(header=header)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "comm.json"
-        mp.spawn(_comm_worker, args=(world, free_port(), str(out), clock), nprocs=world, join=True)
-        comm = [CommRecord.model_validate(r) for r in json.loads(out.read_text())]
-    return Profile(header=header, comm=comm)

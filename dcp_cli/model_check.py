@@ -50,6 +50,7 @@ from costmodel.profiling.memtrack import LiveBytesTracker
 from costmodel.recalibrate import TERMS, TermSplitter
 from costmodel.schema import CostModelFile
 from costmodel.specs import Sample
+from dcp_cli.check_comm import AllToAllMeter, profile_alltoall_in_layer, profile_comm
 from dcp_cli.check_config import (
     CheckConfig,
     ProgressFn,
@@ -58,18 +59,19 @@ from dcp_cli.check_config import (
     init_rank,
     reference_spec,
 )
-from dcp_cli.check_profile import ReferenceLayer, profile_comm, profile_reference
+from dcp_cli.check_profile import ReferenceLayer, profile_reference
 from executor.context import SPContext
 from executor.data import SyntheticDataset
 from executor.groups import GroupRegistry
 from executor.layout import PackedLayout, SampleShape
 from executor.runtime import Executor
+from executor.ulysses import EmulatedGroup
 from planner.config import PlannerConfig
 from planner.plan import Plan
 from planner.planning import plan_batch
 
 __all__ = ["CheckConfig", "ReferenceLayer", "build_reference_model", "compare", "execute", "make_plans",
-           "profile_comm", "profile_reference", "reference_spec", "run_check"]
+           "profile_alltoall_in_layer", "profile_comm", "profile_reference", "reference_spec", "run_check"]
 
 logger = logging.getLogger(__name__)
 
@@ -136,23 +138,8 @@ def _calibration_peak(model: Any, config: CheckConfig) -> float:
     return float(tracker.peak_bytes)
 
 
-class _AllToAllClock:
-    """Time (by the check's clock) spent inside ``all_to_all_single`` on this rank."""
-
-    def __init__(self, now: Callable[[], float]) -> None:
-        self.now, self.total_s = now, 0.0
-        self._inner = dist.all_to_all_single
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        start = self.now()
-        try:
-            return self._inner(*args, **kwargs)
-        finally:
-            self.total_s += self.now() - start
-
-
 def _measure(run: Callable[[], None], *, repeats: int, now: Callable[[], float],
-             group: Any, a2a: _AllToAllClock | None = None) -> dict[str, Any]:
+             group: Any, a2a: AllToAllMeter | None = None) -> dict[str, Any]:
     """Warm-up, ``repeats`` timed runs (after a group barrier), then one run for the peak; with
     ``a2a``, the part of each run spent inside the all-to-alls."""
     run()
@@ -172,6 +159,22 @@ def _measure(run: Callable[[], None], *, repeats: int, now: Callable[[], float],
     return {"times_s": times, "alltoall_times_s": a2a_times, "peak_bytes": tracker.peak_bytes}
 
 
+def _measure_twin(run: Callable[[], None], *, repeats: int, now: Callable[[], float], group: Any,
+                  ranks: Sequence[int], rank: int, concurrent: bool) -> list[float]:
+    """Times of a group's micro-batch with its all-to-alls replaced by local copies, run as the
+    compute profile ran (the group's ranks at once, or one at a time)."""
+    run()
+    times: list[float] = []
+    for _ in range(repeats):
+        for turn in ([rank] if concurrent else ranks):
+            dist.barrier(group=group)
+            if turn == rank:
+                start = now()
+                run()
+                times.append(now() - start)
+    return times
+
+
 def _exec_worker(rank: int, world: int, port: int, out_dir: str, config_json: str, plans_json: str) -> None:
     init_rank(rank, world, port)
     results: dict[str, Any] = {}
@@ -183,8 +186,7 @@ def _exec_worker(rank: int, world: int, port: int, out_dir: str, config_json: st
         now = time.thread_time if config.clock == "thread" else time.perf_counter
         # The executor's all-to-alls (executor.ulysses calls dist.all_to_all_single) are timed
         # apart, so the report splits each micro-batch into all-to-all and the rest.
-        a2a = _AllToAllClock(now)
-        dist.all_to_all_single = a2a  # type: ignore[assignment]  # this spawned rank only
+        a2a = AllToAllMeter(now).install()  # this spawned rank only
         model: Any = build_reference_model(config)
         for p in model.parameters():
             p.grad = torch.zeros_like(p)  # as after the first micro-batch of a step
@@ -206,6 +208,15 @@ def _exec_worker(rank: int, world: int, port: int, out_dir: str, config_json: st
                     solo.append((key, run))
                     continue
                 results[key] = _measure(run, repeats=config.repeats, now=now, group=group, a2a=a2a)
+
+                def twin(work: Any = work, d: int = rank_plan.group.size) -> None:
+                    ctx = SPContext(layout=work.ctx.layout, group=EmulatedGroup(d))
+                    out = model(work.inputs, ctx, recompute_layers=work.recompute_layers)
+                    work.loss(model.token_losses(out, work.targets)).backward()
+                # the same micro-batch on the emulated group: what the compute profile predicts
+                results[key]["emulated_times_s"] = _measure_twin(
+                    twin, repeats=config.repeats, now=now, group=group, ranks=rank_plan.group.ranks,
+                    rank=rank, concurrent=config.concurrent)
         # Concurrent (a cpu:W cluster's ranks share the machine): one-rank groups run at once, as
         # in training; otherwise they take turns, so that no other rank shares the CPU while they
         # are timed (a GPU rank has its device to itself). Groups of several ranks run together.
@@ -267,6 +278,8 @@ def compare(file: CostModelFile, config: CheckConfig, plans: Sequence[tuple[Plan
                 reps = [max((x["times_s"][i], x["alltoall_times_s"][i]) for x in per_rank)
                         for i in range(len(per_rank[0]["times_s"]))]
                 time_s, alltoall_s = min(reps)
+                twins = [x["emulated_times_s"] for x in per_rank if "emulated_times_s" in x]
+                emulated_s = max(min(t) for t in twins) if twins else None
                 terms = splitter(samples, group_size=group.size, recompute_layers=ks)
                 peak = max(x["peak_bytes"] for x in per_rank)
                 pred_t = cm.microbatch_time_s(samples, group_size=group.size, recompute_layers=ks)
@@ -275,7 +288,7 @@ def compare(file: CostModelFile, config: CheckConfig, plans: Sequence[tuple[Plan
                 rows.append({"step": plan.step, "group": gi, "micro_batch": m, "group_size": group.size,
                              "tokens": sum(s.tokens for s in samples), "num_samples": len(samples),
                              "policies": ks, "time_s": time_s, "predicted_time_s": pred_t,
-                             "alltoall_s": alltoall_s,
+                             "alltoall_s": alltoall_s, "emulated_time_s": emulated_s,
                              "predicted_alltoall_s": float(terms[TERMS.index("alltoall")]),
                              "peak_bytes": peak, "predicted_peak_bytes": pred_b})
                 group_meas += time_s
@@ -305,7 +318,12 @@ def compare(file: CostModelFile, config: CheckConfig, plans: Sequence[tuple[Plan
                      # where a group's time goes: inside the all-to-alls and the rest
                      "alltoall_s": sum(r["alltoall_s"] for r in sel),
                      "predicted_alltoall_s": sum(r["predicted_alltoall_s"] for r in sel),
+                     "time_s_sum": sum(r["time_s"] for r in sel),
                      "rest_s": sum(r["time_s"] - r["alltoall_s"] for r in sel),
+                     # the same micro-batches on the emulated group (d > 1): the compute model's
+                     # own error (vs predicted rest) and what the all-to-alls add (time minus it)
+                     "emulated_s": (sum(r["emulated_time_s"] for r in sel)
+                                    if all(r["emulated_time_s"] is not None for r in sel) else None),
                      "predicted_rest_s": sum(r["predicted_time_s"] - r["predicted_alltoall_s"]
                                              for r in sel)}
             for d in sorted({r["group_size"] for r in rows})
@@ -328,7 +346,10 @@ def run_check(config: CheckConfig, *, progress: ProgressFn | None = None,
         if progress:
             progress(f"profiling collectives on {config.world_size} gloo ranks")
         comm = profile_comm(config.world_size, clock=config.clock)
-        fit = fit_profiles([compute, comm], FitConfig(force=True, time_statistic="min",
+        if progress:
+            progress("profiling the all-to-all inside the layers (real group vs local copy)")
+        in_layer = profile_alltoall_in_layer(config)
+        fit = fit_profiles([compute, comm, in_layer], FitConfig(force=True, time_statistic="min",
                                                       comm_fallback_hardware="h200-sxm"))
         cost_model = fit.file
     if progress:

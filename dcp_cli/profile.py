@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("profile")
     def profile(
-        out: Path = typer.Option(..., help="Profile file to write (JSON Lines, dcp-profile/2)."),
+        out: Path = typer.Option(..., help="Profile file to write (JSON Lines, dcp-profile/3)."),
         model: str = typer.Option("llama-7b", help="Model preset the cost model is for."),
         device: str = typer.Option("cpu", help="cpu or cuda."),
         hardware: str = typer.Option("", help="Hardware name in the profile (default: cpu / cuda)."),

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dcp_cli.model_check import CheckConfig, ReferenceLayer, build_reference_model
+from costmodel.analytic import alltoall_bytes_per_token_layer
+from dcp_cli.check_comm import in_layer_shapes, profile_alltoall_in_layer
+from dcp_cli.model_check import CheckConfig, ReferenceLayer, build_reference_model, reference_spec
 
 
 @pytest.mark.slow
@@ -57,3 +59,23 @@ def test_emulated_group_runs_one_ranks_share() -> None:
         assert y.shape == x.shape
         y.sum().backward()
         assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("kind", ["1d", "2d"])
+def test_in_layer_alltoall_profile_measures_the_executors_calls(kind: str) -> None:
+    """Real gloo group vs local copy: every record is one shape of the sweep, at group size 2,
+    with the mean bytes of the executor's calls (the cost model's per-token figure times the
+    rank's tokens), and the fit prefers these records."""
+    config = CheckConfig(kind=kind, num_layers=2, hidden=32, num_heads=4, ffn_hidden=64, tokens_min=32,
+                         tokens_max=128, sweep_repeats=2)
+    profile = profile_alltoall_in_layer(config)
+    assert profile.comm, "no shape gave a positive in-layer all-to-all time"
+    shapes = in_layer_shapes(config, 2)
+    assert len(profile.comm) <= len(shapes)
+    per_token, ops = alltoall_bytes_per_token_layer(reference_spec(config), dtype_bytes=4)
+    expected = {per_token / ops * sum(f * hw for f, hw in shape) / 2 for shape in shapes}
+    for rec in profile.comm:
+        assert (rec.op, rec.group_size, rec.num_nodes, rec.context) == ("alltoall", 2, 1, "in_layer")
+        assert rec.time_s > 0 and rec.num_repeats == 4
+        assert any(rec.bytes_per_rank == pytest.approx(b, rel=0.02) for b in expected), rec.bytes_per_rank

@@ -1,4 +1,4 @@
-"""The profile file format ``dcp-profile/2``: versioned JSON Lines, one record per line.
+"""The profile file format ``dcp-profile/3``: versioned JSON Lines, one record per line.
 
 A leaf module (pydantic only, no torch) so that profiles made anywhere (another cluster, another
 framework) can be validated and fitted by ``costmodel.fit`` without torch.
@@ -28,10 +28,16 @@ Layout of a file:
    * ``comm``: one collective (``alltoall`` = ``all_to_all_single``, or ``allreduce``) on a group
      of ``group_size`` contiguous ranks spanning ``num_nodes`` nodes, each rank holding
      ``bytes_per_rank`` bytes; ``time_s`` is the median over repeats of the slowest rank.
+     ``context`` says how it was measured: ``isolated`` (the default) back to back on its own
+     (``dcp profile-comm``); ``in_layer`` as the training step exposes it: the model's
+     forward+backward on the real group minus the same with the all-to-all replaced by a local
+     copy (``EmulatedGroup``), per call, ``bytes_per_rank`` the mean input of a call; one
+     figure, the fastest real run minus the fastest emulated one (the statistic a fit to the
+     fastest repeats pairs with), so ``time_s = time_s_min = time_s_max``. A fit prefers ``in_layer`` records where a group has them.
 
 Times are seconds and sizes bytes throughout. Unknown fields are refused, so a typo never
 passes silently. Version 1 files (no group sizes: every measurement was one whole rank) are read
-as group size 1.
+as group size 1; version 2 files (no ``context``) as ``isolated`` collectives.
 """
 
 from __future__ import annotations
@@ -45,9 +51,10 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from costmodel.specs import ModelSpec
 
-PROFILE_FORMAT: Literal["dcp-profile/2"] = "dcp-profile/2"
-PROFILE_FORMATS = ("dcp-profile/1", PROFILE_FORMAT)
-"""Formats this reader accepts; version 1 is upgraded (group size 1)."""
+PROFILE_FORMAT: Literal["dcp-profile/3"] = "dcp-profile/3"
+PROFILE_FORMATS = ("dcp-profile/1", "dcp-profile/2", PROFILE_FORMAT)
+"""Formats this reader accepts; version 1 is upgraded (group size 1), version 2 is read as is
+(its collectives are ``isolated``)."""
 
 
 class _Record(BaseModel):
@@ -74,7 +81,8 @@ class ProfileHeader(_Record):
     """First line of every profile file: what was run, where, with what."""
 
     record: Literal["header"] = "header"
-    format: Literal["dcp-profile/1", "dcp-profile/2"] = Field(default=PROFILE_FORMAT, description="Format version.")
+    format: Literal["dcp-profile/1", "dcp-profile/2", "dcp-profile/3"] = Field(
+        default=PROFILE_FORMAT, description="Format version.")
     hardware: str = Field(min_length=1, description="Accelerator kind the profile is for (e.g. h200-sxm).")
     device: Literal["cpu", "cuda"] = Field(description="torch device type that ran the profile.")
     device_name: str = Field(default="", description="Device name as reported by the runtime.")
@@ -172,6 +180,9 @@ class CommRecord(_Timed):
     num_nodes: int = Field(gt=0, description="Nodes the group spans.")
     bytes_per_rank: float = Field(gt=0, description="Bytes each rank holds (input of the collective).")
     backend: str = Field(default="", description="gloo, nccl, ...")
+    context: Literal["isolated", "in_layer"] = Field(
+        default="isolated", description="isolated: back to back on its own; in_layer: the time a call "
+                                         "adds to the model's layers on the real group (per call).")
 
     @property
     def placement(self) -> Literal["intra", "inter"]:

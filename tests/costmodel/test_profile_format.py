@@ -1,4 +1,4 @@
-"""The dcp-profile/2 format: round trips and refusals with reasons."""
+"""The dcp-profile/3 format: round trips and refusals with reasons."""
 
 from __future__ import annotations
 
@@ -33,6 +33,12 @@ def _compute(**update: object) -> dict[str, object]:
     rec = {"record": "compute", "num_layers": 2, "recompute_layers": 1, "samples": [[1, 256]],
            "time_s": 0.01, "time_s_min": 0.009, "time_s_max": 0.012, "num_repeats": 5,
            "activation_bytes": 1e6, "group_size": 1, "tokens_per_rank": 256}
+    return {**rec, **update}
+
+
+def _comm(**update: object) -> dict[str, object]:
+    rec = {"record": "comm", "op": "alltoall", "group_size": 2, "num_nodes": 1, "bytes_per_rank": 65536.0,
+           "time_s": 1e-4, "time_s_min": 9e-5, "time_s_max": 2e-4, "num_repeats": 10}
     return {**rec, **update}
 
 
@@ -72,6 +78,7 @@ def test_round_trip(tmp_path: Path) -> None:
         (_lines(_header(), _compute(extra_field=1)), "extra_field"),
         (_lines(_header(model=None)), "give both model and profiled"),
         (_lines(_header(hardware="")), "hardware"),
+        (_lines(_header(), _comm(context="overlapped")), "context"),
     ],
 )
 def test_bad_profile_is_refused_with_reason(lines: list[str], reason: str) -> None:
@@ -82,7 +89,7 @@ def test_bad_profile_is_refused_with_reason(lines: list[str], reason: str) -> No
 def test_error_names_the_line(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text("\n".join(_lines(_header(), _compute(), _compute(time_s_min=-1))) + "\n")
-    reason = r"bad.jsonl:3: invalid record \(dcp-profile/2\): compute.time_s_min: Input should be greater than 0"
+    reason = r"bad.jsonl:3: invalid record \(dcp-profile/3\): compute.time_s_min: Input should be greater than 0"
     with pytest.raises(ValueError, match=reason):
         read_profile(path)
     with pytest.raises(ValueError, match="does not exist"):
@@ -106,3 +113,17 @@ def test_cli_fit_refuses_a_bad_profile_with_the_reason(tmp_path: Path) -> None:
     assert result.exit_code != 0
     assert "bad.jsonl:2" in result.output and "time_s" in result.output
     assert not (tmp_path / "cm.json").exists()
+
+
+def test_collectives_say_how_they_were_measured() -> None:
+    """Version 2 collectives were all back to back (``isolated``); version 3 may carry
+    ``in_layer`` ones, which survive a round trip."""
+    old = parse_profile_lines(_lines(_header(format="dcp-profile/2"), _comm()), source="v2.jsonl")
+    assert [r.context for r in old.comm] == ["isolated"]
+    new = parse_profile_lines(_lines(_header(), _comm(), _comm(context="in_layer", time_s=3e-4, time_s_min=3e-4,
+                                                               time_s_max=3e-4)), source="v3.jsonl")
+    assert [r.context for r in new.comm] == ["isolated", "in_layer"]
+    assert new.header.format == "dcp-profile/3"
+    again = parse_profile_lines([json.dumps(new.header.model_dump(mode="json")),
+                                 *(dump_line(r) for r in new.comm)], source="again.jsonl")
+    assert again.comm == new.comm
