@@ -48,15 +48,21 @@ def place_groups(sizes: Sequence[int], *, num_gpus: int, gpus_per_node: int
     while cursor < num_gpus:
         bins.append([cursor, gpus_per_node])
         cursor += gpus_per_node
+    # First fit: bins before the first one with room for ``d`` stay too full for ``d`` (free
+    # space only shrinks), so the scan resumes there while the size stays the same (sizes come
+    # in decreasing order): O(bins) per distinct size instead of per group.
+    start, last = 0, -1
     for d in small:
-        for b in bins:
-            if b[1] >= d:
-                placed.append((d, b[0]))
-                b[0] += d
-                b[1] -= d
-                break
-        else:
+        if d != last:
+            start, last = 0, d
+        while start < len(bins) and bins[start][1] < d:
+            start += 1
+        if start == len(bins):
             return None
+        b = bins[start]
+        placed.append((d, b[0]))
+        b[0] += d
+        b[1] -= d
     placed.sort(key=lambda item: item[1])
     return placed
 

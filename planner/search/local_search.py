@@ -289,6 +289,7 @@ def _eject(table: CostTable, groups: list[GroupState], load: np.ndarray,
     cap = limit * (1 - 1e-9)
     # Plain lists: a few dozen samples per group pair, where numpy scalar indexing dominates.
     cols = [g.col for g in groups]
+    col_of = np.asarray(cols, dtype=np.int64)
     ts = _GroupRows(table, cols)  # ts[c][g]: class c on group g
     loads: list[float] = load.tolist()
     sizes = [g.size for g in groups]
@@ -364,20 +365,19 @@ def _eject(table: CostTable, groups: list[GroupState], load: np.ndarray,
         # g's own samples (not the one leaving), smallest first, to the least loaded others.
         moved = {m[0] for m in moves}
         own = sorted((ts[cls[i]][g], i) for mb in groups[g].mbs for i in mb if i not in moved)
-        extra = dict.fromkeys(range(len(groups)), 0.0)
+        # Every other group's finish with the sample at once (the same float sums as a scan
+        # in group order; argmin keeps the lowest index among equal finishes).
+        extra = np.zeros(len(groups))
         spill: Moves = []
         for t_g, i in own:
             if new_g <= cap:
                 break
             row = ts[cls[i]]
-            k_best, f_best = -1, np.inf
-            for k in range(len(groups)):
-                if k in (h, g):
-                    continue
-                f = loads[k] + extra[k] + row[k]
-                if f <= cap and f < f_best:
-                    k_best, f_best = k, f
-            if k_best < 0:
+            finish = load + extra + table.time_s[cls[i], col_of]
+            finish[[h, g]] = np.inf
+            finish[~(finish <= cap)] = np.inf
+            k_best = int(np.argmin(finish))
+            if finish[k_best] == np.inf:
                 continue
             extra[k_best] += row[k_best]
             new_g -= t_g
