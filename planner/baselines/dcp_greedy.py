@@ -20,6 +20,7 @@ Deviation from the paper, in the baseline's favour: the global batch is exactly 
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from dataclasses import dataclass
@@ -161,11 +162,15 @@ def dcp_greedy_draft(table: CostTable, *, seed: int = 0,
             continue
         same = [g for g, d in enumerate(sizes) if d == profiles[b].group_size]
         if same:
+            # The least-loaded group of the size (ties: the lower index) from a heap.
+            heap = [(loads[g], g) for g in same]
+            heapq.heapify(heap)
             for batch in pending[b]:
-                g = min(same, key=lambda g: (loads[g], g))
+                g = heap[0][1]
                 assigned[g].append(batch)
                 policies[g][b] = profiles[b].recompute_layers
                 loads[g] += profiles[b].batch_time_s
+                heapq.heapreplace(heap, (loads[g], g))
             continue
         options = [(loads[g], g, q) for g, d in enumerate(sizes)
                    if (q := profile_bucket(table, buckets[b], group_size=d,

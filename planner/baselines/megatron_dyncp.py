@@ -72,14 +72,20 @@ def megatron_dyncp_draft(table: CostTable, *, seed: int = 0,
     tpr = max_tokens_per_rank(table)
     tokens = [s.tokens for s in table.samples]
     need: list[int] = []
+    known: dict[tuple[int, int], int | None] = {}  # (class, tokens) -> CP size
     for i in range(len(tokens)):
-        d = cp_size(table, i, tokens_per_rank=tpr)
+        key = (cls[i], tokens[i])
+        if key not in known:
+            known[key] = cp_size(table, i, tokens_per_rank=tpr)
+        d = known[key]
         if d is None:
             return None
         need.append(d)
 
+    time_rows = table.rows()[0]
+
     def time_s(i: int, d: int) -> float:
-        return float(table.time_s[cls[i], table.size_index(d)])
+        return time_rows[cls[i]][table.size_index(d)]
 
     sizes: list[int] = []
     loads: list[float] = []

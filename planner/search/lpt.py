@@ -62,12 +62,14 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
     inf = math.inf
     if runs is None:
         runs = _bulk_runs(order, cls)
+    ocls = [cls[i] for i in order]  # class of each position
+    columns = {j: table.column(j)[4:6] for j in cols}  # per column: time and bytes by class
     # Columns by GPU-seconds rank per class, for the target rule (computed once per class).
     col_order: dict[int, list[int]] = {}
     pos = 0
     for end in runs:
         while pos < end:
-            c = cls[order[pos]]
+            c = ocls[pos]
             t_row, m_row = time_rows[c], mem_rows[c]
             gi, limit = -1, inf
             if target_s is not None:
@@ -83,7 +85,8 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
                     lst = by_load[j]
                     p = bisect.bisect_right(lst, (target_s - t, inf))
                     best_f = -inf
-                    for idx in range(p - 1, max(-1, p - 1 - SCAN), -1):
+                    low = p - 1 - SCAN
+                    for idx in range(p - 1, low if low > -1 else -1, -1):
                         ld, g = lst[idx]
                         if ld + t + o < best_f:
                             break  # lower loads cannot finish later
@@ -106,19 +109,20 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
                         continue  # neither the best nor the second best here
                     m, o = m_row[j], overhead[j]
                     stop = lst[0][0] + o
-                    for idx in range(min(len(lst), SCAN)):
+                    for idx in range(len(lst) if len(lst) < SCAN else SCAN):
                         ld, g = lst[idx]
                         if ld > stop:
-                            best2 = min(best2, ld + t)
+                            if ld + t < best2:  # min() inlined: this loop is the hot path
+                                best2 = ld + t
                             break
                         f = ld + t + (o if free[g] < m else 0.0)
                         if f < best1 or (f == best1 and g < gi):
-                            best1, best2, gi = f, min(best1, best2), g
+                            best1, best2, gi = f, (best2 if best2 < best1 else best1), g
                         elif f < best2:
                             best2 = f
                     else:
-                        if len(lst) > SCAN:
-                            best2 = min(best2, lst[SCAN][0] + t)
+                        if len(lst) > SCAN and lst[SCAN][0] + t < best2:
+                            best2 = lst[SCAN][0] + t
                 if gi < 0:
                     return None
                 if end - pos > 1 and len(groups) > 1:
@@ -126,12 +130,13 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
             g_state = groups[gi]
             j = g_state.col
             ld, fr, o = load[gi], free[gi], overhead[j]
+            time_c, mem_c = columns[j]
             old = (ld, gi)
             first = True
             while pos < end:
                 i = order[pos]
-                ci = cls[i]
-                t, m = time_rows[ci][j], mem_rows[ci][j]
+                ci = ocls[pos]
+                t, m = time_c[ci], mem_c[ci]
                 opens = fr < m
                 nxt = ld + t + (o if opens else 0.0)
                 if not first and (nxt > limit or t == inf):
