@@ -1,17 +1,28 @@
 """Online recalibration on gloo CPU ranks: prediction error over steps before and after.
 
 Starts a real ``dcp serve``, uploads a deliberately wrong cost model of the reference LLaMA-style
-model (the analytic H200 model with compute x0.5, on a CPU 'cluster' whose memory forces SP
-groups on long samples), precomputes an epoch and turns recalibration on (every
+model on a CPU 'cluster' whose memory forces SP groups on long samples, precomputes an epoch and
+turns recalibration on (every
 ``--every-steps`` measured steps, following revisions). ``--world`` gloo ranks train the model,
 time their micro-batches and post them (``executor.measure``). After ``--steps-a`` steps the
 ranks wait for the first revision (so the next steps are re-planned with it), then run
 ``--steps-b`` more. Prints the error per step and per revision and writes
 ``bench/results/recalibration.json`` (with every measured micro-batch's terms, for analysis).
 
+The wrong model (``--start``): ``analytic``, the analytic H200 model with compute x``--compute-factor``
+(a model of other hardware altogether); or ``fitted``, a model fitted offline on this machine
+(``dcp check-model``'s profiles of the same reference model: layers, collectives, the all-to-all
+inside the layers; wall clock, as the ranks measure) with compute x``--compute-factor`` and the
+all-to-all x``--alltoall-factor`` (a model profiled on another day or driver). With ``fitted`` the
+same steps are then also run with plans of the offline-fitted model itself (a second epoch, same
+manifest and seed, no recalibration), and the measured step times of the re-planned steps are
+compared with them.
+
 Run::
 
     .venv/bin/python bench/recalibration.py --steps-a 6 --steps-b 18
+    .venv/bin/python bench/recalibration.py --start fitted --compute-factor 0.5 --alltoall-factor 2 \
+        --out bench/results/recalibration_fitted.json
 """
 
 from __future__ import annotations
@@ -38,8 +49,10 @@ import torch.multiprocessing as mp
 
 from costmodel.analytic import analytic_cost_model
 from costmodel.evaluate import CostModel
-from costmodel.presets import load_cluster
+from costmodel.fit import FitConfig, fit_profiles
+from costmodel.presets import cpu_cluster, load_cluster
 from costmodel.recalibrate import TermScales, scale_file
+from costmodel.schema import CostModelFile
 from costmodel.specs import ModelSpec, Sample
 from executor.client import PlannerClient, RetryPolicy
 from executor.data import SyntheticDataset
@@ -50,6 +63,7 @@ from executor.runtime import Executor
 
 ROOT = Path(__file__).resolve().parents[1]
 EPOCH = "recalibration"
+OFFLINE_EPOCH = "offline"
 CONFIG = ModelConfig(num_layers=4, hidden=64, num_heads=4, ffn_hidden=128, vocab=256)
 logger = logging.getLogger("bench.recalibration")
 
@@ -97,8 +111,36 @@ def setup(world: int, *, num_samples: int, tight_tokens: int, compute_factor: fl
     return cluster.model_dump(mode="json"), samples, wrong.model_dump(mode="json")
 
 
+def fit_offline(world: int) -> CostModelFile:
+    """The reference model fitted on this machine as ``dcp check-model`` fits it (wall clock)."""
+    from dcp_cli.check_comm import profile_alltoall_in_layer, profile_comm
+    from dcp_cli.check_config import CheckConfig
+    from dcp_cli.check_profile import profile_reference
+
+    config = CheckConfig(kind="1d", world_size=world, num_layers=CONFIG.num_layers, hidden=CONFIG.hidden,
+                         num_heads=CONFIG.num_heads, ffn_hidden=CONFIG.ffn_hidden, vocab=CONFIG.vocab,
+                         tokens_min=16, tokens_max=1024, clock="wall")
+    logger.info("fitting the offline model: profiling the reference layers and the collectives")
+    profiles = [profile_reference(config), profile_comm(world, clock="wall"), profile_alltoall_in_layer(config)]
+    fit = fit_profiles(profiles, FitConfig(force=True, time_statistic="min", comm_fallback_hardware="h200-sxm"))
+    return fit.file.model_copy(update={"id": "ref-llama-bench-offline"})
+
+
+def setup_fitted(world: int, offline: CostModelFile, *, num_samples: int, tight_tokens: int,
+                 compute_factor: float, alltoall_factor: float
+                 ) -> tuple[dict[str, Any], list[Sample], dict[str, Any]]:
+    """The CPU cluster, the manifest and the offline model made wrong (JSON-ready)."""
+    probe = CostModel(file=offline, cluster=cpu_cluster(world))
+    need = probe.fixed_bytes() + float(probe.activation_bytes(tight_tokens, group_size=1))
+    cluster = cpu_cluster(world, memory_bytes=need / probe.cluster.memory_cap_fraction)
+    wrong = scale_file(offline, TermScales(compute=compute_factor, alltoall=alltoall_factor),
+                       new_id="ref-llama-bench-wrong")
+    samples = [Sample(id=f"b{i}", tokens=16 + (i * 977) % 600) for i in range(num_samples)]
+    return cluster.model_dump(mode="json"), samples, wrong.model_dump(mode="json")
+
+
 def _rank(rank: int, world: int, port: int, url: str, samples_json: str, steps_a: int, steps_b: int,
-          out: str) -> None:
+          out: str, offline: bool) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=300))
@@ -118,9 +160,9 @@ def _rank(rank: int, world: int, port: int, url: str, samples_json: str, steps_a
                         weight_dtype=torch.float32, timer=timer)
     config = ReporterConfig(batch_steps=4, flush_interval_s=0.5)
 
-    def run(steps: range) -> None:
+    def run(steps: range, epoch: str = EPOCH) -> None:
         for step in steps:
-            rank_plan = client.rank_plan(EPOCH, step, rank)
+            rank_plan = client.rank_plan(epoch, step, rank)
             executor.begin_step(rank_plan, step=step)
             optimizer.zero_grad(set_to_none=True)
             for work in executor.micro_batches(rank_plan, load_sample=dataset.load):
@@ -144,6 +186,10 @@ def _rank(rank: int, world: int, port: int, url: str, samples_json: str, steps_a
     dist.barrier()
     reporters.append(MeasurementReporter(client, epoch_id=EPOCH, rank=rank, config=config))
     run(range(steps_a, steps_a + steps_b))
+    if offline:  # the same steps planned by the offline-fitted model, for comparison
+        dist.barrier()
+        reporters.append(MeasurementReporter(client, epoch_id=OFFLINE_EPOCH, rank=rank, config=config))
+        run(range(steps_a, steps_a + steps_b), OFFLINE_EPOCH)
     Path(out, f"rank{rank}.json").write_text(json.dumps({
         "posted": sum(r.num_posted_steps for r in reporters),
         "dropped": sum(r.num_dropped_steps for r in reporters)}))
@@ -151,7 +197,8 @@ def _rank(rank: int, world: int, port: int, url: str, samples_json: str, steps_a
     dist.destroy_process_group()
 
 
-def _micro_batches(db: Path, cluster: dict[str, Any], wrong: dict[str, Any]) -> list[dict[str, Any]]:
+def _micro_batches(db: Path, cluster: dict[str, Any], wrong: dict[str, Any], epoch: str = EPOCH
+                   ) -> list[dict[str, Any]]:
     """Every measured micro-batch with its plan's prediction and the wrong model's terms."""
     from api.measurements_store import MeasurementStore
     from api.recalibration import observations
@@ -164,13 +211,13 @@ def _micro_batches(db: Path, cluster: dict[str, Any], wrong: dict[str, Any]) -> 
     from planner.plan import Plan
 
     store = PlanStore.open(db)
-    groups = MeasurementStore(store).groups(EPOCH)
+    groups = MeasurementStore(store).groups(epoch)
     plans = {}
     for g in groups:
-        row = store.get_plan(EPOCH, g.step)
+        row = store.get_plan(epoch, g.step)
         if row is not None:
             plans[g.step] = Plan.model_validate_json(row[1])
-    revs = RevisionStore(store).step_revisions(EPOCH)
+    revs = RevisionStore(store).step_revisions(epoch)
     spec = ClusterSpec.model_validate(cluster)
     split = TermSplitter(CostModel(file=CostModelFile.model_validate(wrong), cluster=spec))
     records = observations(groups, plans)
@@ -185,6 +232,30 @@ def _micro_batches(db: Path, cluster: dict[str, Any], wrong: dict[str, Any]) -> 
     return records
 
 
+def step_times_s(records: list[dict[str, Any]]) -> dict[int, float]:
+    """Measured time of each step: its slowest group (micro-batch times summed per group)."""
+    per_group: dict[tuple[int, int], float] = {}
+    for r in records:
+        key = (r["step"], r["first_rank"])
+        per_group[key] = per_group.get(key, 0.0) + r["measured_s"]
+    steps: dict[int, float] = {}
+    for (step, _), t in per_group.items():
+        steps[step] = max(steps.get(step, 0.0), t)
+    return steps
+
+
+def _create_epoch(url: str, epoch: str, samples: list[Sample], samples_per_step: int, cluster: dict[str, Any],
+                  cost_model_id: str) -> None:
+    httpx.post(f"{url}/v1/epochs", timeout=60, json={
+        "epoch_id": epoch, "manifest_jsonl": "\n".join(json.dumps(s.model_dump(exclude_none=True))
+                                                       for s in samples),
+        "batch": {"samples_per_step": samples_per_step}, "seed": 0, "cluster": cluster,
+        "cost_model_id": cost_model_id, "options": {"time_limit_s": 5.0, "use_cpsat": False}},
+    ).raise_for_status()
+    while httpx.get(f"{url}/v1/epochs/{epoch}", timeout=10).json()["state"] != "done":
+        time.sleep(0.2)
+
+
 def main() -> None:
     """Run the benchmark, print the tables and write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -193,35 +264,45 @@ def main() -> None:
     parser.add_argument("--steps-b", type=int, default=18, help="Steps after it.")
     parser.add_argument("--samples-per-step", type=int, default=8)
     parser.add_argument("--every-steps", type=int, default=4, help="Recalibrate every N measured steps.")
+    parser.add_argument("--start", choices=("analytic", "fitted"), default="analytic",
+                        help="Base of the wrong model: the analytic H200 model, or one fitted here offline.")
     parser.add_argument("--compute-factor", type=float, default=0.5, help="Error put into the model.")
+    parser.add_argument("--alltoall-factor", type=float, default=1.0,
+                        help="Error put into the all-to-all (--start fitted only).")
     parser.add_argument("--tight-tokens", type=int, default=300, help="Tokens that fill one rank.")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "recalibration.json")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     num_steps = args.steps_a + args.steps_b
-    cluster, samples, wrong = setup(args.world, num_samples=num_steps * args.samples_per_step,
-                                    tight_tokens=args.tight_tokens, compute_factor=args.compute_factor)
     load_before = os.getloadavg()
     start = time.perf_counter()
+    offline: CostModelFile | None = None
+    if args.start == "fitted":
+        offline = fit_offline(args.world)
+        cluster, samples, wrong = setup_fitted(args.world, offline, num_samples=num_steps * args.samples_per_step,
+                                               tight_tokens=args.tight_tokens, compute_factor=args.compute_factor,
+                                               alltoall_factor=args.alltoall_factor)
+    else:
+        if args.alltoall_factor != 1.0:
+            parser.error("--alltoall-factor needs --start fitted")
+        cluster, samples, wrong = setup(args.world, num_samples=num_steps * args.samples_per_step,
+                                        tight_tokens=args.tight_tokens, compute_factor=args.compute_factor)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         proc, url = _start_service(tmp)
         try:
             httpx.post(f"{url}/v1/cost-models", json=wrong, timeout=30).raise_for_status()
-            httpx.post(f"{url}/v1/epochs", timeout=60, json={
-                "epoch_id": EPOCH, "manifest_jsonl": "\n".join(json.dumps(s.model_dump(exclude_none=True))
-                                                               for s in samples),
-                "batch": {"samples_per_step": args.samples_per_step}, "seed": 0, "cluster": cluster,
-                "cost_model_id": wrong["id"], "options": {"time_limit_s": 5.0, "use_cpsat": False}},
-            ).raise_for_status()
-            while httpx.get(f"{url}/v1/epochs/{EPOCH}", timeout=10).json()["state"] != "done":
-                time.sleep(0.2)
+            _create_epoch(url, EPOCH, samples, args.samples_per_step, cluster, wrong["id"])
+            if offline is not None:
+                httpx.post(f"{url}/v1/cost-models", json=offline.model_dump(mode="json"),
+                           timeout=30).raise_for_status()
+                _create_epoch(url, OFFLINE_EPOCH, samples, args.samples_per_step, cluster, offline.id)
             httpx.post(f"{url}/v1/epochs/{EPOCH}/recalibration", timeout=30,
                        json={"follow": True, "every_steps": args.every_steps}).raise_for_status()
             mp.spawn(_rank, nprocs=args.world, join=True,
                      args=(args.world, _free_port(), url, json.dumps([s.model_dump(exclude_none=True)
                                                                       for s in samples]),
-                           args.steps_a, args.steps_b, tmp_name))
+                           args.steps_a, args.steps_b, tmp_name, offline is not None))
             ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(args.world)]
             time.sleep(1.0)
             while httpx.get(f"{url}/v1/epochs/{EPOCH}/recalibration", timeout=10).json()["busy"]:
@@ -231,9 +312,12 @@ def main() -> None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
         records = _micro_batches(tmp / "plans.sqlite", cluster, wrong)
+        offline_records = ([] if offline is None else
+                           _micro_batches(tmp / "plans.sqlite", cluster, wrong, OFFLINE_EPOCH))
     elapsed_s = time.perf_counter() - start
     print(f"recalibration, {args.world} gloo ranks, {num_steps} steps of {args.samples_per_step} samples, "
-          f"model compute x{args.compute_factor}, recalibrate every {args.every_steps} measured steps; "
+          f"{args.start} model, compute x{args.compute_factor}, all-to-all x{args.alltoall_factor}, "
+          f"recalibrate every {args.every_steps} measured steps; "
           f"load {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f}")
     print(f"{'step':>5}{'rev':>5}{'micro-batches':>15}{'MAPE':>9}{'pred/meas':>11}")
     for e in report["steps"]:
@@ -249,11 +333,33 @@ def main() -> None:
         print(f"{r['ref']:<28}{sc['compute']:>9.3g}{sc['attention']:>9.3g}{sc['alltoall']:>9.3g}"
               f"{sc['overhead']:>9.3g}{'-' if before is None else f'{before:.1%}':>17}"
               f"{'-' if after is None else f'{after:.1%}':>8}")
+    comparison = None
+    if offline is not None:
+        replanned, offline_steps = step_times_s(records), step_times_s(offline_records)
+        first_rev = args.steps_a  # steps from here were planned by a revision (or frozen before it)
+        common = sorted(s for s in replanned if s >= first_rev and s in offline_steps
+                        and any(r["step"] == s and r["rev"] > 0 for r in records))
+        ratio = sum(replanned[s] for s in common) / sum(offline_steps[s] for s in common) if common else None
+        by_rev_err: dict[int, list[float]] = {}
+        for r in records:
+            by_rev_err.setdefault(r["rev"], []).append(abs(r["predicted_s"] / r["measured_s"] - 1))
+        offline_err = [abs(r["predicted_s"] / r["measured_s"] - 1) for r in offline_records]
+        replanned_s, offline_s = [replanned[s] for s in common], [offline_steps[s] for s in common]
+        comparison = {"steps": common, "replanned_step_s": replanned_s,
+                      "offline_step_s": offline_s, "replanned_over_offline": ratio,
+                      "offline_micro_batch_mape": sum(offline_err) / len(offline_err) if offline_err else None,
+                      "micro_batch_mape_by_revision": {str(k): sum(v) / len(v) for k, v in sorted(by_rev_err.items())}}
+        print(f"re-planned steps {common[0] if common else '-'}..{common[-1] if common else '-'}: measured "
+              f"{sum(replanned_s):.3f} s, the offline model's plans of the same steps "
+              f"{sum(offline_s):.3f} s (ratio {ratio if ratio is None else f'{ratio:.3f}'}); "
+              f"the offline model's own micro-batch MAPE {sum(offline_err) / max(1, len(offline_err)):.1%}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "benchmark": "recalibration", "world_size": args.world, "steps_a": args.steps_a,
         "steps_b": args.steps_b, "samples_per_step": args.samples_per_step, "every_steps": args.every_steps,
-        "compute_factor": args.compute_factor, "tight_tokens": args.tight_tokens, "elapsed_s": elapsed_s,
+        "start": args.start, "compute_factor": args.compute_factor, "alltoall_factor": args.alltoall_factor,
+        "tight_tokens": args.tight_tokens, "elapsed_s": elapsed_s, "comparison": comparison,
+        "offline_micro_batches": offline_records,
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "ranks": ranks,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
         "report": report, "micro_batches": records}, indent=1))

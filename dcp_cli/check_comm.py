@@ -139,7 +139,7 @@ def _in_layer_worker(rank: int, world: int, port: int, out: str, config_json: st
         now = time.thread_time if config.clock == "thread" else time.perf_counter
         meter = AllToAllMeter(now).install()
         model = build_reference_model(config)
-        repeats = max(3, 2 * config.sweep_repeats)
+        repeats = max(3, 3 * config.sweep_repeats)
         gen = torch.Generator().manual_seed(config.seed + rank)
         rows: list[dict[str, Any]] = []
         for d in (d for d in config.group_sizes if d > 1 and world % d == 0):

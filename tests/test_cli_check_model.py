@@ -77,5 +77,5 @@ def test_in_layer_alltoall_profile_measures_the_executors_calls(kind: str) -> No
     expected = {per_token / ops * sum(f * hw for f, hw in shape) / 2 for shape in shapes}
     for rec in profile.comm:
         assert (rec.op, rec.group_size, rec.num_nodes, rec.context) == ("alltoall", 2, 1, "in_layer")
-        assert rec.time_s > 0 and rec.num_repeats == 4
+        assert rec.time_s > 0 and rec.num_repeats == 6
         assert any(rec.bytes_per_rank == pytest.approx(b, rel=0.02) for b in expected), rec.bytes_per_rank
