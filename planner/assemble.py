@@ -86,16 +86,11 @@ def draft_costs(draft: Draft, arrays: BatchArrays, cost_model: CostModel) -> lis
             buckets.setdefault((g.size, nodes), []).append(gi)
     out = [GroupCosts(np.zeros(0), np.zeros(0), [], []) for _ in draft]
     for (size, nodes), members in buckets.items():
-        idx_list: list[int] = []
-        k_list: list[int] = []
-        bounds: list[int] = []  # start offset of every micro-batch, all groups in order
-        for gi in members:
-            for mb in draft[gi].micro_batches:
-                bounds.append(len(idx_list))
-                idx_list.extend(i for i, _ in mb)
-                k_list.extend(k for _, k in mb)
-        idx = np.asarray(idx_list, dtype=np.int64)
-        ks = np.asarray(k_list, dtype=np.int64)
+        mbs = [mb for gi in members for mb in draft[gi].micro_batches]
+        pairs = np.asarray([ik for mb in mbs for ik in mb], dtype=np.int64).reshape(-1, 2)
+        idx, ks = pairs[:, 0], pairs[:, 1]
+        # Start offset of every micro-batch, all groups in order.
+        bounds = np.cumsum([0] + [len(mb) for mb in mbs[:-1]])
         times = np.asarray(cost_model.sample_time_s(
             arrays.tokens[idx], group_size=size, recompute_layers=ks, frames=arrays.frames[idx],
             spatial=arrays.spatial[idx], num_nodes=nodes), dtype=np.float64)

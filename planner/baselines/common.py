@@ -7,6 +7,7 @@ by the same cost model and checked by the same validator as the planner's own pl
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 
 from planner.assemble import DraftGroup
@@ -25,6 +26,10 @@ def full_checkpoint_layers(num_layers: int) -> int:
     return max(num_layers - 1, 0)
 
 
+_BUCKETS: weakref.WeakKeyDictionary[CostTable, list[list[int]]] = weakref.WeakKeyDictionary()
+"""``shape_buckets`` per live cost table (the batch's samples do not change)."""
+
+
 def shape_buckets(table: CostTable) -> list[list[int]]:
     """The batch's samples grouped by shape bucket, buckets in order of first appearance.
 
@@ -32,6 +37,9 @@ def shape_buckets(table: CostTable) -> list[list[int]]:
     them. 1D samples: one bucket per power-of-two length range ``(2^(b-1), 2^b]``, as a
     length-bucketing sampler groups them.
     """
+    cached = _BUCKETS.get(table)
+    if cached is not None:  # four bucket-sp sizes and dcp-greedy ask for the same table's
+        return [list(b) for b in cached]
     index: dict[tuple[int, ...], int] = {}
     buckets: list[list[int]] = []
     for i, s in enumerate(table.samples):
@@ -45,7 +53,8 @@ def shape_buckets(table: CostTable) -> list[list[int]]:
             index[key] = b
             buckets.append([])
         buckets[b].append(i)
-    return buckets
+    _BUCKETS[table] = buckets
+    return [list(b) for b in buckets]
 
 
 def place_layout(sizes: Sequence[int], table: CostTable) -> list[DraftGroup] | None:

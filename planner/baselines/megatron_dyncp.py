@@ -83,9 +83,10 @@ def megatron_dyncp_draft(table: CostTable, *, seed: int = 0,
         need.append(d)
 
     time_rows = table.rows()[0]
+    col_of = {d: table.size_index(d) for d in table.sizes}
 
     def time_s(i: int, d: int) -> float:
-        return time_rows[cls[i]][table.size_index(d)]
+        return time_rows[cls[i]][col_of[d]]
 
     sizes: list[int] = []
     loads: list[float] = []

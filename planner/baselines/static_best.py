@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import heapq
 
+import numpy as np
+
 from costmodel.specs import Sample
 from planner.assemble import BatchArrays, Draft, draft_step_time_s
 from planner.baselines.common import fixed_layout, pack_cheapest
@@ -32,7 +34,8 @@ def lpt_draft(table: CostTable, *, group_size: int) -> Draft | None:
     num_work = table.cost_model.cluster.num_gpus // group_size
     heap = [(0.0, g) for g in range(num_work)]  # (seconds so far, group)
     members: list[list[int]] = [[] for _ in range(num_work)]
-    for i in sorted(range(len(times)), key=lambda i: (-times[i], i)):
+    # Longest first, ties by index: a stable sort on the negated times.
+    for i in np.argsort(-np.asarray(times), kind="stable").tolist():
         load, g = heapq.heappop(heap)
         members[g].append(i)
         heapq.heappush(heap, (load + times[i], g))
