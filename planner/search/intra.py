@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import weakref
 from collections.abc import Sequence
 
 from planner.assemble import Draft, DraftGroup
@@ -150,6 +151,23 @@ def intra_layout(table: CostTable, j: int, members: Sequence[int]) -> tuple[floa
     """
     if not members:
         return 0.0, []
+    # The result depends on the set of members only (every order below is a sort with index
+    # ties), and the search prices the same group many times: memoised per table.
+    memo = _LAYOUTS.setdefault(table, {})
+    key = (j, tuple(sorted(members)))
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = _intra_layout(table, j, members)
+    return hit[0], [list(mb) for mb in hit[1]]
+
+
+_LAYOUTS: weakref.WeakKeyDictionary[CostTable, dict[tuple[int, tuple[int, ...]],
+                                                     tuple[float, Layout]]] = (
+    weakref.WeakKeyDictionary())
+"""``intra_layout`` results per live cost table."""
+
+
+def _intra_layout(table: CostTable, j: int, members: Sequence[int]) -> tuple[float, Layout]:
     base = kmin_layout(table, j, members)
     best_s, best = layout_time_s(table, j, base), base
     # The k_min split with its policies re-chosen per micro-batch (kept when cheaper).
