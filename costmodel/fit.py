@@ -249,8 +249,9 @@ def fit_profiles(profiles: Sequence[Profile], config: FitConfig | None = None) -
     links, comm_res = fit_comm(comm, split)
     in_layer = sorted({r.group_size for r in comm if r.op == "alltoall" and r.context == "in_layer"})
     if in_layer:
-        notes.append(f"all-to-all of group size(s) {', '.join(map(str, in_layer))} fitted to in-layer "
-                     "records (what a call adds inside the layers), isolated ones left out")
+        notes.append(f"all-to-all of group size(s) {', '.join(map(str, in_layer))}: latency fitted to in-layer "
+                     "records (what a call adds inside the layers), bandwidth to the isolated ones where "
+                     "there are any")
     terms.update(comm_res)
     comm_coef = _comm_coefficients(links, cfg.comm_fallback_hardware or header.hardware, model, notes)
     comm_coef = comm_coef.model_copy(update={

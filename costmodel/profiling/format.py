@@ -33,7 +33,8 @@ Layout of a file:
      forward+backward on the real group minus the same with the all-to-all replaced by a local
      copy (``EmulatedGroup``), per call, ``bytes_per_rank`` the mean input of a call; one
      figure, the fastest real run minus the fastest emulated one (the statistic a fit to the
-     fastest repeats pairs with), so ``time_s = time_s_min = time_s_max``. A fit prefers ``in_layer`` records where a group has them.
+     fastest repeats pairs with), so ``time_s = time_s_min = time_s_max``. A fit takes the
+     latency of a group's all-to-all from its ``in_layer`` records where it has them.
 
 Times are seconds and sizes bytes throughout. Unknown fields are refused, so a typo never
 passes silently. Version 1 files (no group sizes: every measurement was one whole rank) are read

@@ -353,22 +353,29 @@ def test_fit_does_not_import_torch() -> None:
     assert out.stdout.strip() == "False"
 
 
-def test_in_layer_alltoall_records_replace_isolated_ones_for_their_group() -> None:
-    """Where a group size has ``in_layer`` all-to-all records (what a call adds inside the
-    layers), the fit uses them and not the back-to-back ones; other groups keep theirs."""
+def test_in_layer_alltoall_records_set_the_latency_of_their_group() -> None:
+    """A group with ``in_layer`` all-to-all records (what a call adds inside the layers) takes its
+    latency from them and its bandwidth from its back-to-back records; a group with in-layer
+    records only takes both from them; other groups keep the back-to-back fit."""
     model = load_model("llama-7b")
     profile = synthetic_profile(model, noise=0.0)
-    in_alpha_s, in_bw = 4 * ALPHA_S, BW[2, 1] / 3  # exposed calls cost more than back to back
-    in_layer = [CommRecord(op="alltoall", group_size=2, num_nodes=1, bytes_per_rank=float(b), context="in_layer",
-                           **_timed(in_alpha_s + float(b) / 2 / in_bw)) for b in np.geomspace(1e5, 1e8, 6)]
-    f = fit_profiles([profile.model_copy(update={"comm": [*profile.comm, *in_layer]})]).file
-    exact = f.comm.exact_link("alltoall", group_size=2, num_nodes=1)
-    assert exact is not None
-    assert exact.alpha_s == pytest.approx(in_alpha_s, rel=1e-3)
-    assert exact.bytes_per_s == pytest.approx(in_bw, rel=1e-3)
+    in_alpha_s, in_bw = 4 * ALPHA_S, BW[4, 1] / 3  # exposed calls cost more than back to back
+
+    def in_layer(d: int, bw: float) -> list[CommRecord]:
+        return [CommRecord(op="alltoall", group_size=d, num_nodes=1, bytes_per_rank=float(b), context="in_layer",
+                           **_timed(in_alpha_s + float(b) * (d - 1) / d / bw)) for b in np.geomspace(1e5, 1e8, 6)]
+
+    comm = [r for r in profile.comm if not (r.op == "alltoall" and r.group_size == 4)]
+    comm += in_layer(2, BW[2, 1]) + in_layer(4, in_bw)
+    f = fit_profiles([profile.model_copy(update={"comm": comm})]).file
+    two = f.comm.exact_link("alltoall", group_size=2, num_nodes=1)
     four = f.comm.exact_link("alltoall", group_size=4, num_nodes=1)
-    assert four is not None and four.alpha_s == pytest.approx(ALPHA_S, rel=1e-3)
-    assert "fitted to in-layer records" in f.notes
+    sixteen = f.comm.exact_link("alltoall", group_size=16, num_nodes=2)
+    assert two is not None and four is not None and sixteen is not None
+    assert (two.alpha_s, two.bytes_per_s) == (pytest.approx(in_alpha_s, rel=1e-3), pytest.approx(BW[2, 1], rel=1e-3))
+    assert (four.alpha_s, four.bytes_per_s) == (pytest.approx(in_alpha_s, rel=1e-3), pytest.approx(in_bw, rel=1e-3))
+    assert sixteen.alpha_s == pytest.approx(ALPHA_S, rel=1e-3)
+    assert "latency fitted to in-layer records" in f.notes
     # without them the same profile fits the back-to-back link
     plain = fit_profiles([profile]).file.comm.exact_link("alltoall", group_size=2, num_nodes=1)
     assert plain is not None and plain.alpha_s == pytest.approx(ALPHA_S, rel=1e-3)
