@@ -244,6 +244,20 @@ def step_times_s(records: list[dict[str, Any]]) -> dict[int, float]:
     return steps
 
 
+def group_errors(records: list[dict[str, Any]], *, from_step: int = 0) -> dict[str, float | int]:
+    """Prediction error of whole groups (a group's micro-batches summed per step) and of micro-batches,
+    over the steps from ``from_step``."""
+    sel = [r for r in records if r["step"] >= from_step]
+    groups: dict[tuple[int, int], list[float]] = {}
+    for r in sel:
+        acc = groups.setdefault((r["step"], r["first_rank"]), [0.0, 0.0])
+        acc[0] += r["predicted_s"]
+        acc[1] += r["measured_s"]
+    return {"groups": len(groups), "micro_batches": len(sel),
+            "group_mape": sum(abs(p / m - 1) for p, m in groups.values()) / max(1, len(groups)),
+            "micro_batch_mape": sum(abs(r["predicted_s"] / r["measured_s"] - 1) for r in sel) / max(1, len(sel))}
+
+
 def _create_epoch(url: str, epoch: str, samples: list[Sample], samples_per_step: int, cluster: dict[str, Any],
                   cost_model_id: str) -> None:
     httpx.post(f"{url}/v1/epochs", timeout=60, json={
@@ -333,6 +347,13 @@ def main() -> None:
         print(f"{r['ref']:<28}{sc['compute']:>9.3g}{sc['attention']:>9.3g}{sc['alltoall']:>9.3g}"
               f"{sc['overhead']:>9.3g}{'-' if before is None else f'{before:.1%}':>17}"
               f"{'-' if after is None else f'{after:.1%}':>8}")
+    by_rev = {rev: group_errors([r for r in records if r["rev"] == rev])
+              for rev in sorted({r["rev"] for r in records})}
+    late = group_errors(records, from_step=20)
+    print(f"{'plans of revision':<20}{'groups':>8}{'group MAPE':>12}{'micro-batch MAPE':>18}")
+    for rev, e in by_rev.items():
+        print(f"{rev:<20}{e['groups']:>8}{e['group_mape']:>12.1%}{e['micro_batch_mape']:>18.1%}")
+    print(f"{'steps >= 20':<20}{late['groups']:>8}{late['group_mape']:>12.1%}{late['micro_batch_mape']:>18.1%}")
     comparison = None
     if offline is not None:
         replanned, offline_steps = step_times_s(records), step_times_s(offline_records)
@@ -344,10 +365,14 @@ def main() -> None:
         for r in records:
             by_rev_err.setdefault(r["rev"], []).append(abs(r["predicted_s"] / r["measured_s"] - 1))
         offline_err = [abs(r["predicted_s"] / r["measured_s"] - 1) for r in offline_records]
+        offline_groups = group_errors(offline_records)
+        print(f"{'offline model':<20}{offline_groups['groups']:>8}{offline_groups['group_mape']:>12.1%}"
+              f"{offline_groups['micro_batch_mape']:>18.1%}")
         replanned_s, offline_s = [replanned[s] for s in common], [offline_steps[s] for s in common]
         comparison = {"steps": common, "replanned_step_s": replanned_s,
                       "offline_step_s": offline_s, "replanned_over_offline": ratio,
                       "offline_micro_batch_mape": sum(offline_err) / len(offline_err) if offline_err else None,
+                      "offline_errors": offline_groups,
                       "micro_batch_mape_by_revision": {str(k): sum(v) / len(v) for k, v in sorted(by_rev_err.items())}}
         print(f"re-planned steps {common[0] if common else '-'}..{common[-1] if common else '-'}: measured "
               f"{sum(replanned_s):.3f} s, the offline model's plans of the same steps "
@@ -359,6 +384,7 @@ def main() -> None:
         "steps_b": args.steps_b, "samples_per_step": args.samples_per_step, "every_steps": args.every_steps,
         "start": args.start, "compute_factor": args.compute_factor, "alltoall_factor": args.alltoall_factor,
         "tight_tokens": args.tight_tokens, "elapsed_s": elapsed_s, "comparison": comparison,
+        "errors_by_revision": {str(k): v for k, v in by_rev.items()}, "errors_from_step_20": late,
         "offline_micro_batches": offline_records,
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "ranks": ranks,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
