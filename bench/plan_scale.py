@@ -11,6 +11,7 @@ Run from the repository root::
 
     .venv/bin/python bench/plan_scale.py                 # ~5-10 minutes on 2 shared cores
     .venv/bin/python bench/plan_scale.py --quick         # the diagonal up to 1,024 x 8,192
+    .venv/bin/python bench/plan_scale.py --points 1024x8192 4096x32768 --out ...  # just these
 
 It prints a table per sweep and writes ``bench/results/plan_scale.json``.
 """
@@ -70,6 +71,18 @@ def run_point(workload: str, gpus: int, samples: int, steps: int) -> dict[str, A
             "cpu_s": data["cpu_s"], "wall_s": data["wall_s"]}
 
 
+def parse_point(text: str) -> tuple[int, int]:
+    """``"1024x8192"`` -> ``(1024, 8192)`` (GPUs, samples).
+
+    Raises:
+        ValueError: naming ``--points`` when the text is not two positive integers.
+    """
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"--points: {text!r} is not GPUSxSAMPLES (e.g. 1024x8192)")
+    return int(parts[0]), int(parts[1])
+
+
 def growth_exponent(xs: list[float], ys: list[float]) -> float:
     """``b`` of the least-squares fit ``log y = log a + b log x``."""
     return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
@@ -85,8 +98,10 @@ def sweep(name: str, workload: str, points: list[tuple[int, int]], x_of: str) ->
         logger.info("%s %s %d x %d: cpu %.3f s wall %.3f s rss %.0f MiB", name, workload, gpus,
                     samples, r["cpu_p50_s"], r["wall_p50_s"], r["peak_rss_bytes"] / 2**20)
     xs = [float(r[x_of]) for r in rows]
+    exponent = (growth_exponent(xs, [r["cpu_p50_s"] for r in rows]) if len(set(xs)) > 1
+                else float("nan"))
     return {"sweep": name, "workload": workload, "x": x_of, "rows": rows,
-            "cpu_exponent": growth_exponent(xs, [r["cpu_p50_s"] for r in rows])}
+            "cpu_exponent": exponent}
 
 
 def main() -> None:
@@ -95,6 +110,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--fixed-gpus", type=int, default=256)
     parser.add_argument("--fixed-samples", type=int, default=8192)
+    parser.add_argument("--points", nargs="*", default=None, metavar="GPUSxSAMPLES",
+                        help="only these points (e.g. 1024x8192 4096x32768), as one 'points' "
+                             "sweep per workload instead of the three sweeps")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "plan_scale.json")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -110,10 +128,14 @@ def main() -> None:
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "cpu_count": os.cpu_count(), "loadavg_at_start": os.getloadavg()},
         "config": "PlannerConfig() (default preset)", "sweeps": []}
+    sweeps: tuple[tuple[str, list[tuple[int, int]], str], ...] = (
+        ("diagonal", diagonal, "num_samples"),
+        ("samples", [] if args.quick else by_samples, "num_samples"),
+        ("gpus", [] if args.quick else by_gpus, "num_gpus"))
+    if args.points is not None:
+        sweeps = (("points", [parse_point(p) for p in args.points], "num_samples"),)
     for workload in args.workloads:
-        for name, points, x_of in (("diagonal", diagonal, "num_samples"),
-                                   ("samples", [] if args.quick else by_samples, "num_samples"),
-                                   ("gpus", [] if args.quick else by_gpus, "num_gpus")):
+        for name, points, x_of in sweeps:
             if points:
                 result["sweeps"].append(sweep(name, workload, points, x_of))
     result["machine"]["loadavg_at_end"] = os.getloadavg()
