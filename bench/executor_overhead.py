@@ -17,11 +17,7 @@ import argparse
 import json
 import os
 import platform
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from datetime import timedelta
@@ -32,6 +28,7 @@ import httpx
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from _service import free_port, start_service, stop_service
 
 from costmodel.analytic import analytic_cost_model
 from costmodel.presets import load_cluster
@@ -45,28 +42,6 @@ from executor.runtime import Executor
 ROOT = Path(__file__).resolve().parents[1]
 WORLD = 4
 EPOCH = "overhead"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _start_service(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).with_name("dcp")), "serve", "--host", "127.0.0.1", "--port", str(port),
-         "--db", str(tmp / "plans.sqlite"), "--workers", "1", "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "DCP_AUTH_TOKEN": ""})
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.1)
-    raise RuntimeError("dcp serve did not start")
 
 
 def _precompute(url: str, *, steps: int, samples_per_step: int) -> None:
@@ -98,7 +73,7 @@ def _rank(rank: int, port: int, url: str, steps: int, compute_s: float, out: str
     registry = GroupRegistry(world_size=WORLD, rank=rank, group_sizes=[1, 2, 4])
     executor = Executor(registry=registry)
     client = PlannerClient(url, retry=RetryPolicy(deadline_s=30))
-    results = {}
+    results: dict[str, Any] = {}
     for depth in (4, 0):
         plans = PlanPrefetcher(client, epoch_id=EPOCH, rank=rank, depth=depth, num_steps=steps)
         fetch, digest, total = [], [], []
@@ -179,17 +154,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_name, progress_bar(
             "service + epoch precompute, then the ranks", quiet=args.quiet, total=2) as update:
         tmp = Path(tmp_name)
-        proc, url = _start_service(tmp)
+        proc, url = start_service(tmp)
         try:
             _precompute(url, steps=args.steps, samples_per_step=args.samples_per_step)
             update(1, 2)
-            mp.spawn(_rank, args=(_free_port(), url, args.steps, args.compute_ms / 1e3, tmp_name),
+            mp.spawn(_rank, args=(free_port(), url, args.steps, args.compute_ms / 1e3, tmp_name),
                      nprocs=WORLD, join=True)
             update(2, 2)
             per_rank = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(WORLD)]
         finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
+            stop_service(proc, timeout_s=30)
     table: dict[str, Any] = {}
     print(f"executor overhead per step, {WORLD} gloo ranks, {args.steps} steps, "
           f"{args.compute_ms:.0f} ms simulated compute per step")

@@ -32,10 +32,6 @@ import json
 import logging
 import os
 import platform
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from datetime import timedelta
@@ -46,6 +42,7 @@ import httpx
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from _service import free_port, start_service, stop_service
 
 from costmodel.analytic import analytic_cost_model
 from costmodel.evaluate import CostModel
@@ -57,39 +54,15 @@ from costmodel.specs import ModelSpec, Sample
 from executor.client import PlannerClient, RetryPolicy
 from executor.data import SyntheticDataset
 from executor.groups import GroupRegistry
-from executor.measure import MeasurementReporter, ReporterConfig, StepMeasurement, StepTimer
+from executor.measured_steps import MeasuredSteps
 from executor.models import Llama1D, ModelConfig, init_weights
-from executor.runtime import Executor
+from executor.runtime import MicroBatchWork
 
 ROOT = Path(__file__).resolve().parents[1]
 EPOCH = "recalibration"
 OFFLINE_EPOCH = "offline"
 CONFIG = ModelConfig(num_layers=4, hidden=64, num_heads=4, ffn_hidden=128, vocab=256)
 logger = logging.getLogger("bench.recalibration")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _start_service(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).with_name("dcp")), "serve", "--host", "127.0.0.1", "--port", str(port),
-         "--db", str(tmp / "plans.sqlite"), "--workers", "1", "--log-level", "warning"],
-        stdout=(tmp / "serve.log").open("wb"), stderr=subprocess.STDOUT,
-        env={**os.environ, "DCP_AUTH_TOKEN": ""})
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError("dcp serve did not start")
 
 
 def setup(world: int, *, num_samples: int, tight_tokens: int, compute_factor: float
@@ -140,7 +113,7 @@ def setup_fitted(world: int, offline: CostModelFile, *, num_samples: int, tight_
 
 
 def _rank(rank: int, world: int, port: int, url: str, samples_json: str, steps_a: int, steps_b: int,
-          out: str, offline: bool) -> None:
+          offline: bool) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=300))
@@ -150,49 +123,27 @@ def _rank(rank: int, world: int, port: int, url: str, samples_json: str, steps_a
     init_weights(model, seed=0)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     client = PlannerClient(url, retry=RetryPolicy(deadline_s=120))
-    reporters: list[MeasurementReporter] = []
+    loop = MeasuredSteps(client, rank=rank,
+                         registry=GroupRegistry(world_size=world, rank=rank, group_sizes=[1, 2, 4][:world]))
 
-    def sink(m: StepMeasurement) -> None:
-        reporters[-1].submit(m)
-
-    timer = StepTimer(rank=rank, sink=sink)
-    executor = Executor(registry=GroupRegistry(world_size=world, rank=rank, group_sizes=[1, 2, 4][:world]),
-                        weight_dtype=torch.float32, timer=timer)
-    config = ReporterConfig(batch_steps=4, flush_interval_s=0.5)
+    def loss(work: MicroBatchWork) -> torch.Tensor:
+        logits = model(work.inputs, work.ctx, recompute_layers=work.recompute_layers)
+        return work.loss(Llama1D.token_losses(logits, work.targets))
 
     def run(steps: range, epoch: str = EPOCH) -> None:
-        for step in steps:
-            rank_plan = client.rank_plan(epoch, step, rank)
-            executor.begin_step(rank_plan, step=step)
-            optimizer.zero_grad(set_to_none=True)
-            for work in executor.micro_batches(rank_plan, load_sample=dataset.load):
-                logits = model(work.inputs, work.ctx, recompute_layers=work.recompute_layers)
-                work.loss(Llama1D.token_losses(logits, work.targets)).backward()
-            executor.sync_gradients(model)
-            optimizer.step()
-        timer.flush()
-        reporters[-1].close(timeout_s=60)
+        loop.run(epoch, steps, model=model, optimizer=optimizer, load_sample=dataset.load, loss=loss)
 
-    reporters.append(MeasurementReporter(client, epoch_id=EPOCH, rank=rank, config=config))
     run(range(steps_a))
     dist.barrier()
-    if rank == 0:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            report = httpx.get(f"{url}/v1/epochs/{EPOCH}/recalibration", timeout=10).json()
-            if report["revisions"] and not report["busy"]:
-                break
-            time.sleep(0.2)
+    if rank == 0 and not client.wait_for_revision(EPOCH, timeout_s=120):
+        logger.warning("no revision after 120 s: the next steps run with the plans they had")
     dist.barrier()
-    reporters.append(MeasurementReporter(client, epoch_id=EPOCH, rank=rank, config=config))
     run(range(steps_a, steps_a + steps_b))
     if offline:  # the same steps planned by the offline-fitted model, for comparison
         dist.barrier()
-        reporters.append(MeasurementReporter(client, epoch_id=OFFLINE_EPOCH, rank=rank, config=config))
         run(range(steps_a, steps_a + steps_b), OFFLINE_EPOCH)
-    Path(out, f"rank{rank}.json").write_text(json.dumps({
-        "posted": sum(r.num_posted_steps for r in reporters),
-        "dropped": sum(r.num_dropped_steps for r in reporters)}))
+    if loop.num_dropped_steps:
+        logger.warning("rank %d: %d steps' measurements dropped", rank, loop.num_dropped_steps)
     client.close()
     dist.destroy_process_group()
 
@@ -303,7 +254,7 @@ def main() -> None:
                                         tight_tokens=args.tight_tokens, compute_factor=args.compute_factor)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        proc, url = _start_service(tmp)
+        proc, url = start_service(tmp, log=tmp / "serve.log")
         try:
             httpx.post(f"{url}/v1/cost-models", json=wrong, timeout=30).raise_for_status()
             _create_epoch(url, EPOCH, samples, args.samples_per_step, cluster, wrong["id"])
@@ -314,17 +265,15 @@ def main() -> None:
             httpx.post(f"{url}/v1/epochs/{EPOCH}/recalibration", timeout=30,
                        json={"follow": True, "every_steps": args.every_steps}).raise_for_status()
             mp.spawn(_rank, nprocs=args.world, join=True,
-                     args=(args.world, _free_port(), url, json.dumps([s.model_dump(exclude_none=True)
+                     args=(args.world, free_port(), url, json.dumps([s.model_dump(exclude_none=True)
                                                                       for s in samples]),
-                           args.steps_a, args.steps_b, tmp_name, offline is not None))
-            ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(args.world)]
+                           args.steps_a, args.steps_b, offline is not None))
             time.sleep(1.0)
             while httpx.get(f"{url}/v1/epochs/{EPOCH}/recalibration", timeout=10).json()["busy"]:
                 time.sleep(0.2)
             report = httpx.get(f"{url}/v1/epochs/{EPOCH}/recalibration", timeout=30).json()
         finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
+            stop_service(proc)
         records = _micro_batches(tmp / "plans.sqlite", cluster, wrong)
         offline_records = ([] if offline is None else
                            _micro_batches(tmp / "plans.sqlite", cluster, wrong, OFFLINE_EPOCH))
@@ -386,7 +335,7 @@ def main() -> None:
         "tight_tokens": args.tight_tokens, "elapsed_s": elapsed_s, "comparison": comparison,
         "errors_by_revision": {str(k): v for k, v in by_rev.items()}, "errors_from_step_20": late,
         "offline_micro_batches": offline_records,
-        "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "ranks": ranks,
+        "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
         "report": report, "micro_batches": records}, indent=1))
     print(f"wrote {args.out}")

@@ -161,6 +161,22 @@ class PlannerClient:
         """``GET /v1/epochs/{id}``."""
         return dict(self.request("GET", f"/v1/epochs/{epoch_id}").json())
 
+    def recalibration(self, epoch_id: str) -> dict[str, Any]:
+        """``GET /v1/epochs/{id}/recalibration``: revisions, whether a fit is running, errors."""
+        return dict(self.request("GET", f"/v1/epochs/{epoch_id}/recalibration").json())
+
+    def wait_for_revision(self, epoch_id: str, *, timeout_s: float = 120.0, poll_s: float = 0.2) -> bool:
+        """Wait until the epoch has a revision of its cost model and no fit is running (the steps
+        nobody fetched are then re-planned); ``False`` when ``timeout_s`` passed first."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            report = self.recalibration(epoch_id)
+            if report["revisions"] and not report["busy"]:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+
     def plan_batch(self, body: Mapping[str, Any]) -> Plan:
         """``POST /v1/plans`` (samples, cluster, cost_model_id, options); returns the plan."""
         return Plan.model_validate(self.request("POST", "/v1/plans", json=dict(body)).json()["plan"])

@@ -1,0 +1,53 @@
+"""A ``dcp serve`` subprocess on loopback for the benchmarks (a fresh SQLite file under a folder)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_service(tmp: Path, *, log: Path | None = None, workers: int = 1, timeout_s: float = 60.0
+                  ) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``dcp serve`` (no token, ``workers`` solver processes, store ``tmp/plans.sqlite``) and
+    wait until it is ready; returns the process and its base URL.
+
+    Raises:
+        RuntimeError: when it is not ready within ``timeout_s``.
+    """
+    port = free_port()
+    out = log.open("wb") if log is not None else subprocess.DEVNULL
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("dcp")), "serve", "--host", "127.0.0.1", "--port", str(port),
+         "--db", str(tmp / "plans.sqlite"), "--workers", str(workers), "--log-level", "warning"],
+        stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "DCP_AUTH_TOKEN": ""})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    stop_service(proc)
+    raise RuntimeError(f"dcp serve did not get ready within {timeout_s:.0f} s")
+
+
+def stop_service(proc: subprocess.Popen[bytes], *, timeout_s: float = 60.0) -> None:
+    """SIGTERM, then wait for it to exit."""
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=timeout_s)
