@@ -195,7 +195,7 @@ def step_times_s(records: list[dict[str, Any]]) -> dict[int, float]:
     return steps
 
 
-def group_errors(records: list[dict[str, Any]], *, from_step: int = 0) -> dict[str, float | int]:
+def group_errors(records: list[dict[str, Any]], *, from_step: int = 0) -> dict[str, float | int | None]:
     """Prediction error of whole groups (a group's micro-batches summed per step) and of micro-batches,
     over the steps from ``from_step``."""
     sel = [r for r in records if r["step"] >= from_step]
@@ -204,9 +204,15 @@ def group_errors(records: list[dict[str, Any]], *, from_step: int = 0) -> dict[s
         acc = groups.setdefault((r["step"], r["first_rank"]), [0.0, 0.0])
         acc[0] += r["predicted_s"]
         acc[1] += r["measured_s"]
+    if not sel:
+        return {"groups": 0, "micro_batches": 0, "group_mape": None, "micro_batch_mape": None}
     return {"groups": len(groups), "micro_batches": len(sel),
-            "group_mape": sum(abs(p / m - 1) for p, m in groups.values()) / max(1, len(groups)),
-            "micro_batch_mape": sum(abs(r["predicted_s"] / r["measured_s"] - 1) for r in sel) / max(1, len(sel))}
+            "group_mape": sum(abs(p / m - 1) for p, m in groups.values()) / len(groups),
+            "micro_batch_mape": sum(abs(r["predicted_s"] / r["measured_s"] - 1) for r in sel) / len(sel)}
+
+
+def _pct(value: float | int | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 def _create_epoch(url: str, epoch: str, samples: list[Sample], samples_per_step: int, cluster: dict[str, Any],
@@ -301,8 +307,8 @@ def main() -> None:
     late = group_errors(records, from_step=20)
     print(f"{'plans of revision':<20}{'groups':>8}{'group MAPE':>12}{'micro-batch MAPE':>18}")
     for rev, e in by_rev.items():
-        print(f"{rev:<20}{e['groups']:>8}{e['group_mape']:>12.1%}{e['micro_batch_mape']:>18.1%}")
-    print(f"{'steps >= 20':<20}{late['groups']:>8}{late['group_mape']:>12.1%}{late['micro_batch_mape']:>18.1%}")
+        print(f"{rev:<20}{e['groups']:>8}{_pct(e['group_mape']):>12}{_pct(e['micro_batch_mape']):>18}")
+    print(f"{'steps >= 20':<20}{late['groups']:>8}{_pct(late['group_mape']):>12}{_pct(late['micro_batch_mape']):>18}")
     comparison = None
     if offline is not None:
         replanned, offline_steps = step_times_s(records), step_times_s(offline_records)
@@ -315,8 +321,8 @@ def main() -> None:
             by_rev_err.setdefault(r["rev"], []).append(abs(r["predicted_s"] / r["measured_s"] - 1))
         offline_err = [abs(r["predicted_s"] / r["measured_s"] - 1) for r in offline_records]
         offline_groups = group_errors(offline_records)
-        print(f"{'offline model':<20}{offline_groups['groups']:>8}{offline_groups['group_mape']:>12.1%}"
-              f"{offline_groups['micro_batch_mape']:>18.1%}")
+        print(f"{'offline model':<20}{offline_groups['groups']:>8}{_pct(offline_groups['group_mape']):>12}"
+              f"{_pct(offline_groups['micro_batch_mape']):>18}")
         replanned_s, offline_s = [replanned[s] for s in common], [offline_steps[s] for s in common]
         comparison = {"steps": common, "replanned_step_s": replanned_s,
                       "offline_step_s": offline_s, "replanned_over_offline": ratio,
