@@ -158,14 +158,14 @@ def assemble_plan(draft: Draft, samples: Sequence[Sample], *, cost_model: CostMo
     for g, costs in zip(ordered, draft_costs(ordered, arrays, cost_model), strict=True):
         mbs: list[MicroBatch] = []
         pos = 0
+        times_s, act_bytes = costs.sample_time_s.tolist(), costs.sample_act_bytes.tolist()
         for mb, mb_time, mb_peak in zip(g.micro_batches, costs.microbatch_time_s,
                                         costs.microbatch_peak_bytes, strict=True):
             planned = []
             for i, k in mb:
                 planned.append(PlannedSample.model_construct(
-                    sample=samples[i], recompute_layers=int(k),
-                    predicted_time_s=float(costs.sample_time_s[pos]),
-                    predicted_activation_bytes=float(costs.sample_act_bytes[pos])))
+                    sample=samples[i], recompute_layers=int(k), predicted_time_s=times_s[pos],
+                    predicted_activation_bytes=act_bytes[pos]))
                 pos += 1
             mbs.append(MicroBatch.model_construct(samples=planned, predicted_time_s=mb_time,
                                                   predicted_peak_mem_bytes=mb_peak))

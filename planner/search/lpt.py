@@ -53,7 +53,8 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
     overhead = table.overhead_s_by_size.tolist()
     budget = table.budget_bytes
     cols = sorted({state.col for state in groups})
-    by_load: dict[int, list[tuple[float, int]]] = {j: [] for j in cols}
+    # Per size column (a list indexed by column: the hot loop reads it per sample).
+    by_load: list[list[tuple[float, int]]] = [[] for _ in overhead]
     for index, state in enumerate(groups):
         by_load[state.col].append((0.0, index))
     load = [0.0] * len(groups)
@@ -63,7 +64,9 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
     if runs is None:
         runs = _bulk_runs(order, cls)
     ocls = [cls[i] for i in order]  # class of each position
-    columns = {j: table.column(j)[4:6] for j in cols}  # per column: time and bytes by class
+    # Per column: time and bytes by class (empty for columns without groups).
+    columns = [table.column(j)[4:6] if j in cols else ([], []) for j in range(len(overhead))]
+    bisect_left, bisect_right, insort = bisect.bisect_left, bisect.bisect_right, bisect.insort
     # Columns by GPU-seconds rank per class, for the target rule (computed once per class).
     col_order: dict[int, list[int]] = {}
     pos = 0
@@ -83,7 +86,7 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
                         continue
                     m, o = m_row[j], overhead[j]
                     lst = by_load[j]
-                    p = bisect.bisect_right(lst, (target_s - t, inf))
+                    p = bisect_right(lst, (target_s - t, inf))
                     best_f = -inf
                     low = p - 1 - SCAN
                     for idx in range(p - 1, low if low > -1 else -1, -1):
@@ -154,8 +157,8 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
                 pos += 1
             load[gi], free[gi] = ld, fr
             lst = by_load[j]
-            del lst[bisect.bisect_left(lst, old)]
-            bisect.insort(lst, (ld, gi))
+            del lst[bisect_left(lst, old)]
+            insort(lst, (ld, gi))
     for gi, state in enumerate(groups):
         state.load_s = float(load[gi])
     return groups

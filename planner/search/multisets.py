@@ -128,9 +128,12 @@ def packed_multiset(table: CostTable, order: list[int], *, target_s: float,
     if not meets.any(axis=1).all():
         return None
     area = np.where(meets, table.time_s * sizes[None, :], np.inf)
-    best_col = area.argmin(axis=1)
-    by_area = np.argsort(area, axis=1, kind="stable")
-    within = area <= area[np.arange(len(best_col)), best_col][:, None] * fill_tolerance
+    best_col_a = area.argmin(axis=1)
+    within_l: list[list[bool]] = (
+        area <= area[np.arange(len(best_col_a)), best_col_a][:, None] * fill_tolerance).tolist()
+    # Lists: the loop below reads one entry per class, where numpy scalars cost most.
+    best_col: list[int] = best_col_a.tolist()
+    by_area: list[list[int]] = np.argsort(area, axis=1, kind="stable").tolist()
     cls = table.classes.class_of
     # Open groups per size column: loads and free bytes of the open micro-batch (arrays with
     # room for every group the world could hold), and how many are open.
@@ -150,12 +153,12 @@ def packed_multiset(table: CostTable, order: list[int], *, target_s: float,
     for end in runs:
         while pos < end:
             c = cls[order[pos]]
-            jb = int(best_col[c])
+            jb = best_col[c]
             # Sizes to try: the most efficient first, then open groups of sizes within the
             # tolerance (leftover time of a big group is worth filling with mid-size samples).
             tolerated = tolerated_of.get(c)
             if tolerated is None:
-                tolerated = [jb] + [int(j) for j in by_area[c] if j != jb and within[c, j]]
+                tolerated = [jb] + [j for j in by_area[c] if j != jb and within_l[c][j]]
                 tolerated_of[c] = tolerated
             # Fullest open group that still meets the target with one more copy.
             best_k, j = -1, jb
