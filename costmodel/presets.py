@@ -126,16 +126,36 @@ def _parse_cpu_cluster(name: str) -> ClusterSpec:
         raise ValueError(f"cluster {name!r}: expected cpu:N or cpu:NxG with positive integers ({exc})") from None
 
 
+def _sized_cluster(name: str, clusters: dict[str, Any]) -> dict[str, Any] | None:
+    """``<kind>x<N>`` for a size no preset has: the preset of that kind (its hardware and node
+    size) with ``N`` GPUs (whole nodes), e.g. ``h200x24``, ``h200x48``."""
+    kind, sep, count = name.rpartition("x")
+    if not sep or not count.isdigit():
+        return None
+    like = sorted((c for c in clusters if c.rpartition("x")[0] == kind), key=lambda c: clusters[c]["num_gpus"])
+    if not like:
+        return None
+    spec = dict(clusters[like[-1]])
+    num_gpus, per_node = int(count), int(spec["gpus_per_node"])
+    if num_gpus <= 0 or num_gpus % per_node:
+        raise ValueError(f"cluster {name!r}: {num_gpus} GPUs do not fill whole nodes of {per_node} "
+                         f"(as {like[-1]!r} has)")
+    spec["num_gpus"] = num_gpus
+    return spec
+
+
 def load_cluster(name: str, **overrides: Any) -> ClusterSpec:
-    """A cluster preset by name (or ``cpu:N`` / ``cpu:NxG`` for CPU ranks), with optional field
-    overrides (e.g. ``memory_cap_fraction``)."""
+    """A cluster preset by name (or ``cpu:N`` / ``cpu:NxG`` for CPU ranks, or ``<kind>x<N>`` for
+    a preset kind at another size, e.g. ``h200x48``), with optional field overrides (e.g.
+    ``memory_cap_fraction``)."""
     if name.startswith("cpu:"):
         spec_cpu = _parse_cpu_cluster(name)
         return spec_cpu.model_copy(update=overrides) if overrides else spec_cpu
     clusters = _read_json("clusters.json")
-    if name not in clusters:
-        raise _unknown("cluster", name, [*clusters, "cpu:N", "cpu:NxG"])
-    spec = dict(clusters[name])
+    sized = _sized_cluster(name, clusters) if name not in clusters else None
+    if name not in clusters and sized is None:
+        raise _unknown("cluster", name, [*clusters, "cpu:N", "cpu:NxG", "<kind>x<N>"])
+    spec = dict(clusters[name]) if sized is None else sized
     spec["hardware"] = load_hardware(spec["hardware"])
     spec.update(overrides)
     return ClusterSpec(name=name, **spec)
