@@ -13,10 +13,10 @@ The wrong model (``--start``): ``analytic``, the analytic H200 model with comput
 (a model of other hardware altogether); or ``fitted``, a model fitted offline on this machine
 (``dcp check-model``'s profiles of the same reference model: layers, collectives, the all-to-all
 inside the layers; wall clock, as the ranks measure) with compute x``--compute-factor`` and the
-all-to-all x``--alltoall-factor`` (a model profiled on another day or driver). With ``fitted`` the
-same steps are then also run with plans of the offline-fitted model itself (a second epoch, same
-manifest and seed, no recalibration), and the measured step times of the re-planned steps are
-compared with them.
+all-to-all x``--alltoall-factor`` (a model profiled on another day or driver). With ``fitted``
+every step after the first revision is followed by the same step planned by the offline-fitted
+model itself (a second epoch, same manifest and seed, no recalibration), so that both run under
+the same load, and the measured step times of the re-planned steps are compared with them.
 
 Run::
 
@@ -138,10 +138,12 @@ def _rank(rank: int, world: int, port: int, url: str, samples_json: str, steps_a
     if rank == 0 and not client.wait_for_revision(EPOCH, timeout_s=120):
         logger.warning("no revision after 120 s: the next steps run with the plans they had")
     dist.barrier()
-    run(range(steps_a, steps_a + steps_b))
-    if offline:  # the same steps planned by the offline-fitted model, for comparison
-        dist.barrier()
-        run(range(steps_a, steps_a + steps_b), OFFLINE_EPOCH)
+    if offline:  # each step, then the same step planned by the offline-fitted model (same load)
+        for step in range(steps_a, steps_a + steps_b):
+            run(range(step, step + 1))
+            run(range(step, step + 1), OFFLINE_EPOCH)
+    else:
+        run(range(steps_a, steps_a + steps_b))
     if loop.num_dropped_steps:
         logger.warning("rank %d: %d steps' measurements dropped", rank, loop.num_dropped_steps)
     client.close()
