@@ -1,6 +1,6 @@
 """The training ranks of the recalibration end-to-end test (spawned; gloo on loopback).
 
-Each rank trains the reference LLaMA-style model on plans fetched from the service, times its
+Each rank trains a reference model (LLaMA-style 1D or STDiT-style 2D) on plans fetched from the service, times its
 micro-batches (``executor.measure``) and posts them in the background. Phase A runs the first
 ``steps_a`` steps; then every rank flushes its measurements and rank 0 waits until the service
 has published a revision and re-planned the unfetched steps; phase B runs the rest.
@@ -18,7 +18,7 @@ from executor.client import PlannerClient, RetryPolicy
 from executor.data import SyntheticDataset
 from executor.groups import GroupRegistry
 from executor.measured_steps import MeasuredSteps
-from executor.models import Llama1D
+from executor.models import Llama1D, STDiT2D
 from executor.runtime import MicroBatchWork
 from tests.executor.helpers import CONFIG, build_model, init_gloo
 
@@ -26,21 +26,24 @@ WORLD = 2
 
 
 def worker(rank: int, port: int, url: str, epoch_id: str, samples_json: str, steps_a: int, steps_b: int,
-           out: str) -> None:
-    """One rank: phase A, wait for the revision, phase B; writes what it fetched."""
+           out: str, kind: str = "1d") -> None:
+    """One rank of the ``kind`` reference model: phase A, wait for the revision, phase B; writes
+    what it fetched."""
     init_gloo(rank, WORLD, port)
     from costmodel.specs import Sample
 
     samples = [Sample.model_validate(s) for s in json.loads(samples_json)]
-    dataset = SyntheticDataset(samples, kind="1d", vocab=CONFIG.vocab, seed=1, dtype=torch.float32)
-    model = build_model("1d", dtype=torch.float32)
+    dataset = SyntheticDataset(samples, kind=kind, vocab=CONFIG.vocab, channels=CONFIG.in_channels, seed=1,
+                               dtype=torch.float32)
+    model = build_model(kind, dtype=torch.float32)
+    token_losses = Llama1D.token_losses if kind == "1d" else STDiT2D.token_losses
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     client = PlannerClient(url, retry=RetryPolicy(deadline_s=60))
     loop = MeasuredSteps(client, rank=rank, registry=GroupRegistry(world_size=WORLD, rank=rank, group_sizes=[1, 2]))
 
     def loss(work: MicroBatchWork) -> torch.Tensor:
         logits = model(work.inputs, work.ctx, recompute_layers=work.recompute_layers)
-        return work.loss(Llama1D.token_losses(logits, work.targets))
+        return work.loss(token_losses(logits, work.targets))
 
     def run(steps: range) -> None:
         loop.run(epoch_id, steps, model=model, optimizer=optimizer, load_sample=dataset.load, loss=loss,
