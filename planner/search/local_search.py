@@ -142,6 +142,9 @@ def local_search(table: CostTable, groups: list[GroupState], *, max_moves: int,
                     t_row = time_rows[c] = table.time_s[c, cols]
                     mem_rows[c] = table.mem_bytes[c, cols]
                 new_src = current - t_row[top] - (o_g[top] if alone else 0.0)
+                # Every candidate is at least new_src: skip the vector work when none can win.
+                if not (new_src < current * (1 - 1e-12) and (best is None or new_src < best[0])):
+                    continue
                 new_dst = load + t_row + o_g * (max_free < mem_rows[c])
                 new_dst[top] = np.inf
                 cand = np.maximum(new_dst, new_src)
