@@ -36,9 +36,9 @@ def lpt_draft(table: CostTable, *, group_size: int) -> Draft | None:
     members: list[list[int]] = [[] for _ in range(num_work)]
     # Longest first, ties by index: a stable sort on the negated times.
     for i in np.argsort(-np.asarray(times), kind="stable").tolist():
-        load, g = heapq.heappop(heap)
+        load, g = heap[0]  # (load, group) pairs are unique: the same pops as pop + push
         members[g].append(i)
-        heapq.heappush(heap, (load + times[i], g))
+        heapq.heapreplace(heap, (load + times[i], g))
     for g in range(num_work):
         if not pack_cheapest(table, groups[g], members[g]):
             return None
