@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from dcp_cli.progress import progress_bar
 
@@ -42,7 +43,6 @@ ROOT = Path(__file__).resolve().parent.parent
 CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,"
           "response_headers_conformance,response_schema_conformance")
 TOKEN = "fuzz-token"
-_COUNT = re.compile(r'^dcp_http_request_duration_seconds_count\{[^}]*status="(\d+)"[^}]*\} ([0-9.e+]+)$')
 
 
 def _free_port() -> int:
@@ -77,13 +77,22 @@ def _start_server(workdir: Path, *, token: str | None, workers: int) -> tuple[su
     raise RuntimeError("server not ready")
 
 
-def _status_counts(url: str) -> dict[str, int]:
+def status_counts(metrics_text: str) -> dict[str, int]:
+    """Requests the server answered, by status, from its ``/metrics`` text (every route template,
+    ``{param}`` ones included)."""
     counts: dict[str, int] = {}
-    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
-        match = _COUNT.match(line)
-        if match:
-            counts[match.group(1)] = counts.get(match.group(1), 0) + int(float(match.group(2)))
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != "dcp_http_request_duration_seconds":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_count"):
+                status = sample.labels["status"]
+                counts[status] = counts.get(status, 0) + int(sample.value)
     return dict(sorted(counts.items()))
+
+
+def _status_counts(url: str) -> dict[str, int]:
+    return status_counts(httpx.get(f"{url}/metrics", timeout=30).text)
 
 
 def _parse_summary(text: str) -> dict[str, int]:

@@ -42,3 +42,24 @@ def test_fuzz_live_server_no_5xx_no_schema_violation(tmp_path: Path) -> None:
         assert run["passed"], run
     assert "401" not in runs[1]["requests_by_status"] or runs[1]["requests_by_status"]["401"] < 50  # token sent
     assert result.returncode == 0, result.stderr[-3000:]  # every mode passed
+
+
+def test_fuzz_counts_every_route_template_from_the_servers_metrics() -> None:
+    """The request count comes from the service's own histogram; routes with ``{param}`` in their
+    template count too (a regex stopping at the first ``}`` once missed them all)."""
+    import importlib.util
+
+    from api.metrics import Metrics
+
+    spec = importlib.util.spec_from_file_location("bench_fuzz", ROOT / "bench" / "fuzz.py")
+    assert spec is not None and spec.loader is not None
+    fuzz = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fuzz)
+    metrics = Metrics()
+    for method, route, status, times in (("GET", "/v1/epochs/{epoch_id}/steps/{step}", 200, 3),
+                                         ("POST", "/v1/epochs/{epoch_id}/measurements", 422, 2),
+                                         ("GET", "/healthz", 200, 1), ("GET", "unmatched", 404, 4),
+                                         ("POST", "/v1/plans", 500, 1)):
+        for _ in range(times):
+            metrics.request_latency_s.labels(method, route, str(status)).observe(0.01)
+    assert fuzz.status_counts(metrics.render().decode()) == {"200": 4, "404": 4, "422": 2, "500": 1}
