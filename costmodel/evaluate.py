@@ -162,7 +162,8 @@ def _sample_pass_s(terms: LayerTimeTerms, tokens: FloatArray, frames: FloatArray
     """Part of one layer pass additive over samples (dense per token, attention, per sample)."""
     attention = _attention_s(terms, tokens, frames, spatial, is_2d=is_2d, group_size=group_size,
                              half_tokens=half_tokens)
-    return np.asarray(terms.per_token * tokens / group_size + attention + terms.per_sample,
+    relayout = terms.per_token_relayout * tokens / group_size if group_size > 1 else 0.0
+    return np.asarray(terms.per_token * tokens / group_size + attention + terms.per_sample + relayout,
                       dtype=np.float64)
 
 

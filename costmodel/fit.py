@@ -130,11 +130,11 @@ def _ratio(full: float, profiled: float) -> float:
     return full / profiled if profiled > 0 else 1.0
 
 
-def _scale_terms(t: LayerTimeTerms, *, token: float, pair: float) -> LayerTimeTerms:
+def _scale_terms(t: LayerTimeTerms, *, token: float, pair: float, moved: float) -> LayerTimeTerms:
     return LayerTimeTerms(per_token=t.per_token * token, per_attn_pair=t.per_attn_pair * pair,
                           per_spatial_pair=t.per_spatial_pair * pair,
                           per_temporal_pair=t.per_temporal_pair * pair, per_sample=t.per_sample,
-                          per_call=t.per_call)
+                          per_call=t.per_call, per_token_relayout=t.per_token_relayout * moved)
 
 
 def _merge_headers(profiles: Sequence[Profile]) -> tuple[ProfileHeader, ModelSpec, ModelSpec]:
@@ -201,6 +201,8 @@ def fit_profiles(profiles: Sequence[Profile], config: FitConfig | None = None) -
     # Width scaling by analytic FLOP and byte ratios (identity when the width is the model's).
     token_r = _ratio(linear_flops_per_token_layer(model), linear_flops_per_token_layer(profiled))
     pair_r = _ratio(attention_flops_per_pair(model), attention_flops_per_pair(profiled))
+    # the re-layout moves the all-to-all's bytes
+    moved_r = _ratio(alltoall_bytes_per_token_layer(model)[0], alltoall_bytes_per_token_layer(profiled)[0])
     none_full, full_full = activation_bytes_per_token_layer(model)
     none_prof, full_prof = activation_bytes_per_token_layer(profiled)
     if model.kind == "1d":
@@ -213,8 +215,8 @@ def fit_profiles(profiles: Sequence[Profile], config: FitConfig | None = None) -
         notes.append(f"scaled to the full width by analytic ratios: per token x{token_r:.4g}, "
                      f"per pair x{pair_r:.4g}, head x{head_r:.4g}; fit_quality is for the "
                      "profiled shape")
-    fwd = _scale_terms(fwd, token=token_r, pair=pair_r)
-    bwd = _scale_terms(bwd, token=token_r, pair=pair_r)
+    fwd = _scale_terms(fwd, token=token_r, pair=pair_r, moved=moved_r)
+    bwd = _scale_terms(bwd, token=token_r, pair=pair_r, moved=moved_r)
     # Ulysses q,k,v send+receive buffers: measured in the records of group sizes above 1 (the
     # emulated all-to-all allocates them), an analytic allowance only for profiles without any.
     emulated = any(r.group_size > 1 for r in compute)

@@ -161,8 +161,8 @@ def _pair_columns(rec: ComputeRecord, kind: str, half: float) -> list[float]:
     return cols
 
 
-def _compute_rows(records: Sequence[ComputeRecord], kind: str, half: float, per_call: bool
-                  ) -> FloatArray:
+def _compute_rows(records: Sequence[ComputeRecord], kind: str, half: float, per_call: bool,
+                  relayout: bool) -> FloatArray:
     rows = []
     for rec in records:
         per_pass = [float(rec.tokens_per_rank), *_pair_columns(rec, kind, half), float(len(rec.samples))]
@@ -170,16 +170,20 @@ def _compute_rows(records: Sequence[ComputeRecord], kind: str, half: float, per_
             per_pass.append(1.0)
         x = np.array(per_pass, dtype=np.float64)
         n, k = rec.num_layers, rec.recompute_layers
-        rows.append(np.concatenate([(n + k) * x, n * x, [1.0]]))
+        # the re-layout around attention (groups of 2 or more only) moves the same bytes in a
+        # forward and a backward pass: one coefficient for both
+        moved = [(2 * n + k) * float(rec.tokens_per_rank) * (rec.group_size > 1)] if relayout else []
+        rows.append(np.concatenate([(n + k) * x, n * x, moved, [1.0]]))
     return np.array(rows, dtype=np.float64)
 
 
-def _terms(part: FloatArray, kind: str, per_call: bool) -> LayerTimeTerms:
+def _terms(part: FloatArray, kind: str, per_call: bool, moved: float) -> LayerTimeTerms:
     call = float(part[-1]) if per_call else 0.0
     if kind == "1d":
-        return LayerTimeTerms(per_token=part[0], per_attn_pair=part[1], per_sample=part[2], per_call=call)
+        return LayerTimeTerms(per_token=part[0], per_attn_pair=part[1], per_sample=part[2], per_call=call,
+                              per_token_relayout=moved)
     return LayerTimeTerms(per_token=part[0], per_spatial_pair=part[1], per_temporal_pair=part[2],
-                          per_sample=part[3], per_call=call)
+                          per_sample=part[3], per_call=call, per_token_relayout=moved)
 
 
 def fit_compute(records: Sequence[ComputeRecord], kind: str, split: SplitConfig, *,
@@ -210,15 +214,16 @@ def fit_compute(records: Sequence[ComputeRecord], kind: str, split: SplitConfig,
             "(dcp fit --attention-half-tokens VALUE)"
         )
     per_call = len({r.num_layers for r in records}) > 1
+    relayout = any(r.group_size > 1 for r in records) and any(r.group_size == 1 for r in records)
     y = np.array([timing(r, split.time_statistic) for r in records], dtype=np.float64)
-    width = _compute_rows(records, kind, 0.0, per_call).shape[1]
+    width = _compute_rows(records, kind, 0.0, per_call, relayout).shape[1]
     train, held = split_indices(len(y), fraction=split.holdout_fraction, min_train=width + 1,
                                 seed=split.seed, term="compute_time")
     hint = "vary token counts, packings, layer counts, policies and group sizes"
-    _check_rank("compute_time", _compute_rows([records[i] for i in train], kind, 1.0, per_call), hint)
+    _check_rank("compute_time", _compute_rows([records[i] for i in train], kind, 1.0, per_call, relayout), hint)
 
     def loss(half: float) -> float:
-        a = _compute_rows([records[i] for i in train], kind, half, per_call)
+        a = _compute_rows([records[i] for i in train], kind, half, per_call, relayout)
         x = relative_nnls(a, y[train])
         return float(np.sum(((a @ x - y[train]) / y[train]) ** 2))
 
@@ -226,12 +231,14 @@ def fit_compute(records: Sequence[ComputeRecord], kind: str, split: SplitConfig,
         half = float(attention_half_tokens)
     else:
         half = _search_half(loss, upper=8.0 * max(r.num_tokens for r in records))
-    a = _compute_rows(records, kind, half, per_call)
+    a = _compute_rows(records, kind, half, per_call, relayout)
     theta = relative_nnls(a[train], y[train])
     pred = a[held] @ theta
     result = TermResult("compute_time", mape(y[held], pred), len(train), len(held), y[held], pred)
-    m = (a.shape[1] - 1) // 2
-    return ComputeFit(forward=_terms(theta[:m], kind, per_call), backward=_terms(theta[m:2 * m], kind, per_call),
+    m = (a.shape[1] - 1 - relayout) // 2
+    moved = float(theta[2 * m]) if relayout else 0.0
+    return ComputeFit(forward=_terms(theta[:m], kind, per_call, moved),
+                      backward=_terms(theta[m:2 * m], kind, per_call, moved),
                       attention_half_tokens=half, fixed_s=float(theta[-1]), result=result)
 
 

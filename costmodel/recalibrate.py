@@ -77,7 +77,8 @@ def _scaled_terms(terms: LayerTimeTerms, scales: TermScales) -> LayerTimeTerms:
     pairs = {k: getattr(terms, k) * scales.attention
              for k in ("per_attn_pair", "per_spatial_pair", "per_temporal_pair")}
     fixed = {k: getattr(terms, k) * scales.overhead for k in ("per_sample", "per_call")}
-    return terms.model_copy(update={"per_token": terms.per_token * scales.compute, **pairs, **fixed})
+    return terms.model_copy(update={"per_token": terms.per_token * scales.compute,
+                                    "per_token_relayout": terms.per_token_relayout * scales.compute, **pairs, **fixed})
 
 
 def scale_file(file: CostModelFile, scales: TermScales, *, new_id: str | None = None,

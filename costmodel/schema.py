@@ -15,6 +15,9 @@ layer on one rank of a group of ``d`` (``costmodel.evaluate`` is the one impleme
   pair coefficient, with ``pairs = s^2`` (1D, ``per_attn_pair``) or ``f*(hw)^2`` spatial and
   ``hw*f^2`` temporal (2D): the same efficiency curve over the sample's tokens per rank;
 * ``per_sample`` per sample (not divided by ``d``) and ``per_call`` per call (launches);
+* in groups of ``d >= 2`` only, ``per_token_relayout * n``: the Ulysses re-layout around attention
+  (packing the all-to-all's send buffer, reordering what it received; the same bytes in a
+  forward and a backward pass, so one fitted value serves both);
 * a layer recomputed under checkpointing costs one more forward call;
 * activation bytes per token per layer: ``none`` (all kept) or ``full`` (block input only),
   plus a transient working set per token of the micro-batch while a layer runs backward;
@@ -51,6 +54,10 @@ class LayerTimeTerms(_Frozen):
     per_temporal_pair: float = Field(default=0.0, ge=0, description="s per hw*f^2 pair (2D).")
     per_sample: float = Field(default=0.0, ge=0, description="s per sample, not split by d.")
     per_call: float = Field(default=0.0, ge=0, description="s per call of the layer (launches, fixed work).")
+    per_token_relayout: float = Field(
+        default=0.0, ge=0,
+        description="s per token per rank of the Ulysses re-layout around attention, in groups of 2 or more "
+                    "only (packing the all-to-all's send buffer, reordering what it received).")
 
 
 class ComputeCoefficients(_Frozen):

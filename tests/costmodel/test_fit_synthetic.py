@@ -32,6 +32,7 @@ from costmodel.specs import ModelSpec, Sample
 FWD = {"tok": 2e-6, "pair": 1e-9, "sp": 3e-9, "tp": 5e-9, "sample": 1e-4, "layer": 5e-4}
 BWD = {"tok": 4e-6, "pair": 2.5e-9, "sp": 7e-9, "tp": 1.1e-8, "sample": 2e-4, "layer": 8e-4}
 HALF = 300.0
+RELAYOUT_S = 1.5e-6  # per token per rank and pass, groups of 2 or more only (Ulysses re-layout)
 FIXED_S = 2e-3
 NONE_B, FULL_B, TRANSIENT_B = 9000.0, 512.0, 3000.0
 LAYER_B = 4e6  # working bytes per layer whatever the tokens (weight-gradient buffers)
@@ -48,7 +49,7 @@ def _layer_time(c: dict[str, float], samples: list[tuple[int, int]], kind: str, 
     t = c["layer"]
     for f, hw in samples:
         s = f * hw
-        t += c["tok"] * s / d + c["sample"]
+        t += c["tok"] * s / d + c["sample"] + (RELAYOUT_S * s / d if d > 1 else 0.0)
         pairs = c["pair"] * s * s if kind == "1d" else c["sp"] * f * hw * hw + c["tp"] * hw * f * f
         t += pairs / d * (1 + HALF / (s / d))
     return t
@@ -126,6 +127,7 @@ def test_fit_recovers_known_coefficients(model_name: str) -> None:
         assert fitted.per_sample == pytest.approx(truth["sample"], rel=1e-3)
         # per-call costs are per layer call; the micro-batch's fixed parts stay out of them
         assert fitted.per_call == pytest.approx(truth["layer"], rel=1e-3)
+        assert fitted.per_token_relayout == pytest.approx(RELAYOUT_S, rel=1e-3)
         for key, attr in pairs:
             assert getattr(fitted, attr) == pytest.approx(truth[key], rel=1e-3)
     assert f.compute.attention_half_tokens == pytest.approx(HALF, rel=1e-3)
