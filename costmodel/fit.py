@@ -24,11 +24,11 @@ from costmodel.analytic import (
     linear_flops_per_token_layer,
     num_params,
 )
+from costmodel.fit_comm import fit_comm
 from costmodel.fit_terms import (
     SplitConfig,
     TermResult,
     fit_activation,
-    fit_comm,
     fit_compute,
     fit_head,
     fit_head_transient,

@@ -22,9 +22,7 @@ rest. numpy/scipy only: the service fits without torch.
   backward) plus ``per_layer*n`` (working memory of each layer whatever the tokens, such as
   weight-gradient buffers: without it a few-token record's fixed bytes read as bytes per token).
 * head: time ``head_s_per_token * T + c_head``; bytes ``working * T``.
-* collectives: per op, placement, group size and node count ``alpha*steps + wire/bandwidth``
-  (``costmodel.evaluate.collective_time_s``), so a fitted link reproduces the records it was
-  fitted on.
+* collectives: :mod:`costmodel.fit_comm`.
 """
 
 from __future__ import annotations
@@ -37,12 +35,10 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.optimize import minimize_scalar, nnls
 
-from costmodel.evaluate import latency_steps, wire_bytes
 from costmodel.profiling.format import CommRecord, ComputeRecord, HeadRecord
-from costmodel.schema import LayerTimeTerms, LinkFit, TermFit
+from costmodel.schema import LayerTimeTerms, TermFit
 
 FloatArray = NDArray[np.float64]
-_MIN_BANDWIDTH_BYTES_PER_S = 1e-30  # floor for 1/bandwidth; keeps bytes_per_s finite
 TimeStatistic = Literal["median", "min"]
 
 
@@ -337,65 +333,3 @@ def fit_head_transient(records: Sequence[HeadRecord]) -> float | None:
     extra = np.array([max(0.0, float(r.device_peak_bytes or 0.0) - r.activation_bytes) for r in with_peak])
     coef, _ = nnls(np.stack([tokens, np.ones_like(tokens)], axis=1), extra)
     return float(coef[0])
-
-
-# ------------------------------------------------------------------------------------ comm
-def _fit_latency_over_wire(name: str, steps: float, wire_s: FloatArray, y: FloatArray, split: SplitConfig
-                           ) -> tuple[float, TermResult]:
-    """The per-operation latency ``alpha`` with the wire time known: ``steps * alpha + wire_s ~ y``,
-    non-negative, in relative least squares on a training split; MAPE on the held-out one."""
-    train, held = split_indices(len(y), fraction=split.holdout_fraction, min_train=2, seed=split.seed, term=name)
-    yt, wt = y[train], wire_s[train]
-    alpha = max(0.0, float(np.sum(steps * (yt - wt) / yt**2) / np.sum((steps / yt) ** 2)))
-    pred = steps * alpha + wire_s[held]
-    return alpha, TermResult(name, mape(y[held], pred), len(train), len(held), y[held], pred)
-
-
-def _comm_design(op: str, d: int, records: Sequence[CommRecord], split: SplitConfig
-                 ) -> tuple[FloatArray, FloatArray]:
-    """``[latency_steps, wire_bytes]`` per record and its time."""
-    steps = latency_steps(op, d)  # type: ignore[arg-type]
-    a = np.array([[steps, float(wire_bytes(op, r.bytes_per_rank, d))] for r in records])  # type: ignore[arg-type]
-    return a, np.array([timing(r, split.time_statistic) for r in records])
-
-
-def fit_comm(records: Sequence[CommRecord], split: SplitConfig
-             ) -> tuple[dict[str, list[LinkFit]], dict[str, TermResult]]:
-    """Alpha-beta per op, placement, group size and node count; MAPE per op over all its groups.
-
-    The design matrix is ``[latency_steps, wire_bytes]`` (``costmodel.evaluate``), so that the
-    fitted link times a record exactly as ``collective_time_s`` does. Where a group has
-    ``in_layer`` records (what a call adds inside the model's layers on the real group), the step
-    pays those: the bandwidth comes from its ``isolated`` records (the wire is the same; back to
-    back they measure it far more precisely) and the latency from the in-layer ones (what each
-    call costs the layers around it); with no isolated records both come from the in-layer ones.
-    The reported error is then the in-layer records'.
-    """
-    fits: dict[str, list[LinkFit]] = {"alltoall": [], "allreduce": []}
-    results: dict[str, TermResult] = {}
-    for op in ("alltoall", "allreduce"):
-        recs = [r for r in records if r.op == op]
-        keys = sorted({(r.group_size, r.num_nodes) for r in recs})
-        measured, predicted, num_train = [], [], 0
-        for d, nodes in keys:
-            group = [r for r in recs if (r.group_size, r.num_nodes) == (d, nodes)]
-            in_layer = [r for r in group if r.context == "in_layer"]
-            isolated = [r for r in group if r.context == "isolated"]
-            name = f"{op} (group size {d} over {nodes} node(s))"
-            steps = latency_steps(op, d)  # type: ignore[arg-type]
-            coef, res = fit_linear_term(name, *_comm_design(op, d, isolated or in_layer, split), split,
-                                        hint="vary the message sizes")
-            inv_bw = max(float(coef[1]), _MIN_BANDWIDTH_BYTES_PER_S)
-            alpha = float(coef[0])
-            if in_layer and isolated:
-                a, y = _comm_design(op, d, in_layer, split)
-                alpha, res = _fit_latency_over_wire(f"{name}, in the layers", steps, a[:, 1] * inv_bw, y, split)
-            fits[op].append(LinkFit(placement="intra" if nodes == 1 else "inter", group_size=d,
-                                    num_nodes=nodes, alpha_s=alpha, bytes_per_s=1.0 / inv_bw))
-            measured.append(res.heldout_measured)
-            predicted.append(res.heldout_predicted)
-            num_train += res.num_points
-        if keys:
-            m, p = np.concatenate(measured), np.concatenate(predicted)
-            results[op] = TermResult(op, mape(m, p), num_train, len(m), m, p)
-    return fits, results
