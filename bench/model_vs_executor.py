@@ -11,7 +11,8 @@ For each reference model of the executor (``executor.models``: LLaMA-style 1D, S
 (all-to-all emulated by a local copy), profile all-to-all / all-reduce on 2 gloo ranks, fit,
 plan 3 steps of 8 random samples (32..2048 tokens) for a ``cpu:2`` cluster whose memory fits
 about 600 tokens without checkpointing, run every micro-batch on 2 gloo ranks and compare.
-Prints one line per model and writes ``bench/results/model_vs_executor_cpu.json``.
+Prints one line per model and run and writes ``bench/results/model_vs_executor_cpu.json``
+(``runs``: the reports of each kind, one per ``--runs``).
 
 Targets (issue 9): per-micro-batch time MAPE <= 10% for 1D and 2D, peak memory within 5%.
 """
@@ -42,6 +43,18 @@ def _commit() -> str | None:
     return (out + ("+dirty" if dirty else "")) or None
 
 
+def _cpu_times_s() -> dict[str, float] | None:
+    """Machine-wide CPU seconds by kind from /proc/stat (Linux), to say how busy the box was and
+    how much time the hypervisor took (``steal``) during a run; None elsewhere."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return None
+    names = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+    tick = os.sysconf("SC_CLK_TCK")
+    return {name: int(value) / tick for name, value in zip(names, fields, strict=False)}
+
+
 def _fit_quality(report: dict[str, Any]) -> dict[str, float]:
     return {k: round(v["mape"], 3) for k, v in report["cost_model"]["fit_quality"].items()}
 
@@ -58,6 +71,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-concurrent", action="store_true",
                         help="profile in one process and run one-rank groups in turns (the GPU way)")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="Repeat the whole check (profile, fit, plan, run) this many times per kind")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "model_vs_executor_cpu.json")
     parser.add_argument("--quiet", "-q", action="store_true",
                         help="No progress bar or stage lines: the summary lines only.")
@@ -70,28 +85,34 @@ def main() -> None:
     }
     kinds = args.kinds.split(",")
     bar = make_progress(quiet=args.quiet, transient=True)
-    task = bar.add_task(f"checking {len(kinds)} kind(s)", total=len(kinds))
+    task = bar.add_task(f"checking {len(kinds)} kind(s)", total=len(kinds) * args.runs)
     bar.start()
-    for kind in kinds:
+    for kind, run_index in [(k, i) for i in range(args.runs) for k in kinds]:
         config = CheckConfig(kind=kind, clock=args.clock, num_steps=args.steps,  # type: ignore[arg-type]
                              samples_per_step=args.samples, tokens_max=args.tokens_max,
                              memory_tokens=args.memory_tokens, repeats=args.repeats,
                              sweep_repeats=args.repeats, concurrent=not args.no_concurrent,
                              ffn_hidden=128 if kind == "1d" else 256)
-        start = time.perf_counter()
+        start, cpu_before = time.perf_counter(), _cpu_times_s()
         report = run_check(config, progress=lambda text: None if args.quiet else print(f"  {text}", file=sys.stderr))
         report["wall_s"] = time.perf_counter() - start
         report["loadavg_after"] = os.getloadavg()
-        results["runs"][kind] = report
+        cpu_after = _cpu_times_s()
+        if cpu_before is not None and cpu_after is not None:
+            report["machine_cpu_s"] = {k: round(cpu_after[k] - cpu_before[k], 2) for k in cpu_after}
+        results["runs"].setdefault(kind, []).append(report)
         s = report["summary"]
         sizes = sorted({r["group_size"] for r in report["micro_batches"]})
         mode = "concurrent" if config.concurrent else "one at a time"
-        print(f"{kind} ({args.clock} clock, {mode}): {s['micro_batches']} micro-batches on group sizes {sizes}, "
+        steal = report.get("machine_cpu_s", {}).get("steal")
+        print(f"{kind} run {run_index + 1}/{args.runs} ({args.clock} clock, {mode}): "
+              f"{s['micro_batches']} micro-batches on group sizes {sizes}, "
               f"{s['checkpointed_micro_batches']} checkpointed ({s['mixed_policy_micro_batches']} mixed): "
               f"time MAPE {s['time_mape']:.1%} (bias {s['time_bias']:+.1%}), per group "
               f"{s['group_time_mape']:.1%}; peak MAPE {s['peak_mape']:.1%} (max {s['peak_max_error']:.1%}); "
               f"fit held-out MAPE {_fit_quality(report)}; "
-              f"{report['wall_s']:.0f} s, load {report['loadavg_after'][0]:.1f}")
+              f"{report['wall_s']:.0f} s, load {report['loadavg_after'][0]:.1f}"
+              + ("" if steal is None else f", steal {steal:.1f} s"))
         for d, g in s["by_group_size"].items():
             print(f"  d={d}: all-to-all {g['alltoall_s'] * 1e3:.1f} ms measured / "
                   f"{g['predicted_alltoall_s'] * 1e3:.1f} ms predicted, the rest {g['rest_s'] * 1e3:.1f} / "

@@ -9,7 +9,9 @@
    model (optionally with memory so tight that samples need checkpointing);
 4. runs every micro-batch of every plan through the executor on ``W`` gloo ranks: the time of
    forward+backward (slowest rank of the group after a group barrier; the fastest of the
-   repeats, as the fit uses) and the peak of live bytes (``LiveBytesTracker``, parameter
+   repeats, as the fit uses; repeats in rounds over all micro-batches, as the profile times its
+   configurations, so that a slow spell of a shared machine hits one repeat of each, not every
+   repeat of a few) and the peak of live bytes (``LiveBytesTracker``, parameter
    gradients already allocated as in training);
 5. compares with ``CostModel.microbatch_time_s`` and ``CostModel.microbatch_peak_bytes`` less
    the model states per micro-batch and per group. The fitted file's ``fixed_working_bytes``
@@ -35,7 +37,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -138,41 +140,60 @@ def _calibration_peak(model: Any, config: CheckConfig) -> float:
     return float(tracker.peak_bytes)
 
 
-def _measure(run: Callable[[], None], *, repeats: int, now: Callable[[], float],
-             group: Any, a2a: AllToAllMeter | None = None) -> dict[str, Any]:
-    """Warm-up, ``repeats`` timed runs (after a group barrier), then one run for the peak; with
-    ``a2a``, the part of each run spent inside the all-to-alls."""
-    run()
-    times, a2a_times = [], []
-    for _ in range(repeats):
-        if group is not None:
-            dist.barrier(group=group)
-        inside = a2a.total_s if a2a is not None else 0.0
-        start = now()
-        run()
-        times.append(now() - start)
-        a2a_times.append(a2a.total_s - inside if a2a is not None else 0.0)
-    if group is not None:
-        dist.barrier(group=group)
-    with LiveBytesTracker() as tracker:
-        run()
-    return {"times_s": times, "alltoall_times_s": a2a_times, "peak_bytes": tracker.peak_bytes}
+@dataclass(frozen=True, slots=True)
+class _Timed:
+    """One micro-batch of this rank to time: ``run`` on its group (``group`` None for a group of
+    one rank) and, for groups of several ranks, ``twin`` on an emulated group."""
+
+    key: str
+    run: Callable[[], None]
+    group: Any
+    ranks: tuple[int, ...]
+    twin: Callable[[], None] | None = None
 
 
-def _measure_twin(run: Callable[[], None], *, repeats: int, now: Callable[[], float], group: Any,
-                  ranks: Sequence[int], rank: int, concurrent: bool) -> list[float]:
-    """Times of a group's micro-batch with its all-to-alls replaced by local copies, run as the
-    compute profile ran (the group's ranks at once, or one at a time)."""
-    run()
-    times: list[float] = []
+def _time_rounds(items: Sequence[_Timed], *, repeats: int, now: Callable[[], float], rank: int,
+                 concurrent: bool, a2a: AllToAllMeter, results: dict[str, Any]) -> None:
+    """Time ``items`` the way the profile times its configurations: a warm-up of each, then
+    ``repeats`` rounds that run every item once (so a slow minute of a shared machine slows one
+    repeat of every item, not every repeat of a few), then one run of each for the peak.
+
+    A group's ranks meet at a barrier before each timed run; the twin runs as the compute
+    profile ran (the group's ranks at once, or one at a time). Each rank's items are in plan
+    order, so the ranks of a group reach its barriers and all-to-alls in the same order.
+    """
+    for item in items:
+        item.run()
+        if item.twin is not None:
+            item.twin()
+    for item in items:
+        results[item.key] = {"times_s": [], "alltoall_times_s": [], "peak_bytes": 0}
+        if item.twin is not None:
+            results[item.key]["emulated_times_s"] = []
     for _ in range(repeats):
-        for turn in ([rank] if concurrent else ranks):
-            dist.barrier(group=group)
-            if turn == rank:
-                start = now()
-                run()
-                times.append(now() - start)
-    return times
+        for item in items:
+            rec = results[item.key]
+            if item.group is not None:
+                dist.barrier(group=item.group)
+            inside = a2a.total_s
+            start = now()
+            item.run()
+            rec["times_s"].append(now() - start)
+            rec["alltoall_times_s"].append(a2a.total_s - inside)
+            if item.twin is None:
+                continue
+            for turn in ([rank] if concurrent else item.ranks):
+                dist.barrier(group=item.group)
+                if turn == rank:
+                    start = now()
+                    item.twin()
+                    rec["emulated_times_s"].append(now() - start)
+    for item in items:
+        if item.group is not None:
+            dist.barrier(group=item.group)
+        with LiveBytesTracker() as tracker:
+            item.run()
+        results[item.key]["peak_bytes"] = tracker.peak_bytes
 
 
 def _exec_worker(rank: int, world: int, port: int, out_dir: str, config_json: str, plans_json: str) -> None:
@@ -191,7 +212,7 @@ def _exec_worker(rank: int, world: int, port: int, out_dir: str, config_json: st
         for p in model.parameters():
             p.grad = torch.zeros_like(p)  # as after the first micro-batch of a step
         results["calibration"] = _calibration_peak(model, config)
-        solo: list[tuple[str, Callable[[], None]]] = []  # micro-batches of one-rank groups
+        items: list[_Timed] = []
         for plan in plans:
             rank_plan = plan.rank_view(rank)
             executor.begin_step(rank_plan, step=plan.step or 0)
@@ -203,29 +224,29 @@ def _exec_worker(rank: int, world: int, port: int, out_dir: str, config_json: st
                 def run(work: Any = work) -> None:
                     out = model(work.inputs, work.ctx, recompute_layers=work.recompute_layers)
                     work.loss(model.token_losses(out, work.targets)).backward()
-                key = f"{plan.step}/{m}"
-                if group is None:
-                    solo.append((key, run))
-                    continue
-                results[key] = _measure(run, repeats=config.repeats, now=now, group=group, a2a=a2a)
 
                 def twin(work: Any = work, d: int = rank_plan.group.size) -> None:
+                    # the same micro-batch on the emulated group: what the compute profile predicts
                     ctx = SPContext(layout=work.ctx.layout, group=EmulatedGroup(d))
                     out = model(work.inputs, ctx, recompute_layers=work.recompute_layers)
                     work.loss(model.token_losses(out, work.targets)).backward()
-                # the same micro-batch on the emulated group: what the compute profile predicts
-                results[key]["emulated_times_s"] = _measure_twin(
-                    twin, repeats=config.repeats, now=now, group=group, ranks=rank_plan.group.ranks,
-                    rank=rank, concurrent=config.concurrent)
-        # Concurrent (a cpu:W cluster's ranks share the machine): one-rank groups run at once, as
-        # in training; otherwise they take turns, so that no other rank shares the CPU while they
-        # are timed (a GPU rank has its device to itself). Groups of several ranks run together.
-        turns = [None] if config.concurrent else list(range(world))
-        for turn in turns:
+                items.append(_Timed(key=f"{plan.step}/{m}", run=run, group=group,
+                                    ranks=tuple(rank_plan.group.ranks), twin=None if group is None else twin))
+        # Concurrent (a cpu:W cluster's ranks share the machine): every rank times its
+        # micro-batches at once, as in training; otherwise groups of several ranks run together
+        # and one-rank groups take turns, so that no other rank shares the CPU while they are
+        # timed (a GPU rank has its device to itself).
+        if config.concurrent:
+            phases: list[list[_Timed]] = [items]
+            owners: list[int | None] = [None]
+        else:
+            phases = [[i for i in items if i.group is not None]] + [[i for i in items if i.group is None]] * world
+            owners = [None, *range(world)]
+        for phase, owner in zip(phases, owners, strict=True):
             dist.barrier()
-            if turn is None or turn == rank:
-                for key, solo_run in solo:
-                    results[key] = _measure(solo_run, repeats=config.repeats, now=now, group=None)
+            if owner is None or owner == rank:
+                _time_rounds(phase, repeats=config.repeats, now=now, rank=rank,
+                             concurrent=config.concurrent, a2a=a2a, results=results)
         dist.barrier()
     except Exception:
         results["error"] = traceback.format_exc()
