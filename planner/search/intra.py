@@ -81,47 +81,74 @@ def microbatch_policies(table: CostTable, j: int, members: Sequence[int]
     """Cheapest policies for samples sharing one micro-batch: ``(time_s, [(i, k)])`` or None.
 
     None when the samples cannot fit together even with ``L - 1`` layers recomputed each.
+    The result depends on ``members`` in their order (sums run in it), and the layouts of one
+    batch re-price the same micro-batches many times: memoised per table on the sequence.
     """
+    memo = _POLICIES.get(table)
+    if memo is None:
+        memo = _POLICIES[table] = {}
+    key = (j, tuple(members))
+    if key in memo:
+        hit = memo[key]
+    else:
+        hit = memo[key] = _microbatch_policies(table, j, members)
+    return None if hit is None else (hit[0], list(hit[1]))
+
+
+_POLICIES: weakref.WeakKeyDictionary[CostTable, dict[tuple[int, tuple[int, ...]], tuple[
+    float, list[tuple[int, int]]] | None]] = weakref.WeakKeyDictionary()
+"""``microbatch_policies`` results per live cost table."""
+
+
+def _microbatch_policies(table: CostTable, j: int, members: Sequence[int]
+                         ) -> tuple[float, list[tuple[int, int]]] | None:
     cls = table.classes.class_of
     t0, r, m0, b = table.column(j)[:4]
     top = table.num_layers - 1
     budget = table.budget_bytes * (1 - _MEM_SLACK)
-    excess = sum(m0[cls[i]] for i in members) - budget
-    base_s = sum(t0[cls[i]] for i in members)
+    cs = [cls[i] for i in members]
+    excess = sum([m0[c] for c in cs]) - budget
+    base_s = sum([t0[c] for c in cs])
     if excess <= 0:
         return base_s + _fixed_s(table, j, [0]), [(i, 0) for i in members]
     if top <= 0:
         return None
     # Recompute first where one layer's recompute buys the most bytes per second.
-    order = sorted((i for i in members if b[cls[i]] > 0), key=lambda i: (r[cls[i]] / b[cls[i]], i))
-    if sum(b[cls[i]] for i in order) * top < excess:
+    order = sorted([(r[c] / b[c], i, c) for i, c in zip(members, cs, strict=True)
+                    if b[c] > 0])
+    total_b = sum([b[c] for _, _, c in order])
+    if total_b * top < excess:
         return None
     best: tuple[float, list[tuple[int, int]]] | None = None
-    total_b = sum(b[cls[i]] for i in order)
     k_uniform = math.ceil(excess / total_b)
     caps = sorted({top, max(k_uniform, (top + 1) // 2), max(k_uniform, (top + 3) // 4)},
                   reverse=True)
+    base_fixed = table.microbatch_base_s
+    call, call_fwd = float(table.call_s_by_size[j]), float(table.call_fwd_s_by_size[j])
+    layers = table.num_layers
     for cap in caps:
         ks: dict[int, int] = {}
         left = excess
         extra_s = 0.0
-        for i in order:
-            c = cls[i]
-            k = min(cap, math.ceil(left / b[c]))
+        for _, i, c in order:
+            bc = b[c]
+            k = min(cap, math.ceil(left / bc))
             ks[i] = k
-            left -= k * b[c]
+            left -= k * bc
             extra_s += k * r[c]
             if left <= 0:
                 break
         if left > 0:
             continue
-        pol = [ks.get(i, 0) for i in members]
-        t = base_s + extra_s + _fixed_s(table, j, pol)
+        # _fixed_s of the policies [ks.get(i, 0) for i in members]: every k here is >= 1.
+        hi = max(ks.values())
+        lo = min(ks.values()) if len(ks) == len(members) else 0
+        t = base_s + extra_s + (base_fixed + (layers + hi - lo) * call + hi * call_fwd)
         if best is None or t < best[0]:
-            best = (t, list(zip(members, pol, strict=True)))
+            best = (t, [(i, ks.get(i, 0)) for i in members])
     if k_uniform <= top and len(order) == len(members):
         pol = [k_uniform] * len(members)
-        t = base_s + k_uniform * sum(r[cls[i]] for i in members) + _fixed_s(table, j, pol)
+        t = base_s + k_uniform * sum([r[c] for c in cs]) + _fixed_s(table, j, pol)
         if best is None or t < best[0]:
             best = (t, list(zip(members, pol, strict=True)))
     return best
