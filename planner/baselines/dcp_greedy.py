@@ -51,49 +51,73 @@ class BucketProfile:
         return self.batch_size / (self.batch_time_s * self.group_size)
 
 
-def profile_bucket(table: CostTable, members: list[int], *, group_size: int,
-                   fixed_s: dict[int, np.ndarray] | None = None) -> BucketProfile | None:
-    """The best batch of a bucket on ``group_size`` ranks (None when one sample does not fit).
+def profile_buckets(table: CostTable, buckets: list[list[int]], *, group_size: int,
+                    fixed_s: dict[int, np.ndarray] | None = None) -> list[BucketProfile | None]:
+    """The best batch of each bucket on ``group_size`` ranks (None where one sample does not
+    fit): the cost model evaluated for every bucket's largest sample and policy at once.
 
     ``fixed_s`` caches the micro-batch fixed seconds per policy ``0..L-1`` by size.
     """
     cm = table.cost_model
-    rep = max((table.samples[i] for i in members), key=lambda s: s.tokens)
+    samples = table.samples
+    reps = [max((samples[i] for i in members), key=lambda s: s.tokens) for members in buckets]
     ks = np.arange(max(cm.num_layers, 1))  # 0..L-1 (L is dominated by L-1)
-    act = np.asarray(cm.activation_bytes(rep.tokens, group_size=group_size, recompute_layers=ks))
-    each = np.asarray(cm.sample_time_s(rep.tokens, group_size=group_size, recompute_layers=ks,
-                                       frames=rep.num_frames, spatial=rep.spatial_tokens))
+    tokens = np.array([[s.tokens] for s in reps], dtype=np.float64).reshape(-1, 1)
+    act = np.asarray(cm.activation_bytes(tokens, group_size=group_size, recompute_layers=ks))
+    each = np.asarray(cm.sample_time_s(
+        tokens, group_size=group_size, recompute_layers=ks,
+        frames=np.array([[s.num_frames] for s in reps], dtype=np.float64).reshape(-1, 1),
+        spatial=np.array([[s.spatial_tokens] for s in reps], dtype=np.float64).reshape(-1, 1)))
     fixed = None if fixed_s is None else fixed_s.get(group_size)
     if fixed is None:
-        fixed = np.array([cm.microbatch_fixed_s(group_size=group_size, recompute_layers=[int(k)])
-                          for k in ks])
+        # CostModel.microbatch_fixed_s with one policy k throughout: the overhead, L layer calls
+        # and k recompute calls (the table holds its parts per size).
+        j = table.size_index(group_size)
+        fixed = (table.microbatch_base_s + table.num_layers * float(table.call_s_by_size[j])
+                 + ks * float(table.call_fwd_s_by_size[j]))
         if fixed_s is not None:
             fixed_s[group_size] = fixed
-    most = int(table.budget_bytes // float(act.min())) if act.min() > 0 else len(members)
-    most = min(most, len(members))
-    if most < 1:
-        return None
-    batch = np.arange(1, most + 1)
-    # Cheapest k: bytes fall with k, so k is the count of policies that do not fit.
-    k = (act[None, :] * batch[:, None] > table.budget_bytes).sum(axis=1)
-    k = np.minimum(k, len(ks) - 1)
-    t = fixed[k] + batch * each[k]
-    b = int(np.argmax(batch / t))
-    return BucketProfile(group_size=group_size, batch_size=int(batch[b]),
-                         recompute_layers=int(ks[k[b]]), batch_time_s=float(t[b]))
+    budget = table.budget_bytes
+    out: list[BucketProfile | None] = []
+    for row, members in enumerate(buckets):
+        act_r, each_r = act[row], each[row]
+        least = float(act_r.min())
+        most = min(int(budget // least) if least > 0 else len(members), len(members))
+        if most < 1:
+            out.append(None)
+            continue
+        batch = np.arange(1, most + 1)
+        # Cheapest k: bytes fall with k, so k is the count of policies that do not fit.
+        k = (act_r[None, :] * batch[:, None] > budget).sum(axis=1)
+        k = np.minimum(k, len(ks) - 1)
+        t = fixed[k] + batch * each_r[k]
+        b = int(np.argmax(batch / t))
+        out.append(BucketProfile(group_size=group_size, batch_size=int(batch[b]),
+                                 recompute_layers=int(ks[k[b]]), batch_time_s=float(t[b])))
+    return out
 
 
-def best_profile(table: CostTable, members: list[int], *,
-                 fixed_s: dict[int, np.ndarray] | None = None) -> BucketProfile | None:
-    """The bucket's profile over the power-of-two sizes within a node (any, if none fits)."""
+def best_profiles(table: CostTable, buckets: list[list[int]], *,
+                  fixed_s: dict[int, np.ndarray] | None = None) -> list[BucketProfile | None]:
+    """Each bucket's profile over the power-of-two sizes within a node (any, if none fits)."""
     pow2 = [d for d in table.sizes if d & (d - 1) == 0]
     gpn = table.cost_model.cluster.gpus_per_node
+    best: list[BucketProfile | None] = [None] * len(buckets)
+    todo = list(range(len(buckets)))
     for sizes in ([d for d in pow2 if d <= gpn], [d for d in pow2 if d > gpn]):
-        found = [p for d in sizes if (p := profile_bucket(table, members, group_size=d,
-                                                              fixed_s=fixed_s)) is not None]
-        if found:
-            return max(found, key=lambda p: (p.samples_per_gpu_s, -p.group_size))
-    return None
+        if not todo:
+            break
+        found: list[list[BucketProfile]] = [[] for _ in todo]
+        for d in sizes:
+            for pos, p in enumerate(profile_buckets(table, [buckets[b] for b in todo],
+                                                    group_size=d, fixed_s=fixed_s)):
+                if p is not None:
+                    found[pos].append(p)
+        for pos, b in enumerate(todo):
+            if found[pos]:
+                best[b] = max(found[pos], key=lambda p: (p.samples_per_gpu_s, -p.group_size))
+        todo = [b for b in todo if best[b] is None]
+    return best
 
 
 def accumulation_count(batch_time_s: float, target_s: float, *, available: int) -> int:
@@ -124,8 +148,7 @@ def dcp_greedy_draft(table: CostTable, *, seed: int = 0,
     buckets = shape_buckets(table)
     fixed_s: dict[int, np.ndarray] = {}
     profiles: list[BucketProfile] = []
-    for members in buckets:
-        p = best_profile(table, members, fixed_s=fixed_s)
+    for p in best_profiles(table, buckets, fixed_s=fixed_s):
         if p is None:
             return None
         profiles.append(p)
@@ -173,8 +196,8 @@ def dcp_greedy_draft(table: CostTable, *, seed: int = 0,
                 heapq.heapreplace(heap, (loads[g], g))
             continue
         options = [(loads[g], g, q) for g, d in enumerate(sizes)
-                   if (q := profile_bucket(table, buckets[b], group_size=d,
-                                           fixed_s=fixed_s)) is not None]
+                   if (q := profile_buckets(table, [buckets[b]], group_size=d,
+                                            fixed_s=fixed_s)[0]) is not None]
         if not options:
             return None
         _, g, q = min(options, key=lambda o: (o[0], o[1]))
