@@ -12,7 +12,6 @@ from collections.abc import Sequence
 
 from planner.assemble import DraftGroup
 from planner.costs import CostTable
-from planner.packing import first_fit_bins
 from planner.placement import fill_ranks, place_groups
 
 
@@ -94,16 +93,19 @@ def fixed_layout(table: CostTable, group_size: int) -> list[DraftGroup] | None:
 def first_fit(items: Sequence[int], mem_bytes: Sequence[float], budget_bytes: float,
               policies: Sequence[int]) -> list[list[tuple[int, int]]]:
     """Micro-batches of ``(sample, recompute layers)``: each item into the first micro-batch
-    with room for its bytes, in the order given (a new micro-batch when none has room).
-
-    Raises:
-        ValueError: when ``items``, ``mem_bytes`` and ``policies`` differ in length.
-    """
-    if not len(items) == len(mem_bytes) == len(policies):
-        raise ValueError(f"first_fit: {len(items)} items, {len(mem_bytes)} sizes and "
-                         f"{len(policies)} policies (must be equal)")
-    bins, _ = first_fit_bins(mem_bytes, budget_bytes)
-    return [[(items[p], policies[p]) for p in b] for b in bins]
+    with room for its bytes, in the order given (a new micro-batch when none has room)."""
+    mbs: list[list[tuple[int, int]]] = []
+    free: list[float] = []
+    for i, m, k in zip(items, mem_bytes, policies, strict=True):
+        for pos, room in enumerate(free):
+            if room >= m:
+                mbs[pos].append((i, k))
+                free[pos] -= m
+                break
+        else:
+            mbs.append([(i, k)])
+            free.append(budget_bytes - m)
+    return mbs
 
 
 def pack_cheapest(table: CostTable, group: DraftGroup, members: Sequence[int]) -> bool:

@@ -29,7 +29,6 @@ from collections.abc import Sequence
 
 from planner.assemble import Draft, DraftGroup
 from planner.costs import CostTable
-from planner.packing import first_fit_bins
 
 Layout = list[list[tuple[int, int]]]
 """Micro-batches of ``(sample index, recompute layers)``."""
@@ -50,8 +49,19 @@ def kmin_layout(table: CostTable, j: int, members: Sequence[int]) -> Layout:
     mem = table.column(j)[5]
     kmin = table.column(j)[6]
     order = sorted(members, key=lambda i: (-mem[cls[i]], i))
-    bins, _ = first_fit_bins([mem[cls[i]] for i in order], table.budget_bytes)
-    return [[(order[p], int(kmin[cls[order[p]]])) for p in b] for b in bins]
+    mbs: Layout = []
+    free: list[float] = []
+    for i in order:
+        m = mem[cls[i]]
+        for pos, f in enumerate(free):
+            if f >= m:
+                mbs[pos].append((i, int(kmin[cls[i]])))
+                free[pos] -= m
+                break
+        else:
+            mbs.append([(i, int(kmin[cls[i]]))])
+            free.append(table.budget_bytes - m)
+    return mbs
 
 
 def layout_time_s(table: CostTable, j: int, layout: Layout) -> float:

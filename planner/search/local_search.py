@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.costs import CostTable
-from planner.packing import first_fit_bins
 from planner.search.intra import intra_layout
 
 
@@ -55,8 +54,18 @@ def repack(table: CostTable, g: GroupState) -> None:
     cls = table.classes.class_of
     mem_c = table.column(g.col)[5]
     items = sorted((i for mb in g.mbs for i in mb), key=lambda i: (-mem_c[cls[i]], i))
-    bins, free = first_fit_bins([mem_c[cls[i]] for i in items], table.budget_bytes)
-    mbs = [[items[p] for p in b] for b in bins]
+    mbs: list[list[int]] = []
+    free: list[float] = []
+    for i in items:
+        mem = mem_c[cls[i]]
+        for m, f in enumerate(free):
+            if f >= mem:
+                mbs[m].append(i)
+                free[m] -= mem
+                break
+        else:
+            mbs.append([i])
+            free.append(table.budget_bytes - mem)
     if len(mbs) < len(g.mbs):
         g.mbs, g.free_bytes = mbs, free
     g.load_s = group_time(table, g)
