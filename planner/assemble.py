@@ -75,38 +75,52 @@ def group_costs(group: DraftGroup, arrays: BatchArrays, cost_model: CostModel) -
     return draft_costs([group], arrays, cost_model)[0]
 
 
-def draft_costs(draft: Draft, arrays: BatchArrays, cost_model: CostModel) -> list[GroupCosts]:
-    """Exact costs of every group of a draft (one cost-model call per size and node span)."""
+def _by_placement(draft: Draft, cost_model: CostModel) -> dict[tuple[int, int], list[int]]:
+    """Groups with micro-batches by ``(size, nodes spanned)``, in draft order."""
     gpn = cost_model.cluster.gpus_per_node
-    fixed = cost_model.fixed_bytes()
     buckets: dict[tuple[int, int], list[int]] = {}
     for gi, g in enumerate(draft):
         if g.micro_batches:
             nodes = nodes_spanned(first_rank=g.first_rank, group_size=g.size, gpus_per_node=gpn)
             buckets.setdefault((g.size, nodes), []).append(gi)
+    return buckets
+
+
+def _sample_times(mbs: list[list[tuple[int, int]]], arrays: BatchArrays, cost_model: CostModel,
+                  *, size: int, nodes: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[float]]:
+    """Samples' seconds of micro-batches on one placement, and each micro-batch's seconds:
+    ``(sample indices, policies, micro-batch start offsets, sample seconds, micro-batch
+    seconds)``."""
+    pairs = np.asarray([ik for mb in mbs for ik in mb], dtype=np.int64).reshape(-1, 2)
+    idx, ks = pairs[:, 0], pairs[:, 1]
+    # Start offset of every micro-batch, all groups in order.
+    starts = np.asarray(np.cumsum([0] + [len(mb) for mb in mbs[:-1]]), dtype=np.int64)
+    times = np.asarray(cost_model.sample_time_s(
+        arrays.tokens[idx], group_size=size, recompute_layers=ks, frames=arrays.frames[idx],
+        spatial=arrays.spatial[idx], num_nodes=nodes), dtype=np.float64)
+    # CostModel.microbatch_fixed_s for every micro-batch at once: the overhead, one
+    # forward+backward call per layer plus one per layer where policies differ, one
+    # forward call per recomputed layer (CostModel.layer_calls). The validator recomputes
+    # each micro-batch with CostModel.microbatch_time_s itself.
+    hi = np.maximum.reduceat(ks, starts)
+    lo = np.minimum.reduceat(ks, starts)
+    call_f, call_b = cost_model.layer_call_s(group_size=size, num_nodes=nodes)
+    fixed_s = (cost_model.file.compute.microbatch_overhead_s
+               + (cost_model.num_layers + hi - lo) * (call_f + call_b) + hi * call_f)
+    return idx, ks, starts, times, (fixed_s + np.add.reduceat(times, starts)).tolist()
+
+
+def draft_costs(draft: Draft, arrays: BatchArrays, cost_model: CostModel) -> list[GroupCosts]:
+    """Exact costs of every group of a draft (one cost-model call per size and node span)."""
+    fixed = cost_model.fixed_bytes()
     out = [GroupCosts(np.zeros(0), np.zeros(0), [], []) for _ in draft]
-    for (size, nodes), members in buckets.items():
+    for (size, nodes), members in _by_placement(draft, cost_model).items():
         mbs = [mb for gi in members for mb in draft[gi].micro_batches]
-        pairs = np.asarray([ik for mb in mbs for ik in mb], dtype=np.int64).reshape(-1, 2)
-        idx, ks = pairs[:, 0], pairs[:, 1]
-        # Start offset of every micro-batch, all groups in order.
-        bounds = np.cumsum([0] + [len(mb) for mb in mbs[:-1]])
-        times = np.asarray(cost_model.sample_time_s(
-            arrays.tokens[idx], group_size=size, recompute_layers=ks, frames=arrays.frames[idx],
-            spatial=arrays.spatial[idx], num_nodes=nodes), dtype=np.float64)
+        idx, ks, starts, times, mb_times = _sample_times(mbs, arrays, cost_model, size=size,
+                                                         nodes=nodes)
         acts = np.asarray(cost_model.activation_bytes(arrays.tokens[idx], group_size=size,
                                                       recompute_layers=ks), dtype=np.float64)
-        starts = np.asarray(bounds, dtype=np.int64)
-        # CostModel.microbatch_fixed_s for every micro-batch at once: the overhead, one
-        # forward+backward call per layer plus one per layer where policies differ, one
-        # forward call per recomputed layer (CostModel.layer_calls). The validator recomputes
-        # each micro-batch with CostModel.microbatch_time_s itself.
-        hi = np.maximum.reduceat(ks, starts)
-        lo = np.minimum.reduceat(ks, starts)
-        call_f, call_b = cost_model.layer_call_s(group_size=size, num_nodes=nodes)
-        fixed_s = (cost_model.file.compute.microbatch_overhead_s
-                   + (cost_model.num_layers + hi - lo) * (call_f + call_b) + hi * call_f)
-        mb_times = (fixed_s + np.add.reduceat(times, starts)).tolist()
         mb_peaks = (fixed + np.add.reduceat(acts, starts)).tolist()
         pos = first_mb = 0
         for gi in members:
@@ -120,10 +134,24 @@ def draft_costs(draft: Draft, arrays: BatchArrays, cost_model: CostModel) -> lis
     return out
 
 
-def draft_step_time_s(draft: Draft, arrays: BatchArrays, cost_model: CostModel) -> float:
-    """Predicted step time of a draft: slowest group plus gradient sync."""
-    slowest = max((c.time_s for c in draft_costs(draft, arrays, cost_model)), default=0.0)
-    return slowest + cost_model.grad_sync_time_s()
+def draft_step_time_s(draft: Draft, arrays: BatchArrays, cost_model: CostModel, *,
+                      grad_sync_s: float | None = None) -> float:
+    """Predicted step time of a draft: slowest group plus gradient sync.
+
+    The same sums as ``draft_costs`` (``GroupCosts.time_s``), without the memory figures;
+    ``grad_sync_s``: ``cost_model.grad_sync_time_s()`` when the caller has it.
+    """
+    slowest = 0.0
+    for (size, nodes), members in _by_placement(draft, cost_model).items():
+        mbs = [mb for gi in members for mb in draft[gi].micro_batches]
+        mb_times = _sample_times(mbs, arrays, cost_model, size=size, nodes=nodes)[4]
+        first_mb = 0
+        for gi in members:
+            count = len(draft[gi].micro_batches)
+            group_s = float(sum(mb_times[first_mb:first_mb + count]))
+            slowest = max(slowest, group_s)
+            first_mb += count
+    return slowest + (cost_model.grad_sync_time_s() if grad_sync_s is None else grad_sync_s)
 
 
 def loss_normalizer(samples: Sequence[Sample], kind: str) -> LossNormalizer:

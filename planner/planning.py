@@ -178,7 +178,7 @@ def plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec,
                               deep_min_gap=config.deep_search_min_gap)
     if config.intra_policies and not config.intra_search:
         draft = intra_draft(table, draft)
-    best_time = draft_step_time_s(draft, arrays, cm)
+    best_time = draft_step_time_s(draft, arrays, cm, grad_sync_s=table.grad_sync_s)
     stats = SearchStats(heuristic_step_time_s=best_time)
     status: SolverStatus = "HEURISTIC"
     method = "heuristic"
@@ -198,7 +198,7 @@ def plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec,
             cand = result.draft
             if config.intra_policies and result.method != "cpsat-exact":  # exact: policies inside
                 cand = intra_draft(table, cand)
-            cand_time = draft_step_time_s(cand, arrays, cm)
+            cand_time = draft_step_time_s(cand, arrays, cm, grad_sync_s=table.grad_sync_s)
             stats.cpsat_step_time_s = cand_time
             stats.cpsat_improved = cand_time < best_time * (1 - 1e-9)
             if cand_time < best_time * (1 - 1e-9) or (
@@ -214,7 +214,7 @@ def plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec,
         extra = () if config.baseline_group_size is None else (config.baseline_group_size,)
         for name, b_draft in baseline_drafts(table, seed=config.seed, reference=reference_sample,
                                              extra_bucket_sizes=extra).items():
-            t = draft_step_time_s(b_draft, arrays, cm)
+            t = draft_step_time_s(b_draft, arrays, cm, grad_sync_s=table.grad_sync_s)
             baselines[name] = t
             if baseline_best is None or t < baseline_best[0]:
                 baseline_best = (t, name, b_draft)
@@ -227,7 +227,7 @@ def plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec,
             # The search's own moves and intra policies, seeded with the baseline's groups.
             polished = polish(table, draft, max_moves=config.local_search_max_moves,
                               intra=config.intra_policies)
-            t = draft_step_time_s(polished, arrays, cm)
+            t = draft_step_time_s(polished, arrays, cm, grad_sync_s=table.grad_sync_s)
             if t < best_time * (1 - 1e-9):
                 best_time, draft = t, polished
                 status, method = "HEURISTIC", f"{baseline_best[1]}+search"

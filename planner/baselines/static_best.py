@@ -69,7 +69,7 @@ def static_best_draft(table: CostTable, *, seed: int = 0,
         draft = lpt_draft(table, group_size=d)
         if draft is None:
             continue
-        t = draft_step_time_s(draft, arrays, table.cost_model)
+        t = draft_step_time_s(draft, arrays, table.cost_model, grad_sync_s=table.grad_sync_s)
         if best is None or t < best[0]:
             best = (t, draft)
     return None if best is None else best[1]

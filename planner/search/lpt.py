@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import weakref
 
 from planner.costs import CostTable
 from planner.placement import place_groups
@@ -19,6 +20,11 @@ from planner.search.local_search import GroupState
 
 SCAN = 8
 """Groups examined per size around the least loaded one or the bisection point."""
+
+
+_COL_ORDERS: weakref.WeakKeyDictionary[CostTable, dict[tuple[int, ...], dict[int, list[int]]]] = (
+    weakref.WeakKeyDictionary())
+"""Per live cost table and set of size columns: each class's columns by GPU-seconds rank."""
 
 
 def _bulk_runs(order: list[int], cls: list[int]) -> list[int]:
@@ -67,8 +73,12 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
     # Per column: time and bytes by class (empty for columns without groups).
     columns = [table.column(j)[4:6] if j in cols else ([], []) for j in range(len(overhead))]
     bisect_left, bisect_right, insort = bisect.bisect_left, bisect.bisect_right, bisect.insort
-    # Columns by GPU-seconds rank per class, for the target rule (computed once per class).
-    col_order: dict[int, list[int]] = {}
+    # Columns by GPU-seconds rank per class, for the target rule (computed once per class and
+    # set of columns: the heuristic's runs share them).
+    orders = _COL_ORDERS.get(table)
+    if orders is None:
+        orders = _COL_ORDERS[table] = {}
+    col_order = orders.setdefault(tuple(cols), {})
     pos = 0
     for end in runs:
         while pos < end:
