@@ -84,35 +84,60 @@ def microbatch_policies(table: CostTable, j: int, members: Sequence[int]
     The result depends on ``members`` in their order (sums run in it), and the layouts of one
     batch re-price the same micro-batches many times: memoised per table on the sequence.
     """
-    memo = _POLICIES.get(table)
-    if memo is None:
-        memo = _POLICIES[table] = {}
-    key = (j, tuple(members))
+    columns = _COLUMNS.get(table)
+    if columns is None:
+        columns = _COLUMNS[table] = {}
+    col = columns.get(j)
+    if col is None:
+        col = columns[j] = _Column(table, j)
+    key = tuple(members)
+    memo = col.memo
     if key in memo:
         hit = memo[key]
     else:
-        hit = memo[key] = _microbatch_policies(table, j, members)
+        hit = memo[key] = _microbatch_policies(col, members)
     return None if hit is None else (hit[0], list(hit[1]))
 
 
-_POLICIES: weakref.WeakKeyDictionary[CostTable, dict[tuple[int, tuple[int, ...]], tuple[
-    float, list[tuple[int, int]]] | None]] = weakref.WeakKeyDictionary()
-"""``microbatch_policies`` results per live cost table."""
+class _Column:
+    """What ``microbatch_policies`` reads of one size column, and its results so far."""
+
+    __slots__ = ("b", "base_fixed_s", "budget", "call_fwd_s", "call_s", "cls", "fixed0_s",
+                 "layers", "m0", "memo", "r", "t0", "top")
+
+    def __init__(self, table: CostTable, j: int) -> None:
+        self.cls = table.classes.class_of
+        self.t0, self.r, self.m0, self.b = table.column(j)[:4]
+        self.layers = table.num_layers
+        self.top = table.num_layers - 1
+        self.budget = table.budget_bytes * (1 - _MEM_SLACK)
+        self.base_fixed_s = table.microbatch_base_s
+        self.call_s = float(table.call_s_by_size[j])
+        self.call_fwd_s = float(table.call_fwd_s_by_size[j])
+        self.fixed0_s = _fixed_s(table, j, [0])
+        self.memo: dict[tuple[int, ...], tuple[float, list[tuple[int, int]]] | None] = {}
+
+    def fixed_s(self, hi: int, lo: int) -> float:
+        """``_fixed_s`` of policies with largest ``hi`` and smallest ``lo`` (same sums)."""
+        return self.base_fixed_s + (self.layers + hi - lo) * self.call_s + hi * self.call_fwd_s
 
 
-def _microbatch_policies(table: CostTable, j: int, members: Sequence[int]
+_COLUMNS: weakref.WeakKeyDictionary[CostTable, dict[int, _Column]] = weakref.WeakKeyDictionary()
+"""``microbatch_policies``'s columns (and memo) per live cost table."""
+
+
+def _microbatch_policies(col: _Column, members: Sequence[int]
                          ) -> tuple[float, list[tuple[int, int]]] | None:
-    cls = table.classes.class_of
-    t0, r, m0, b = table.column(j)[:4]
-    top = table.num_layers - 1
-    budget = table.budget_bytes * (1 - _MEM_SLACK)
+    cls, m0, t0 = col.cls, col.m0, col.t0
     cs = [cls[i] for i in members]
-    excess = sum([m0[c] for c in cs]) - budget
+    excess = sum([m0[c] for c in cs]) - col.budget
     base_s = sum([t0[c] for c in cs])
     if excess <= 0:
-        return base_s + _fixed_s(table, j, [0]), [(i, 0) for i in members]
+        return base_s + col.fixed0_s, [(i, 0) for i in members]
+    top = col.top
     if top <= 0:
         return None
+    r, b = col.r, col.b
     # Recompute first where one layer's recompute buys the most bytes per second.
     order = sorted([(r[c] / b[c], i, c) for i, c in zip(members, cs, strict=True)
                     if b[c] > 0])
@@ -123,16 +148,16 @@ def _microbatch_policies(table: CostTable, j: int, members: Sequence[int]
     k_uniform = math.ceil(excess / total_b)
     caps = sorted({top, max(k_uniform, (top + 1) // 2), max(k_uniform, (top + 3) // 4)},
                   reverse=True)
-    base_fixed = table.microbatch_base_s
-    call, call_fwd = float(table.call_s_by_size[j]), float(table.call_fwd_s_by_size[j])
-    layers = table.num_layers
+    ceil = math.ceil
     for cap in caps:
         ks: dict[int, int] = {}
         left = excess
         extra_s = 0.0
         for _, i, c in order:
             bc = b[c]
-            k = min(cap, math.ceil(left / bc))
+            k = ceil(left / bc)
+            if k > cap:
+                k = cap
             ks[i] = k
             left -= k * bc
             extra_s += k * r[c]
@@ -143,14 +168,13 @@ def _microbatch_policies(table: CostTable, j: int, members: Sequence[int]
         # _fixed_s of the policies [ks.get(i, 0) for i in members]: every k here is >= 1.
         hi = max(ks.values())
         lo = min(ks.values()) if len(ks) == len(members) else 0
-        t = base_s + extra_s + (base_fixed + (layers + hi - lo) * call + hi * call_fwd)
+        t = base_s + extra_s + col.fixed_s(hi, lo)
         if best is None or t < best[0]:
             best = (t, [(i, ks.get(i, 0)) for i in members])
     if k_uniform <= top and len(order) == len(members):
-        pol = [k_uniform] * len(members)
-        t = base_s + k_uniform * sum([r[c] for c in cs]) + _fixed_s(table, j, pol)
+        t = base_s + k_uniform * sum([r[c] for c in cs]) + col.fixed_s(k_uniform, k_uniform)
         if best is None or t < best[0]:
-            best = (t, list(zip(members, pol, strict=True)))
+            best = (t, [(i, k_uniform) for i in members])
     return best
 
 
@@ -206,6 +230,9 @@ def _intra_layout(table: CostTable, j: int, members: Sequence[int]) -> tuple[flo
             refit = []
             break
         refit_s += res[0]
+        if refit_s >= best_s:  # times are non-negative: the full sum would not be cheaper
+            refit = []
+            break
         refit.append(res[1])
     if refit and refit_s < best_s:
         best_s, best = refit_s, refit
@@ -223,6 +250,8 @@ def _intra_layout(table: CostTable, j: int, members: Sequence[int]) -> tuple[flo
                 total = math.inf
                 break
             total += res[0]
+            if total >= previous:  # non-negative times: this count ends the descent anyway
+                break
             layout.append(res[1])
         if total < best_s:
             best_s, best = total, layout
