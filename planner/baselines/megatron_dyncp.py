@@ -47,8 +47,8 @@ def cp_size(table: CostTable, i: int, *, tokens_per_rank: int) -> int | None:
     """CP size of sample ``i``: the next power of two of ``tokens / tokens_per_rank``, raised to
     the smallest power-of-two size it fits on, capped at the largest (None: fits none)."""
     pow2 = [d for d in table.sizes if d & (d - 1) == 0]
-    row = table.k_min[table.classes.class_of[i]]
-    fitting = [d for d in pow2 if row[table.size_index(d)] >= 0]
+    c = table.classes.class_of[i]
+    fitting = [d for d in pow2 if table.column(table.size_index(d))[6][c] >= 0]  # k_min
     if not fitting:
         return None
     tokens = table.samples[i].tokens
@@ -130,8 +130,12 @@ def megatron_dyncp_draft(table: CostTable, *, seed: int = 0,
         bisect.insort(lst, (loads[g], g))
         top = max(top, loads[g])
     while True:  # fill free ranks by doubling the most loaded groups
-        can = [g for g, d in enumerate(sizes) if d <= free and 2 * d in table.sizes
-               and all(table.k_min[cls[i], table.size_index(2 * d)] >= 0 for i in members[g])]
+        can = []
+        for g, d in enumerate(sizes):
+            if d <= free and 2 * d in table.sizes:
+                kmin_2d = table.column(table.size_index(2 * d))[6]  # a list of k_min by class
+                if all(kmin_2d[cls[i]] >= 0 for i in members[g]):
+                    can.append(g)
         if not can:
             break
         g = max(can, key=lambda g: (loads[g], -g))

@@ -28,12 +28,12 @@ def naive_draft(table: CostTable, *, seed: int = 0,
         return None
     j = table.size_index(1)
     cls = table.classes.class_of
-    if any(table.k_min[cls[i], j] < 0 for i in range(len(table.samples))):
+    mem, kmin = table.column(j)[5], table.column(j)[6]  # lists: no numpy scalar per sample
+    if any(kmin[cls[i]] < 0 for i in range(len(table.samples))):
         return None
     n = len(groups)
     for g, group in enumerate(groups):
         items = list(range(g, len(table.samples), n))
-        group.micro_batches = first_fit(items, [float(table.mem_bytes[cls[i], j]) for i in items],
-                                        table.budget_bytes,
-                                        [int(table.k_min[cls[i], j]) for i in items])
+        group.micro_batches = first_fit(items, [mem[cls[i]] for i in items], table.budget_bytes,
+                                        [int(kmin[cls[i]]) for i in items])
     return groups

@@ -83,7 +83,8 @@ def to_draft(table: CostTable, groups: list[GroupState]) -> Draft:
             mbs = intra_layout(table, g.col, [i for mb in g.mbs for i in mb])[1]
             mbs = [sorted(mb) for mb in mbs]
         else:
-            mbs = [[(i, int(table.k_min[cls[i], g.col])) for i in sorted(mb)] for mb in g.mbs]
+            kmin = table.column(g.col)[6]  # a list: no numpy scalar per sample
+            mbs = [[(i, int(kmin[cls[i]])) for i in sorted(mb)] for mb in g.mbs]
         draft.append(DraftGroup(size=g.size, first_rank=g.first_rank, micro_batches=mbs))
     return draft
 

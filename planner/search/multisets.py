@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import bisect
+import weakref
 
 import numpy as np
 
@@ -28,8 +29,9 @@ def candidate_multisets(table: CostTable, *, makespan_s: float, limit: int) -> l
     counts = np.array([len(m) for m in table.classes.members], dtype=np.float64)
     o = table.overhead_s
     area = table.time_s * np.asarray(sizes, dtype=np.float64)[None, :]
-    required = max((table.smallest_fitting_size(members[0]) or 0)
-                   for members in table.classes.members)
+    # The largest of the classes' smallest fitting sizes (0 for a class that fits none).
+    fits = table.k_min >= 0
+    required = int(np.where(fits.any(axis=1), np.asarray(sizes)[fits.argmax(axis=1)], 0).max())
     out: list[list[int]] = []
     seen: set[tuple[int, ...]] = set()
 
@@ -49,10 +51,12 @@ def candidate_multisets(table: CostTable, *, makespan_s: float, limit: int) -> l
         deadline = makespan_s * factor
         ok = table.time_s + o <= deadline * (1 + _EPS)
         choice = np.where(ok, area, np.inf).argmin(axis=1)
+        rows = np.arange(len(choice))
+        keep = np.isfinite(area[rows, choice])
+        # Each class's work added to its size in class order (np.add.at: unbuffered, in
+        # order, the same sums as a loop over the classes).
         demand = np.zeros(len(sizes))
-        for c, j in enumerate(choice):
-            if np.isfinite(area[c, j]):
-                demand[j] += counts[c] * table.time_s[c, j]
+        np.add.at(demand, choice[keep], (counts * table.time_s[rows, choice])[keep])
         groups = demand / max(deadline - o, _EPS)
         ranks = groups * np.asarray(sizes, dtype=np.float64)
         if ranks.sum() <= 0:
@@ -106,6 +110,22 @@ def _round_groups(groups: np.ndarray, sizes: list[int], n: int, *, ceil_largest:
     return sorted(multiset + filler, reverse=True)
 
 
+def _area_orders(table: CostTable) -> tuple[list[list[int]], dict[tuple[int, int], list[int]]]:
+    """Per class, the size columns by GPU-seconds (stable: ties by column), and a memo of the
+    columns of a class within a bit mask, in that order (cached per live table)."""
+    cached = _AREA_ORDERS.get(table)
+    if cached is None:
+        area = table.time_s * np.asarray(table.sizes, dtype=np.float64)[None, :]
+        cached = _AREA_ORDERS[table] = (np.argsort(area, axis=1, kind="stable").tolist(), {})
+    return cached
+
+
+_AREA_ORDERS: weakref.WeakKeyDictionary[
+    CostTable, tuple[list[list[int]], dict[tuple[int, int], list[int]]]] = (
+    weakref.WeakKeyDictionary())
+"""``_area_orders`` per live cost table."""
+
+
 def packed_multiset(table: CostTable, order: list[int], *, target_s: float,
                     fill_tolerance: float = 1.3, runs: list[int] | None = None
                     ) -> list[int] | None:
@@ -129,11 +149,11 @@ def packed_multiset(table: CostTable, order: list[int], *, target_s: float,
         return None
     area = np.where(meets, table.time_s * sizes[None, :], np.inf)
     best_col_a = area.argmin(axis=1)
-    within_l: list[list[bool]] = (
-        area <= area[np.arange(len(best_col_a)), best_col_a][:, None] * fill_tolerance).tolist()
-    # Lists: the loop below reads one entry per class, where numpy scalars cost most.
-    best_col: list[int] = best_col_a.tolist()
-    by_area: list[list[int]] = np.argsort(area, axis=1, kind="stable").tolist()
+    within = area <= area[np.arange(len(best_col_a)), best_col_a][:, None] * fill_tolerance
+    # Each class's sizes within the tolerance as a bit mask (one int per class: the loop below
+    # reads one entry per class, where numpy scalars and per-entry lists cost most).
+    codes: list[int] = (within.astype(np.int64) << np.arange(len(table.sizes))).sum(axis=1).tolist()
+    orders, tolerated_memo = _area_orders(table)
     cls = table.classes.class_of
     # Open groups per size column: loads and free bytes of the open micro-batch (arrays with
     # room for every group the world could hold), and how many are open.
@@ -148,18 +168,20 @@ def packed_multiset(table: CostTable, order: list[int], *, target_s: float,
     if runs is None:
         runs = [end for end in range(1, len(order) + 1)
                 if end == len(order) or cls[order[end]] != cls[order[end - 1]]]
-    tolerated_of: dict[int, list[int]] = {}
     pos = 0
     for end in runs:
         while pos < end:
             c = cls[order[pos]]
-            jb = best_col[c]
-            # Sizes to try: the most efficient first, then open groups of sizes within the
-            # tolerance (leftover time of a big group is worth filling with mid-size samples).
-            tolerated = tolerated_of.get(c)
+            # Sizes to try: the most efficient that meets the target first (the first of the
+            # class's sizes by GPU-seconds within the mask: sizes that miss the target are out
+            # of it), then open groups of sizes within the tolerance (leftover time of a big
+            # group is worth filling with mid-size samples).
+            key = (c, codes[c])
+            tolerated = tolerated_memo.get(key)
             if tolerated is None:
-                tolerated = [jb] + [j for j in by_area[c] if j != jb and within_l[c][j]]
-                tolerated_of[c] = tolerated
+                tolerated = [j for j in orders[c] if key[1] >> j & 1]
+                tolerated_memo[key] = tolerated
+            jb = tolerated[0]
             # Fullest open group that still meets the target with one more copy.
             best_k, j = -1, jb
             for jj in tolerated:

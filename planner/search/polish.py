@@ -20,7 +20,8 @@ def states_of(table: CostTable, draft: list[tuple[int, int, list[int]]]) -> list
     states = []
     for size, first_rank, members in draft:
         g = GroupState(size=size, col=table.size_index(size), first_rank=first_rank)
-        for i in sorted(members, key=lambda i: (-table.mem_bytes[cls[i], g.col], i)):
+        mem = table.column(g.col)[5]  # a list: no numpy scalar per sample
+        for i in sorted(members, key=lambda i: (-mem[cls[i]], i)):
             _insert(table, g, i)
         g.load_s = group_time(table, g)
         states.append(g)
@@ -37,6 +38,7 @@ def polish(table: CostTable, draft: Draft, *, max_moves: int, intra: bool) -> Dr
     out: Draft = []
     for g in states:
         repack(table, g)
-        mbs = [[(i, int(table.k_min[cls[i], g.col])) for i in sorted(mb)] for mb in g.mbs]
+        kmin = table.column(g.col)[6]
+        mbs = [[(i, int(kmin[cls[i]])) for i in sorted(mb)] for mb in g.mbs]
         out.append(DraftGroup(size=g.size, first_rank=g.first_rank, micro_batches=mbs))
     return intra_draft(table, out) if intra else out
