@@ -183,6 +183,7 @@ def assemble_plan(draft: Draft, samples: Sequence[Sample], *, cost_model: CostMo
     groups: list[GroupPlan] = []
     slowest = 0.0
     ordered = sorted(draft, key=lambda g: g.first_rank)
+    fixed_bytes = cost_model.fixed_bytes()  # an empty group's peak
     for g, costs in zip(ordered, draft_costs(ordered, arrays, cost_model), strict=True):
         mbs: list[MicroBatch] = []
         pos = 0
@@ -199,7 +200,7 @@ def assemble_plan(draft: Draft, samples: Sequence[Sample], *, cost_model: CostMo
                                                   predicted_peak_mem_bytes=mb_peak))
         group_time = costs.time_s
         slowest = max(slowest, group_time)
-        peak = max(costs.microbatch_peak_bytes, default=cost_model.fixed_bytes())
+        peak = max(costs.microbatch_peak_bytes, default=fixed_bytes)
         groups.append(GroupPlan(ranks=list(range(g.first_rank, g.first_rank + g.size)),
                                 micro_batches=mbs, predicted_time_s=group_time,
                                 predicted_peak_mem_bytes=peak))

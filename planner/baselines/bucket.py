@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from costmodel.specs import Sample
 from planner.assemble import Draft
 from planner.baselines.common import fixed_layout, full_checkpoint_layers, shape_buckets
@@ -24,11 +26,19 @@ from planner.costs import CostTable
 def bucket_batch_size(table: CostTable, members: list[int], *, group_size: int) -> int:
     """Largest number of samples of a bucket that fit one micro-batch of ``group_size`` ranks
     under full checkpointing (0 when its largest sample does not fit alone)."""
+    return bucket_batch_sizes(table, [members], group_size=group_size)[0]
+
+
+def bucket_batch_sizes(table: CostTable, buckets: list[list[int]], *, group_size: int
+                       ) -> list[int]:
+    """``bucket_batch_size`` of every bucket, with one cost-model evaluation."""
     cm = table.cost_model
-    largest = max(table.samples[i].tokens for i in members)
-    per_sample = float(cm.activation_bytes(largest, group_size=group_size,
-                                           recompute_layers=full_checkpoint_layers(cm.num_layers)))
-    return max(0, math.floor(table.budget_bytes / per_sample))
+    samples = table.samples
+    largest = [max(samples[i].tokens for i in members) for members in buckets]
+    per_sample = np.asarray(cm.activation_bytes(
+        np.asarray(largest, dtype=np.float64), group_size=group_size,
+        recompute_layers=full_checkpoint_layers(cm.num_layers)), dtype=np.float64).tolist()
+    return [max(0, math.floor(table.budget_bytes / b)) for b in per_sample]
 
 
 def bucket_draft(table: CostTable, *, group_size: int, seed: int = 0,
@@ -58,8 +68,9 @@ def bucket_draft(table: CostTable, *, group_size: int, seed: int = 0,
     num_work = table.cost_model.cluster.num_gpus // group_size
     k_full = full_checkpoint_layers(table.cost_model.num_layers)
     turn = 0
-    for members in shape_buckets(table):
-        batch = bucket_batch_size(table, members, group_size=group_size)
+    buckets = shape_buckets(table)
+    for members, batch in zip(buckets, bucket_batch_sizes(table, buckets, group_size=group_size),
+                              strict=True):
         if batch == 0:
             return None
         for start in range(0, len(members), batch):

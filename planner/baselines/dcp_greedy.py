@@ -51,16 +51,24 @@ class BucketProfile:
         return self.batch_size / (self.batch_time_s * self.group_size)
 
 
+def largest_samples(table: CostTable, buckets: list[list[int]]) -> list[Sample]:
+    """Each bucket's sample of most tokens (the first of them on ties)."""
+    samples = table.samples
+    return [max((samples[i] for i in members), key=lambda s: s.tokens) for members in buckets]
+
+
 def profile_buckets(table: CostTable, buckets: list[list[int]], *, group_size: int,
-                    fixed_s: dict[int, np.ndarray] | None = None) -> list[BucketProfile | None]:
+                    fixed_s: dict[int, np.ndarray] | None = None,
+                    reps: list[Sample] | None = None) -> list[BucketProfile | None]:
     """The best batch of each bucket on ``group_size`` ranks (None where one sample does not
     fit): the cost model evaluated for every bucket's largest sample and policy at once.
 
-    ``fixed_s`` caches the micro-batch fixed seconds per policy ``0..L-1`` by size.
+    ``fixed_s`` caches the micro-batch fixed seconds per policy ``0..L-1`` by size; ``reps``:
+    ``largest_samples(table, buckets)`` when the caller has them.
     """
     cm = table.cost_model
-    samples = table.samples
-    reps = [max((samples[i] for i in members), key=lambda s: s.tokens) for members in buckets]
+    if reps is None:
+        reps = largest_samples(table, buckets)
     ks = np.arange(max(cm.num_layers, 1))  # 0..L-1 (L is dominated by L-1)
     tokens = np.array([[s.tokens] for s in reps], dtype=np.float64).reshape(-1, 1)
     act = np.asarray(cm.activation_bytes(tokens, group_size=group_size, recompute_layers=ks))
@@ -104,13 +112,15 @@ def best_profiles(table: CostTable, buckets: list[list[int]], *,
     gpn = table.cost_model.cluster.gpus_per_node
     best: list[BucketProfile | None] = [None] * len(buckets)
     todo = list(range(len(buckets)))
+    largest = largest_samples(table, buckets)
     for sizes in ([d for d in pow2 if d <= gpn], [d for d in pow2 if d > gpn]):
         if not todo:
             break
         found: list[list[BucketProfile]] = [[] for _ in todo]
+        reps = [largest[b] for b in todo]
         for d in sizes:
             for pos, p in enumerate(profile_buckets(table, [buckets[b] for b in todo],
-                                                    group_size=d, fixed_s=fixed_s)):
+                                                    group_size=d, fixed_s=fixed_s, reps=reps)):
                 if p is not None:
                     found[pos].append(p)
         for pos, b in enumerate(todo):

@@ -46,15 +46,33 @@ def max_tokens_per_rank(table: CostTable) -> int:
 def cp_size(table: CostTable, i: int, *, tokens_per_rank: int) -> int | None:
     """CP size of sample ``i``: the next power of two of ``tokens / tokens_per_rank``, raised to
     the smallest power-of-two size it fits on, capped at the largest (None: fits none)."""
-    pow2 = [d for d in table.sizes if d & (d - 1) == 0]
-    c = table.classes.class_of[i]
-    fitting = [d for d in pow2 if table.column(table.size_index(d))[6][c] >= 0]  # k_min
-    if not fitting:
-        return None
-    tokens = table.samples[i].tokens
-    want = 1 << max(0, math.ceil(math.log2(max(1.0, tokens / tokens_per_rank))))
-    at_least = [d for d in fitting if d >= want]
-    return at_least[0] if at_least else fitting[-1]
+    return _CpSizes(table, tokens_per_rank)(i)
+
+
+class _CpSizes:
+    """``cp_size`` for the samples of one table, the power-of-two sizes each class fits on
+    computed once per class."""
+
+    def __init__(self, table: CostTable, tokens_per_rank: int) -> None:
+        self._table, self._tpr = table, tokens_per_rank
+        self._kmin = [(d, table.column(table.size_index(d))[6])
+                      for d in table.sizes if d & (d - 1) == 0]
+        self._fitting: dict[int, list[int]] = {}
+
+    def __call__(self, i: int) -> int | None:
+        table = self._table
+        c = table.classes.class_of[i]
+        fitting = self._fitting.get(c)
+        if fitting is None:
+            fitting = self._fitting[c] = [d for d, kmin in self._kmin if kmin[c] >= 0]
+        if not fitting:
+            return None
+        tokens = table.samples[i].tokens
+        want = 1 << max(0, math.ceil(math.log2(max(1.0, tokens / self._tpr))))
+        for d in fitting:
+            if d >= want:
+                return d
+        return fitting[-1]
 
 
 def megatron_dyncp_draft(table: CostTable, *, seed: int = 0,
@@ -73,10 +91,11 @@ def megatron_dyncp_draft(table: CostTable, *, seed: int = 0,
     tokens = [s.tokens for s in table.samples]
     need: list[int] = []
     known: dict[tuple[int, int], int | None] = {}  # (class, tokens) -> CP size
+    sizer = _CpSizes(table, tpr)
     for i in range(len(tokens)):
         key = (cls[i], tokens[i])
         if key not in known:
-            known[key] = cp_size(table, i, tokens_per_rank=tpr)
+            known[key] = sizer(i)
         d = known[key]
         if d is None:
             return None
