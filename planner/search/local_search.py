@@ -181,32 +181,6 @@ def local_search(table: CostTable, groups: list[GroupState], *, max_moves: int,
             break
 
 
-class _ClassRow:
-    """Times of one class on every group, read through the group's size column."""
-
-    __slots__ = ("_cols", "_row")
-
-    def __init__(self, row: list[float], cols: list[int]) -> None:
-        self._row, self._cols = row, cols
-
-    def __getitem__(self, g: int) -> float:
-        return self._row[self._cols[g]]
-
-
-class _GroupRows(dict[int, _ClassRow]):
-    """``rows[c][g]``: time of class ``c`` on group ``g`` (no class x group matrix: that is
-    1 GB at 32,768 samples x 4,096 groups)."""
-
-    def __init__(self, table: CostTable, cols: list[int]) -> None:
-        super().__init__()
-        self._rows, self._cols = table.rows()[0], cols
-
-    def __missing__(self, c: int) -> _ClassRow:
-        row = _ClassRow(self._rows[c], self._cols)
-        self[c] = row
-        return row
-
-
 def _swap(table: CostTable, groups: list[GroupState], top: int, load: np.ndarray,
           cols: np.ndarray, refresh: Callable[[int], None], *, max_tries: int = 4,
           max_classes: int = 4, max_partners: int = 32) -> bool:
@@ -293,7 +267,7 @@ def _eject(table: CostTable, groups: list[GroupState], load: np.ndarray,
     # Plain lists: a few dozen samples per group pair, where numpy scalar indexing dominates.
     cols = [g.col for g in groups]
     col_of = np.asarray(cols, dtype=np.int64)
-    ts = _GroupRows(table, cols)  # ts[c][g]: class c on group g
+    rows = table.rows()[0]  # rows[c][cols[g]]: class c on group g
     loads: list[float] = load.tolist()
     sizes = [g.size for g in groups]
     Moves = list[tuple[int, int, int]]  # (sample, from group, to group)
@@ -312,27 +286,30 @@ def _eject(table: CostTable, groups: list[GroupState], load: np.ndarray,
         for mb in groups[g].mbs:
             for i in mb:
                 firsts.setdefault(cls[i], i)
+        col_g = cols[g]
         leaving[g] = [(c, firsts[c]) for c in
-                      sorted(firsts, key=lambda c: (-ts[c][g], c))[:max_classes]]
+                      sorted(firsts, key=lambda c: (-rows[c][col_g], c))[:max_classes]]
     # Larger groups: the ``max_givers`` most loaded (all of them in worlds of up to that many
     # groups; beyond, the scan over every pair dominated the planner at 2,048+ groups).
     givers = sorted(range(len(groups)), key=lambda h: (-loads[h], h))[:max_givers]
     for h in sorted(givers):
         gh = groups[h]
+        col_h = cols[h]
         items_h = [(cls[i], i) for mb in gh.mbs for i in mb]
         by_col: dict[int, list[tuple[float, int, int]]] = {}
         for g in receivers:
             gg = groups[g]
             if gg.size >= gh.size:
                 continue
+            col_g = cols[g]
             # Samples of h that run in fewer GPU-seconds on g, the most so (relatively) first
             # (the same for every group of g's size).
             scored = by_col.get(gg.col)
             if scored is None:
                 scored = []
                 for c, i in items_h:
-                    row = ts[c]
-                    area_g, area_h = gg.size * row[g], gh.size * row[h]
+                    row = rows[c]
+                    area_g, area_h = gg.size * row[col_g], gh.size * row[col_h]
                     if area_g < area_h:
                         scored.append((area_g / area_h, i, c))
                 scored.sort()
@@ -340,7 +317,7 @@ def _eject(table: CostTable, groups: list[GroupState], load: np.ndarray,
             if not scored:
                 continue
             for c, x in leaving[g]:
-                t_xh, t_xg = ts[c][h], ts[c][g]
+                t_xh, t_xg = rows[c][col_h], rows[c][col_g]
                 if t_xh == np.inf:
                     continue
                 new_h = loads[h] + t_xh
@@ -350,9 +327,11 @@ def _eject(table: CostTable, groups: list[GroupState], load: np.ndarray,
                 for _, i, ci in scored:
                     if new_h <= cap:
                         break
-                    new_h -= ts[ci][h]
-                    new_g += ts[ci][g]
-                    area += gg.size * ts[ci][g] - gh.size * ts[ci][h]
+                    row = rows[ci]
+                    t_h, t_g = row[col_h], row[col_g]
+                    new_h -= t_h
+                    new_g += t_g
+                    area += gg.size * t_g - gh.size * t_h
                     moves.append((i, h, g))
                 if len(moves) < 2 or new_h > cap:
                     continue
@@ -367,7 +346,9 @@ def _eject(table: CostTable, groups: list[GroupState], load: np.ndarray,
             break
         # g's own samples (not the one leaving), smallest first, to the least loaded others.
         moved = {m[0] for m in moves}
-        own = sorted((ts[cls[i]][g], i) for mb in groups[g].mbs for i in mb if i not in moved)
+        col_g = cols[g]
+        own = sorted((rows[cls[i]][col_g], i) for mb in groups[g].mbs for i in mb
+                     if i not in moved)
         # Every other group's finish with the sample at once (the same float sums as a scan
         # in group order; argmin keeps the lowest index among equal finishes).
         extra = np.zeros(len(groups))
@@ -375,16 +356,17 @@ def _eject(table: CostTable, groups: list[GroupState], load: np.ndarray,
         for t_g, i in own:
             if new_g <= cap:
                 break
-            row = ts[cls[i]]
+            row = rows[cls[i]]
             finish = load + extra + table.time_s[cls[i], col_of]
             finish[[h, g]] = np.inf
             finish[~(finish <= cap)] = np.inf
             k_best = int(np.argmin(finish))
             if finish[k_best] == np.inf:
                 continue
-            extra[k_best] += row[k_best]
+            t_k = row[cols[k_best]]
+            extra[k_best] += t_k
             new_g -= t_g
-            area += sizes[k_best] * row[k_best] - sizes[g] * t_g
+            area += sizes[k_best] * t_k - sizes[g] * t_g
             spill.append((i, g, k_best))
         if new_g <= cap and area < -1e-9 * limit and (best is None or area < best[0]):
             best = (area, moves + spill)
