@@ -35,15 +35,35 @@ def start_service(tmp: Path, *, log: Path | None = None, workers: int = 1, timeo
          "--db", str(tmp / "plans.sqlite"), "--workers", str(workers), "--log-level", "warning"],
         stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "DCP_AUTH_TOKEN": ""})
     url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(proc, url, timeout_s=timeout_s, log=log)
+    except RuntimeError:
+        if proc.poll() is None:
+            stop_service(proc)
+        raise
+    return proc, url
+
+
+def wait_ready(proc: subprocess.Popen[bytes], url: str, *, timeout_s: float = 60.0,
+               log: Path | None = None) -> None:
+    """Poll ``url/readyz`` until it answers 200 (503 while the solver pool warms up).
+
+    Raises:
+        RuntimeError: when the process exits first (with the end of ``log``) or is not ready
+            within ``timeout_s``.
+    """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:] if log is not None and log.exists() else ""
+            raise RuntimeError(f"dcp serve exited with code {proc.returncode} before it was ready"
+                               + (f":\n{tail}" if tail else ""))
         try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return proc, url
+            if httpx.get(f"{url}/readyz", timeout=1.0).status_code == 200:
+                return
         except httpx.TransportError:
             pass
         time.sleep(0.1)
-    stop_service(proc)
     raise RuntimeError(f"dcp serve did not get ready within {timeout_s:.0f} s")
 
 

@@ -24,7 +24,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from _service import free_port, wait_ready  # bench/ (the script's folder) is on sys.path
 from prometheus_client.parser import text_string_to_metric_families
 
 from dcp_cli.progress import progress_bar
@@ -45,14 +45,8 @@ CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,"
 TOKEN = "fuzz-token"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _start_server(workdir: Path, *, token: str | None, workers: int) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     (workdir / "data").mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "DCP_DB_PATH": str(workdir / "plans.sqlite"), "DCP_DATA_DIR": str(workdir / "data"),
            "DCP_NUM_WORKERS": str(workers), "DCP_MAX_BODY_BYTES": "1000000", "DCP_PLAN_TIME_LIMIT_S": "0.5"}
@@ -64,17 +58,8 @@ def _start_server(workdir: Path, *, token: str | None, workers: int) -> tuple[su
                              "--log-level", "warning"], env=env, stdout=log, stderr=subprocess.STDOUT,
                             cwd=workdir, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {(workdir / 'server.log').read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1.0).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError("server not ready")
+    wait_ready(proc, url, timeout_s=60.0, log=workdir / "server.log")
+    return proc, url
 
 
 def status_counts(metrics_text: str) -> dict[str, int]:

@@ -44,13 +44,14 @@ def test_fuzz_live_server_no_5xx_no_schema_violation(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]  # every mode passed
 
 
-def test_fuzz_counts_every_route_template_from_the_servers_metrics() -> None:
+def test_fuzz_counts_every_route_template_from_the_servers_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
     """The request count comes from the service's own histogram; routes with ``{param}`` in their
     template count too (a regex stopping at the first ``}`` once missed them all)."""
     import importlib.util
 
     from api.metrics import Metrics
 
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # as when run as a script: its _service
     spec = importlib.util.spec_from_file_location("bench_fuzz", ROOT / "bench" / "fuzz.py")
     assert spec is not None and spec.loader is not None
     fuzz = importlib.util.module_from_spec(spec)
