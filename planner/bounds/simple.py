@@ -122,13 +122,15 @@ def _big_groups_bound(time_s: np.ndarray, sizes: np.ndarray, others: np.ndarray,
     rest_ok = sizes <= rest_ranks
     active = others > 0
     slack_floor = max(t for _, t in groups) + o
+    time_o = time_s + o  # (the same arrays at every deadline of the bisection)
+    area = time_s * sizes[None, :]
 
     def feasible(deadline: float) -> bool:
         if deadline < slack_floor:
             return False
         cap = len(groups) * (deadline - o) - busy  # time left in the big groups, in all
-        meets = (time_s + o <= deadline) & rest_ok[None, :]
-        a_rest = np.where(meets, time_s * sizes[None, :], np.inf).min(axis=1)
+        meets = (time_o <= deadline) & rest_ok[None, :]
+        a_rest = np.where(meets, area, np.inf).min(axis=1)
         # Classes that cannot run on the other ranks must all go into the big groups.
         forced = active & ~np.isfinite(a_rest)
         if (forced & ~np.isfinite(t_big)).any():

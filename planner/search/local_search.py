@@ -45,7 +45,7 @@ def group_time(table: CostTable, g: GroupState) -> float:
         return intra_layout(table, g.col, [i for mb in g.mbs for i in mb])[0]
     cls = table.classes.class_of
     time_c = table.column(g.col)[4]  # lists: no numpy scalar per sample
-    return (sum(time_c[cls[i]] for mb in g.mbs for i in mb)
+    return (sum([time_c[cls[i]] for mb in g.mbs for i in mb])
             + float(table.overhead_s_by_size[g.col]) * len(g.mbs))
 
 
