@@ -106,13 +106,16 @@ def profile_buckets(table: CostTable, buckets: list[list[int]], *, group_size: i
 
 
 def best_profiles(table: CostTable, buckets: list[list[int]], *,
-                  fixed_s: dict[int, np.ndarray] | None = None) -> list[BucketProfile | None]:
-    """Each bucket's profile over the power-of-two sizes within a node (any, if none fits)."""
+                  fixed_s: dict[int, np.ndarray] | None = None,
+                  largest: list[Sample] | None = None) -> list[BucketProfile | None]:
+    """Each bucket's profile over the power-of-two sizes within a node (any, if none fits);
+    ``largest``: ``largest_samples(table, buckets)`` when the caller has them."""
     pow2 = [d for d in table.sizes if d & (d - 1) == 0]
     gpn = table.cost_model.cluster.gpus_per_node
     best: list[BucketProfile | None] = [None] * len(buckets)
     todo = list(range(len(buckets)))
-    largest = largest_samples(table, buckets)
+    if largest is None:
+        largest = largest_samples(table, buckets)
     for sizes in ([d for d in pow2 if d <= gpn], [d for d in pow2 if d > gpn]):
         if not todo:
             break
@@ -158,7 +161,8 @@ def dcp_greedy_draft(table: CostTable, *, seed: int = 0,
     buckets = shape_buckets(table)
     fixed_s: dict[int, np.ndarray] = {}
     profiles: list[BucketProfile] = []
-    for p in best_profiles(table, buckets, fixed_s=fixed_s):
+    largest = largest_samples(table, buckets)
+    for p in best_profiles(table, buckets, fixed_s=fixed_s, largest=largest):
         if p is None:
             return None
         profiles.append(p)
@@ -205,9 +209,11 @@ def dcp_greedy_draft(table: CostTable, *, seed: int = 0,
                 loads[g] += profiles[b].batch_time_s
                 heapq.heapreplace(heap, (loads[g], g))
             continue
+        # The bucket's profile at each size in use (the same for every group of a size).
+        at_size = {d: profile_buckets(table, [buckets[b]], group_size=d, fixed_s=fixed_s,
+                                      reps=[largest[b]])[0] for d in sorted(set(sizes))}
         options = [(loads[g], g, q) for g, d in enumerate(sizes)
-                   if (q := profile_buckets(table, [buckets[b]], group_size=d,
-                                            fixed_s=fixed_s)[0]) is not None]
+                   if (q := at_size[d]) is not None]
         if not options:
             return None
         _, g, q = min(options, key=lambda o: (o[0], o[1]))
