@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ import torch.multiprocessing as mp
 from costmodel.presets import CPU_HARDWARE
 from costmodel.profiling.comm import CommSweepConfig, run_comm_sweep
 from costmodel.profiling.format import CommRecord, Profile, ProfileHeader
-from dcp_cli.check_config import CheckConfig, build_reference_model, free_port, init_rank
+from dcp_cli.check_config import CheckConfig, build_reference_model, free_port, init_rank, run_as_profiled
 from executor.context import SPContext
 from executor.layout import PackedLayout, SampleShape
 from executor.ulysses import EmulatedGroup, Group
@@ -157,11 +158,9 @@ def _in_layer_worker(rank: int, world: int, port: int, out: str, config_json: st
                     real = _time_step(model, layout, inputs, targets, blocks[rank // d], now)
                     calls, sent = meter.calls - c0, meter.bytes - b0
                     # emulated as the compute profile ran: every rank at once, or one at a time
-                    emulated = 0.0
-                    for turn in ([rank] if config.concurrent else range(world)):
-                        dist.barrier()
-                        if turn == rank:
-                            emulated = _time_step(model, layout, inputs, targets, EmulatedGroup(d), now)
+                    emulated = run_as_profiled(
+                        partial(_time_step, model, layout, inputs, targets, EmulatedGroup(d), now),
+                        rank=rank, ranks=range(world), concurrent=config.concurrent)
                     if rep:
                         real_s.append(real)
                         emulated_s.append(emulated)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -114,3 +114,17 @@ def init_rank(rank: int, world: int, port: int) -> None:
     """One torch thread and a gloo process group on loopback."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+
+
+def run_as_profiled(run: Callable[[], float], *, rank: int, ranks: Sequence[int], concurrent: bool,
+                    group: Any = None) -> float:
+    """Run ``run`` (it returns its own time) on an emulated group the way the compute profile
+    ran: every rank of ``ranks`` at once, or one at a time while the others wait (a barrier of
+    ``group``, ``None`` for the world, before each turn). Returns this rank's time.
+    """
+    time_s = 0.0
+    for turn in ([rank] if concurrent else ranks):
+        dist.barrier(group=group)
+        if turn == rank:
+            time_s = run()
+    return time_s

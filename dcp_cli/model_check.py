@@ -38,6 +38,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,7 @@ from dcp_cli.check_config import (
     free_port,
     init_rank,
     reference_spec,
+    run_as_profiled,
 )
 from dcp_cli.check_profile import ReferenceLayer, profile_reference
 from executor.context import SPContext
@@ -152,6 +154,12 @@ class _Timed:
     twin: Callable[[], None] | None = None
 
 
+def _timed(run: Callable[[], None], now: Callable[[], float]) -> float:
+    start = now()
+    run()
+    return now() - start
+
+
 def _time_rounds(items: Sequence[_Timed], *, repeats: int, now: Callable[[], float], rank: int,
                  concurrent: bool, a2a: AllToAllMeter, results: dict[str, Any]) -> None:
     """Time ``items`` the way the profile times its configurations: a warm-up of each, then
@@ -182,12 +190,9 @@ def _time_rounds(items: Sequence[_Timed], *, repeats: int, now: Callable[[], flo
             rec["alltoall_times_s"].append(a2a.total_s - inside)
             if item.twin is None:
                 continue
-            for turn in ([rank] if concurrent else item.ranks):
-                dist.barrier(group=item.group)
-                if turn == rank:
-                    start = now()
-                    item.twin()
-                    rec["emulated_times_s"].append(now() - start)
+            rec["emulated_times_s"].append(run_as_profiled(
+                partial(_timed, item.twin, now), rank=rank, ranks=item.ranks,
+                concurrent=concurrent, group=item.group))
     for item in items:
         if item.group is not None:
             dist.barrier(group=item.group)

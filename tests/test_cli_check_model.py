@@ -19,13 +19,16 @@ from dcp_cli.model_check import CheckConfig, ReferenceLayer, build_reference_mod
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_check_model_runs_plans_and_predicts_peak_memory(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["--concurrent", "--no-concurrent"])
+def test_check_model_runs_plans_and_predicts_peak_memory(tmp_path: Path, mode: str) -> None:
+    """Both ways of sharing the machine: ranks at once, or one-rank groups in turns (each
+    rank's rounds while the others wait at a barrier)."""
     out = tmp_path / "report.json"
     dcp = Path(sys.executable).with_name("dcp")
     done = subprocess.run(
         [str(dcp), "check-model", "--kind", "1d", "--world", "2", "--layers", "3", "--steps", "1",
          "--samples", "5", "--tokens-min", "64", "--tokens-max", "400", "--memory-tokens", "200",
-         "--repeats", "2", "--out", str(out), "--quiet"],
+         "--repeats", "2", "--out", str(out), "--quiet", mode],
         capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert "time MAPE" in done.stdout
@@ -36,6 +39,8 @@ def test_check_model_runs_plans_and_predicts_peak_memory(tmp_path: Path) -> None
     for r in rows:
         assert r["time_s"] > 0 and math.isfinite(r["predicted_time_s"]) and r["predicted_time_s"] > 0
         assert r["peak_bytes"] > 0
+        if r["group_size"] > 1:  # its twin on the emulated group ran too
+            assert r["emulated_time_s"] > 0
     # Bytes do not depend on the machine's load: the fitted memory model must hold here (on
     # one-rank groups; across gloo ranks tiny shards carry buffers the emulated profile does not
     # see, measured in bench/model_vs_executor.py).
