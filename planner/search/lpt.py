@@ -124,6 +124,8 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
                     stop = lst[0][0] + o
                     for idx in range(len(lst) if len(lst) < SCAN else SCAN):
                         ld, g = lst[idx]
+                        if ld + t > best1 and ld + t > best2:
+                            break  # no group from here on can change best1 or best2
                         if ld > stop:
                             if ld + t < best2:  # min() inlined: this loop is the hot path
                                 best2 = ld + t
