@@ -66,13 +66,14 @@ def kmin_layout(table: CostTable, j: int, members: Sequence[int]) -> Layout:
 
 def layout_time_s(table: CostTable, j: int, layout: Layout) -> float:
     """Time of a group's micro-batches under the search's cost rows (aligned placement)."""
-    cls = table.classes.class_of
-    t0, r = table.column(j)[0], table.column(j)[1]
+    col = _column(table, j)
+    cls, t0, r = col.cls, col.t0, col.r
     total = 0.0
     for mb in layout:
         if mb:
-            total += _fixed_s(table, j, [k for _, k in mb])
-            total += sum(t0[cls[i]] + k * r[cls[i]] for i, k in mb)
+            ks = [k for _, k in mb]
+            total += col.fixed_s(max(ks), min(ks))  # _fixed_s(table, j, ks)
+            total += sum([t0[cls[i]] + k * r[cls[i]] for i, k in mb])
     return total
 
 
@@ -84,12 +85,17 @@ def microbatch_policies(table: CostTable, j: int, members: Sequence[int]
     The result depends on ``members`` in their order (sums run in it), and the layouts of one
     batch re-price the same micro-batches many times: memoised per table on the sequence.
     """
-    columns = _COLUMNS.get(table)
-    if columns is None:
-        columns = _COLUMNS[table] = {}
-    col = columns.get(j)
-    if col is None:
-        col = columns[j] = _Column(table, j)
+    col = _column(table, j)
+    if len(members) == 1:  # a sample alone: the result depends on its class only
+        i = members[0]
+        c = col.cls[i]
+        single = col.single
+        if c in single:
+            alone = single[c]
+        else:
+            res = _microbatch_policies(col, members)
+            alone = single[c] = None if res is None else (res[0], res[1][0][1])
+        return None if alone is None else (alone[0], [(i, alone[1])])
     key = tuple(members)
     memo = col.memo
     if key in memo:
@@ -103,7 +109,7 @@ class _Column:
     """What ``microbatch_policies`` reads of one size column, and its results so far."""
 
     __slots__ = ("b", "base_fixed_s", "budget", "call_fwd_s", "call_s", "cls", "fixed0_s",
-                 "layers", "m0", "memo", "r", "t0", "top")
+                 "layers", "m0", "memo", "r", "single", "t0", "top")
 
     def __init__(self, table: CostTable, j: int) -> None:
         self.cls = table.classes.class_of
@@ -116,6 +122,7 @@ class _Column:
         self.call_fwd_s = float(table.call_fwd_s_by_size[j])
         self.fixed0_s = _fixed_s(table, j, [0])
         self.memo: dict[tuple[int, ...], tuple[float, list[tuple[int, int]]] | None] = {}
+        self.single: dict[int, tuple[float, int] | None] = {}  # by class: (seconds, policy)
 
     def fixed_s(self, hi: int, lo: int) -> float:
         """``_fixed_s`` of policies with largest ``hi`` and smallest ``lo`` (same sums)."""
@@ -124,6 +131,16 @@ class _Column:
 
 _COLUMNS: weakref.WeakKeyDictionary[CostTable, dict[int, _Column]] = weakref.WeakKeyDictionary()
 """``microbatch_policies``'s columns (and memo) per live cost table."""
+
+
+def _column(table: CostTable, j: int) -> _Column:
+    columns = _COLUMNS.get(table)
+    if columns is None:
+        columns = _COLUMNS[table] = {}
+    col = columns.get(j)
+    if col is None:
+        col = columns[j] = _Column(table, j)
+    return col
 
 
 def _microbatch_policies(col: _Column, members: Sequence[int]
