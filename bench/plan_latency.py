@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -72,9 +73,11 @@ class _Side:
 
     def __init__(self, root: Path, cpu: int) -> None:
         self.root = root
+        # Pinned with taskset where there is one (unpinned otherwise).
+        pin = ["taskset", "-c", str(cpu)] if shutil.which("taskset") else []
         self.proc = subprocess.Popen(
-            ["taskset", "-c", str(cpu), sys.executable, str(Path(__file__).resolve()),
-             "--worker", str(root)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            [*pin, sys.executable, str(Path(__file__).resolve()), "--worker", str(root)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def plan(self, cell: str, step: int) -> dict[str, Any]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
