@@ -3,8 +3,10 @@
 ``Recalibrator.maybe_start`` is called after measurements are stored; when an epoch has
 ``every_steps`` more measured steps than at its last fit, a thread of the service gathers the
 measured groups with the micro-batches their plans gave them and submits the fit
-(:func:`fit_revision_task`, ``costmodel.recalibrate``; the last ``FIT_WINDOW_STEPS`` measured
-steps) to the solver pool: nothing of it runs
+(:func:`fit_revision_task`: the time factors from micro-batch times, ``costmodel.recalibrate``;
+the factor on the bytes per token from step peaks where ranks report them,
+``costmodel.recalibrate_memory``; the last ``FIT_WINDOW_STEPS`` measured steps) to the solver
+pool: nothing of it runs
 in a request. The fit becomes revision ``id@rev`` of the epoch's cost model (immutable, with
 its held-out quality). An epoch that follows revisions then has every stored step above its
 frozen step re-planned with the revision on the pool (same samples, same step seed) and
@@ -31,6 +33,7 @@ from api.revisions_store import RecalibrationState, Revision, RevisionStore, spl
 from api.store import PlanStore
 from costmodel.evaluate import CostModel, nodes_spanned
 from costmodel.recalibrate import TERMS, TermScales, TermSplitter, fit_scales, scale_file
+from costmodel.recalibrate_memory import MemoryFit, fit_activation_scale, step_peak_parts_bytes
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec, Sample
 from planner.epoch import CancelledError, StepResult, StepTask, run_epoch
@@ -79,27 +82,62 @@ def observations(groups: Sequence[GroupMeasurement], plans: dict[int, Plan]) -> 
     return out
 
 
+def peak_observations(groups: Sequence[GroupMeasurement], plans: dict[int, Plan]) -> list[dict[str, Any]]:
+    """One record per measured group step with a peak (CUDA ranks report one, CPU ranks none):
+    its micro-batches' samples and policies and the largest peak of its ranks."""
+    out = []
+    for g in groups:
+        plan = plans.get(g.step)
+        if g.peak_bytes is None or plan is None or plan.digest() != g.digest:
+            continue
+        group = next((x for x in plan.groups if x.first_rank == g.first_rank), None)
+        if group is None or not group.micro_batches:
+            continue
+        out.append({"step": g.step, "first_rank": g.first_rank, "group_size": group.size,
+                    "micro_batches": [{"samples": [ps.sample.model_dump(exclude_none=True) for ps in mb.samples],
+                                       "policies": [ps.recompute_layers for ps in mb.samples]}
+                                      for mb in group.micro_batches],
+                    "peak_bytes": float(g.peak_bytes)})
+    return out
+
+
+def _fit_memory(model: CostModel, peaks: Sequence[dict[str, Any]], prior: float) -> MemoryFit:
+    parts = [step_peak_parts_bytes(model, [([Sample.model_validate(s) for s in mb["samples"]], mb["policies"])
+                                           for mb in p["micro_batches"]], group_size=p["group_size"])
+             for p in peaks]
+    return fit_activation_scale([f for f, _ in parts], [v for _, v in parts], [p["peak_bytes"] for p in peaks],
+                                prior=prior)
+
+
 def fit_revision_task(base_json: str, cluster_json: str, records: list[dict[str, Any]],
-                      prior: dict[str, float]) -> dict[str, Any]:
-    """Fit per-term factors on measured micro-batches (runs in a pool worker).
+                      prior: dict[str, float], peaks: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """Fit per-term time factors on measured micro-batches and, from measured step peaks, the
+    memory factor (runs in a pool worker).
 
     Returns:
-        ``{"scales": {...}, "quality": {...}}``.
+        ``{"scales": {...}, "quality": {...}}`` (``quality["memory"]``: the memory fit, None
+        without peaks).
     """
     import numpy as np
 
     base = CostModelFile.model_validate_json(base_json)
     cluster = ClusterSpec.model_validate_json(cluster_json)
-    split = TermSplitter(CostModel(file=base, cluster=cluster))
+    model = CostModel(file=base, cluster=cluster)
+    split = TermSplitter(model)
     terms = [split([Sample.model_validate(s) for s in r["samples"]], group_size=r["group_size"],
                    recompute_layers=r["policies"],
                    num_nodes=r.get("num_nodes") or nodes_spanned(
                        first_rank=r["first_rank"], group_size=r["group_size"],
                        gpus_per_node=cluster.gpus_per_node))
              for r in records]
+    prior_scales = TermScales(**prior)
     fit = fit_scales(np.array(terms), np.array([r["measured_s"] for r in records]),
-                     steps=[r["step"] for r in records], prior=TermScales(**prior))
-    return {"scales": fit.scales.as_dict(), "quality": asdict(fit.quality)}
+                     steps=[r["step"] for r in records], prior=prior_scales)
+    memory = _fit_memory(model, peaks, prior_scales.activation) if peaks else None
+    scales = fit.scales.as_dict()
+    if memory is not None:
+        scales["activation"] = memory.factor
+    return {"scales": scales, "quality": {**asdict(fit.quality), "memory": None if memory is None else asdict(memory)}}
 
 
 class Recalibrator:
@@ -203,7 +241,8 @@ class Recalibrator:
         state = self.revisions.state(epoch_id)
         measured_steps = self.measurements.measured_steps(epoch_id)
         groups = recent(self.measurements.groups(epoch_id), FIT_WINDOW_STEPS)
-        records = observations(groups, self._plans(epoch_id, {g.step for g in groups}))
+        plans = self._plans(epoch_id, {g.step for g in groups})
+        records, peaks = observations(groups, plans), peak_observations(groups, plans)
         if not records:
             return None
         base_name, start_rev = split_ref(record.spec["cost_model_id"])  # an epoch may start at id@rev
@@ -211,7 +250,8 @@ class Recalibrator:
         prior = self._scales(base.id, state.current_rev or start_rev)
         cluster_json = ClusterSpec.model_validate(record.spec["cluster"]).model_dump_json()
         future: Future[dict[str, Any]] = self.pool.submit_with_deadline(
-            FIT_DEADLINE_S, fit_revision_task, base.model_dump_json(), cluster_json, records, prior.as_dict())
+            FIT_DEADLINE_S, fit_revision_task, base.model_dump_json(), cluster_json, records, prior.as_dict(),
+            peaks)
         result = future.result()
         scales = TermScales(**result["scales"])
         quality = result["quality"]
@@ -223,8 +263,9 @@ class Recalibrator:
 
         revision = self.revisions.add_revision(base, make_file=make_file, scales=scales.as_dict(),
                                                fit=quality, source_epoch=epoch_id)
-        logger.info("epoch %s: cost model %s, factors %s, held-out MAPE %s -> %s", epoch_id, revision.ref,
-                    scales.as_dict(), quality["heldout_mape_before"], quality["heldout_mape_after"])
+        logger.info("epoch %s: cost model %s, factors %s, held-out MAPE %s -> %s; memory %s", epoch_id,
+                    revision.ref, scales.as_dict(), quality["heldout_mape_before"], quality["heldout_mape_after"],
+                    quality["memory"])
         if self.term_ratio is not None:
             for term in TERMS:
                 self.term_ratio.labels(base.id, term).set(1.0 / getattr(scales, term))

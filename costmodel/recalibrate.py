@@ -38,6 +38,9 @@ from costmodel.specs import Sample
 
 TERMS = ("compute", "attention", "alltoall", "overhead")
 """The terms a micro-batch's time splits into, in column order."""
+PER_TOKEN_BYTES = ("bytes_per_token_layer_none", "bytes_per_token_layer_full", "working_bytes_per_token",
+                   "transient_bytes_per_token", "head_transient_bytes_per_token")
+"""The activation coefficients that ``TermScales.activation`` multiplies."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -52,25 +55,28 @@ class TermScales:
     """Factor on the all-to-all times (latency times it, bandwidth divided by it)."""
     overhead: float = 1.0
     """Factor on the fixed costs (per layer call, per sample, per micro-batch)."""
+    activation: float = 1.0
+    """Factor on the memory a micro-batch needs per token (activations kept, working sets); not
+    a time term: fitted from measured step peaks (:mod:`costmodel.recalibrate_memory`)."""
 
     def __post_init__(self) -> None:
-        for name in TERMS:
+        for name in (*TERMS, "activation"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"scale {name}={value} must be finite and positive")
 
     def as_array(self) -> NDArray[np.float64]:
-        """The factors in ``TERMS`` order."""
+        """The time factors in ``TERMS`` order."""
         return np.array([getattr(self, name) for name in TERMS], dtype=np.float64)
 
     def as_dict(self) -> dict[str, float]:
-        """The factors by term name."""
-        return {name: float(getattr(self, name)) for name in TERMS}
+        """Every factor by name (the time terms and ``activation``)."""
+        return {name: float(getattr(self, name)) for name in (*TERMS, "activation")}
 
     @classmethod
-    def from_array(cls, values: Sequence[float] | NDArray[np.float64]) -> TermScales:
-        """Factors in ``TERMS`` order."""
-        return cls(**{name: float(v) for name, v in zip(TERMS, values, strict=True)})
+    def from_array(cls, values: Sequence[float] | NDArray[np.float64], *, activation: float = 1.0) -> TermScales:
+        """Time factors in ``TERMS`` order, and the memory factor."""
+        return cls(**{name: float(v) for name, v in zip(TERMS, values, strict=True)}, activation=activation)
 
 
 def _scaled_terms(terms: LayerTimeTerms, scales: TermScales) -> LayerTimeTerms:
@@ -105,6 +111,8 @@ def scale_file(file: CostModelFile, scales: TermScales, *, new_id: str | None = 
                 for f in file.comm.alltoall]
     data = file.model_dump(mode="json")
     data["compute"] = compute.model_dump(mode="json")
+    for key in PER_TOKEN_BYTES:  # the bytes that grow with the tokens; the fixed ones stay
+        data["activation"][key] = data["activation"][key] * scales.activation
     data["comm"]["alltoall"] = [f.model_dump(mode="json") for f in alltoall]
     data["id"] = new_id or file.id
     if note:
@@ -242,4 +250,4 @@ def fit_scales(terms_s: NDArray[np.float64], measured_s: NDArray[np.float64], *,
         train_mape_before=_mape(t_train @ base, m_train), train_mape_after=_mape(t_train @ fitted, m_train),
         num_points=int(train.sum()), num_heldout=int(held.sum()),
         active_terms=tuple(name for name, a in zip(TERMS, active, strict=True) if a))
-    return ScaleFit(scales=TermScales.from_array(fitted), quality=quality)
+    return ScaleFit(scales=TermScales.from_array(fitted, activation=prior.activation), quality=quality)

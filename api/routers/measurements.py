@@ -89,8 +89,10 @@ class RevisionOut(BaseModel):
 
     ref: str = Field(description="id@rev.")
     rev: int = Field(description="Revision number (>= 1; 0 is the original file).")
-    scales: dict[str, float] = Field(description="Factor per term applied to the original file.")
-    fit: dict[str, Any] = Field(description="Fit quality: held-out and training MAPE before/after.")
+    scales: dict[str, float] = Field(description="Factor per term applied to the original file: the time "
+                                                 "terms and `activation`, the factor on the bytes per token.")
+    fit: dict[str, Any] = Field(description="Fit quality: held-out and training MAPE before/after; `memory`: the "
+                                            "bytes factor's fit on measured step peaks (null without peaks).")
     source_epoch: str | None = Field(description="Epoch whose measurements it was fitted on.")
     created_at: float = Field(description="Unix time.")
 

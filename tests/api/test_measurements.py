@@ -10,7 +10,10 @@ from fastapi.testclient import TestClient
 
 from api.measurements_store import MeasurementStore, RankMeasurement
 from api.store import PlanStore
-from planner.plan import Plan, RankPlan
+from costmodel.evaluate import CostModel
+from costmodel.presets import load_cluster
+from costmodel.schema import CostModelFile
+from planner.plan import GroupPlan, Plan, RankPlan
 
 from .conftest import AUTH, COST_MODEL, FAST, manifest_lines
 
@@ -120,6 +123,61 @@ def test_recalibration_publishes_a_revision_and_replans_only_unfetched_steps(cli
     metrics = client.get("/metrics").text
     assert 'dcp_epoch_cost_model_revision{epoch_id="r1"} 1.0' in metrics
     assert "dcp_cost_model_term_ratio" in metrics
+
+
+def _group_peak_bytes(model: CostModel, group: GroupPlan) -> float:
+    return max(model.microbatch_peak_bytes([ps.sample for ps in mb.samples], group_size=group.size,
+                                           recompute_layers=[ps.recompute_layers for ps in mb.samples])
+               for mb in group.micro_batches)
+
+
+def test_measured_peaks_recalibrate_the_memory_model_and_replanned_steps_use_it(client: TestClient) -> None:
+    """Ranks (CUDA ones) report each step's peak: the service fits the factor on the bytes per
+    token, the revision carries it, and re-planned steps keep their groups under it."""
+    _epoch(client, "p1")
+    views = {(s, r): _view(client, "p1", s, r) for s in range(2) for r in range(8)}  # freezes 0..1
+    assert client.post("/v1/epochs/p1/recalibration", json={"follow": True, "every_steps": 2},
+                       headers=AUTH).status_code == 200
+    base = CostModelFile.model_validate(client.get(f"/v1/cost-models/{COST_MODEL}").json())
+    act = base.activation
+    # The truth: every per-token byte 1.5x what the model says (written out here, field by field).
+    truth_file = base.model_copy(update={"activation": act.model_copy(update={
+        key: getattr(act, key) * 1.5 for key in ("bytes_per_token_layer_none", "bytes_per_token_layer_full",
+                                                 "working_bytes_per_token", "transient_bytes_per_token",
+                                                 "head_transient_bytes_per_token")})})
+    truth = CostModel(file=truth_file, cluster=load_cluster("h200x8"))
+    steps = []
+    for view in views.values():
+        measured = _measured(view, 1.0)
+        if view.group.micro_batches:
+            measured["peak_bytes"] = int(_group_peak_bytes(truth, view.group))
+        steps.append(measured)
+    assert client.post("/v1/epochs/p1/measurements", json={"steps": steps}, headers=AUTH).json()["stored"] == 16
+    deadline = time.monotonic() + 60
+    report: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        report = client.get("/v1/epochs/p1/recalibration").json()
+        if report["revisions"] and not report["busy"]:
+            break
+        time.sleep(0.05)
+    revision = report["revisions"][0]
+    memory = revision["fit"]["memory"]
+    assert memory["fitted"] and memory["num_points"] > 0, memory
+    assert math.isclose(revision["scales"]["activation"], 1.5, rel_tol=1e-6), revision
+    assert memory["max_under_before"] > 0.05 and memory["max_under_after"] <= 1e-6
+    file = CostModelFile.model_validate(client.get(f"/v1/cost-models/{COST_MODEL}/revisions/1").json())
+    assert math.isclose(file.activation.bytes_per_token_layer_none, 1.5 * act.bytes_per_token_layer_none,
+                        rel_tol=1e-6)
+    assert file.activation.fixed_working_bytes == act.fixed_working_bytes  # the fixed bytes stay
+    cap = truth.cluster.memory_cap_bytes
+    for step in range(2, 6):
+        plan, _ = _plan(client, "p1", step)
+        assert plan.cost_model_id == f"{COST_MODEL}@1"
+        for group in plan.groups:
+            if group.micro_batches:
+                # the plan's own peak is the truth's, and under the cap
+                assert math.isclose(group.predicted_peak_mem_bytes, _group_peak_bytes(truth, group), rel_tol=1e-6)
+                assert group.predicted_peak_mem_bytes <= cap
 
 
 def test_oldest_measurements_are_folded_per_group_not_lost(tmp_path: Any) -> None:
