@@ -100,6 +100,32 @@ class PlanMeasurementStore:
                                 "predicted_s": mb.predicted_time_s, "measured_s": measured})
         return out
 
+    def peak_records(self, cost_model_id: str, *, max_plans: int = 256) -> list[dict[str, Any]]:
+        """Measured group peaks of the newest ``max_plans`` plans of a cost model (the largest of
+        each group's reporting ranks; groups whose ranks reported none are left out), in
+        ``api.recalibration.peak_observations``' form."""
+        conn = self.store._conn()
+        plans = conn.execute("SELECT digest, plan FROM measured_plans WHERE cost_model_id=? "
+                             "ORDER BY received_at DESC, digest LIMIT ?", (cost_model_id, max_plans)).fetchall()
+        out: list[dict[str, Any]] = []
+        for index, row in enumerate(reversed(plans)):
+            peaks: dict[int, float] = {}
+            for m in conn.execute("SELECT first_rank, peak_bytes FROM plan_measurements WHERE digest=? AND "
+                                  "peak_bytes IS NOT NULL", (row["digest"],)):
+                peaks[m["first_rank"]] = max(peaks.get(m["first_rank"], 0.0), float(m["peak_bytes"]))
+            if not peaks:
+                continue
+            plan = Plan.model_validate_json(row["plan"])
+            for group in plan.groups:
+                if group.first_rank in peaks and group.micro_batches:
+                    out.append({"step": index, "first_rank": group.first_rank, "group_size": group.size,
+                                "micro_batches": [
+                                    {"samples": [ps.sample.model_dump(exclude_none=True) for ps in mb.samples],
+                                     "policies": [ps.recompute_layers for ps in mb.samples]}
+                                    for mb in group.micro_batches],
+                                "peak_bytes": peaks[group.first_rank]})
+        return out
+
     def cluster_json(self, cost_model_id: str) -> str | None:
         """The cluster of the newest measured plan of a cost model (for evaluating the model)."""
         row = self.store._conn().execute("SELECT cluster FROM measured_plans WHERE cost_model_id=? "

@@ -284,6 +284,7 @@ class Recalibrator:
             The revision, or None when no one-off plan of the model was measured.
         """
         records = self.plan_measurements.records(cost_model_id)
+        peaks = self.plan_measurements.peak_records(cost_model_id)
         cluster_json = self.plan_measurements.cluster_json(cost_model_id)
         if not records or cluster_json is None:
             return None
@@ -291,7 +292,8 @@ class Recalibrator:
         latest = self.revisions.latest(base.id)
         prior = TermScales(**latest.scales) if latest is not None else TermScales()
         future: Future[dict[str, Any]] = self.pool.submit_with_deadline(
-            FIT_DEADLINE_S, fit_revision_task, base.model_dump_json(), cluster_json, records, prior.as_dict())
+            FIT_DEADLINE_S, fit_revision_task, base.model_dump_json(), cluster_json, records, prior.as_dict(),
+            peaks)
         result = future.result()
         scales, quality = TermScales(**result["scales"]), result["quality"]
 

@@ -164,3 +164,25 @@ def server_factory(tmp_path: Path) -> Iterator[Any]:
     yield make
     for server in servers:
         server.stop()
+
+
+def bytes_truth(client: Any, factor: float, cluster: str = "h200x8") -> Any:
+    """The served ``COST_MODEL`` with every per-token byte coefficient times ``factor``, written
+    out field by field (not through ``costmodel.recalibrate.scale_file``), as a ``CostModel``."""
+    from costmodel.evaluate import CostModel
+    from costmodel.presets import load_cluster
+    from costmodel.schema import CostModelFile
+
+    base = CostModelFile.model_validate(client.get(f"/v1/cost-models/{COST_MODEL}").json())
+    act = base.activation
+    scaled = act.model_copy(update={key: getattr(act, key) * factor for key in (
+        "bytes_per_token_layer_none", "bytes_per_token_layer_full", "working_bytes_per_token",
+        "transient_bytes_per_token", "head_transient_bytes_per_token")})
+    return CostModel(file=base.model_copy(update={"activation": scaled}), cluster=load_cluster(cluster))
+
+
+def group_peak_bytes(model: Any, group: Any) -> float:
+    """The model's peak of a ``GroupPlan``: the largest of its micro-batches'."""
+    return float(max(model.microbatch_peak_bytes([ps.sample for ps in mb.samples], group_size=group.size,
+                                                 recompute_layers=[ps.recompute_layers for ps in mb.samples])
+                     for mb in group.micro_batches))

@@ -10,12 +10,10 @@ from fastapi.testclient import TestClient
 
 from api.measurements_store import MeasurementStore, RankMeasurement
 from api.store import PlanStore
-from costmodel.evaluate import CostModel
-from costmodel.presets import load_cluster
 from costmodel.schema import CostModelFile
-from planner.plan import GroupPlan, Plan, RankPlan
+from planner.plan import Plan, RankPlan
 
-from .conftest import AUTH, COST_MODEL, FAST, manifest_lines
+from .conftest import AUTH, COST_MODEL, FAST, bytes_truth, group_peak_bytes, manifest_lines
 
 
 def _epoch(client: TestClient, epoch_id: str, *, num_samples: int = 48) -> dict[str, Any]:
@@ -125,12 +123,6 @@ def test_recalibration_publishes_a_revision_and_replans_only_unfetched_steps(cli
     assert "dcp_cost_model_term_ratio" in metrics
 
 
-def _group_peak_bytes(model: CostModel, group: GroupPlan) -> float:
-    return max(model.microbatch_peak_bytes([ps.sample for ps in mb.samples], group_size=group.size,
-                                           recompute_layers=[ps.recompute_layers for ps in mb.samples])
-               for mb in group.micro_batches)
-
-
 def test_measured_peaks_recalibrate_the_memory_model_and_replanned_steps_use_it(client: TestClient) -> None:
     """Ranks (CUDA ones) report each step's peak: the service fits the factor on the bytes per
     token, the revision carries it, and re-planned steps keep their groups under it."""
@@ -138,19 +130,13 @@ def test_measured_peaks_recalibrate_the_memory_model_and_replanned_steps_use_it(
     views = {(s, r): _view(client, "p1", s, r) for s in range(2) for r in range(8)}  # freezes 0..1
     assert client.post("/v1/epochs/p1/recalibration", json={"follow": True, "every_steps": 2},
                        headers=AUTH).status_code == 200
-    base = CostModelFile.model_validate(client.get(f"/v1/cost-models/{COST_MODEL}").json())
-    act = base.activation
-    # The truth: every per-token byte 1.5x what the model says (written out here, field by field).
-    truth_file = base.model_copy(update={"activation": act.model_copy(update={
-        key: getattr(act, key) * 1.5 for key in ("bytes_per_token_layer_none", "bytes_per_token_layer_full",
-                                                 "working_bytes_per_token", "transient_bytes_per_token",
-                                                 "head_transient_bytes_per_token")})})
-    truth = CostModel(file=truth_file, cluster=load_cluster("h200x8"))
+    truth = bytes_truth(client, 1.5)  # every per-token byte 1.5x what the model says
+    act = CostModelFile.model_validate(client.get(f"/v1/cost-models/{COST_MODEL}").json()).activation
     steps = []
     for view in views.values():
         measured = _measured(view, 1.0)
         if view.group.micro_batches:
-            measured["peak_bytes"] = int(_group_peak_bytes(truth, view.group))
+            measured["peak_bytes"] = int(group_peak_bytes(truth, view.group))
         steps.append(measured)
     assert client.post("/v1/epochs/p1/measurements", json={"steps": steps}, headers=AUTH).json()["stored"] == 16
     deadline = time.monotonic() + 60
@@ -176,7 +162,7 @@ def test_measured_peaks_recalibrate_the_memory_model_and_replanned_steps_use_it(
         for group in plan.groups:
             if group.micro_batches:
                 # the plan's own peak is the truth's, and under the cap
-                assert math.isclose(group.predicted_peak_mem_bytes, _group_peak_bytes(truth, group), rel_tol=1e-6)
+                assert math.isclose(group.predicted_peak_mem_bytes, group_peak_bytes(truth, group), rel_tol=1e-6)
                 assert group.predicted_peak_mem_bytes <= cap
 
 

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from planner.plan import Plan
 
-from .conftest import AUTH, COST_MODEL, FAST
+from .conftest import AUTH, COST_MODEL, FAST, bytes_truth, group_peak_bytes
 
 
 def _plan(client: TestClient, seed: int, model: str = COST_MODEL) -> dict[str, Any]:
@@ -63,6 +63,7 @@ def test_one_off_plan_measurements_give_a_revision_that_plans(client: TestClient
     assert body["ref"] == f"{COST_MODEL}@1" and body["source_epoch"] is None
     assert math.isclose(body["scales"]["compute"], 3.0, rel_tol=0.1)
     assert body["fit"]["heldout_mape_before"] > 0.6 and body["fit"]["heldout_mape_after"] < 0.05
+    assert body["fit"]["memory"] is None and body["scales"]["activation"] == 1.0  # no rank sent a peak
     again = _plan(client, 0, model=f"{COST_MODEL}@1")
     assert again["plan"]["cost_model_id"] == f"{COST_MODEL}@1"
     assert again["plan"]["predicted_step_time_s"] > 2.5 * plan["predicted_step_time_s"]
@@ -95,3 +96,25 @@ def test_one_off_plan_measurements_give_a_revision_that_plans(client: TestClient
     assert report["by_revision"][0]["mape"] < 1e-6  # @1 predicted these steps exactly
     assert all(math.isclose(v, w, rel_tol=0.05) for v, w in zip(report["revisions"][1]["scales"].values(),
                                                                   body["scales"].values(), strict=True))
+
+
+def test_one_off_plans_with_peaks_refit_the_bytes_per_token(client: TestClient) -> None:
+    truth = bytes_truth(client, 1.25)
+    for seed in range(3):
+        made = _plan(client, seed)
+        plan = Plan.model_validate(made["plan"])
+        ranks = _ranks(made["plan"], made["digest"], 1.0)
+        peaks = {r: group_peak_bytes(truth, g) for g in plan.groups if g.micro_batches for r in g.ranks}
+        for rank in ranks:
+            rank["peak_bytes"] = int(peaks[rank["rank"]]) if rank["rank"] in peaks else None
+        assert client.post("/v1/plans/measurements", json={"plan": made["plan"], "cluster": "h200x8",
+                                                           "ranks": ranks}, headers=AUTH).status_code == 200
+    revision = client.post(f"/v1/cost-models/{COST_MODEL}/recalibrate", headers=AUTH)
+    assert revision.status_code == 201, revision.text
+    body = revision.json()
+    assert body["fit"]["memory"]["fitted"], body["fit"]
+    assert math.isclose(body["scales"]["activation"], 1.25, rel_tol=1e-6)
+    again = Plan.model_validate(_plan(client, 0, model=f"{COST_MODEL}@1")["plan"])
+    for group in again.groups:
+        if group.micro_batches:
+            assert math.isclose(group.predicted_peak_mem_bytes, group_peak_bytes(truth, group), rel_tol=1e-6)
