@@ -29,7 +29,7 @@ def lpt_draft(table: CostTable, *, group_size: int) -> Draft | None:
     cls = table.classes.class_of
     time_j = table.column(j)[4]
     times = [time_j[c] for c in cls]
-    if any(t == float("inf") for t in times):
+    if float("inf") in times:  # (== on floats: NaN never matches, as with any(t == inf))
         return None
     num_work = table.cost_model.cluster.num_gpus // group_size
     heap = [(0.0, g) for g in range(num_work)]  # (seconds so far, group)

@@ -66,7 +66,10 @@ def kmin_layout(table: CostTable, j: int, members: Sequence[int]) -> Layout:
 
 def layout_time_s(table: CostTable, j: int, layout: Layout) -> float:
     """Time of a group's micro-batches under the search's cost rows (aligned placement)."""
-    col = _column(table, j)
+    return _layout_time_s(_column(table, j), layout)
+
+
+def _layout_time_s(col: _Column, layout: Layout) -> float:
     cls, t0, r = col.cls, col.t0, col.r
     total = 0.0
     for mb in layout:
@@ -85,7 +88,11 @@ def microbatch_policies(table: CostTable, j: int, members: Sequence[int]
     The result depends on ``members`` in their order (sums run in it), and the layouts of one
     batch re-price the same micro-batches many times: memoised per table on the sequence.
     """
-    col = _column(table, j)
+    return _policies(_column(table, j), members)
+
+
+def _policies(col: _Column, members: Sequence[int]) -> tuple[float, list[tuple[int, int]]] | None:
+    """``microbatch_policies`` on a column (memoised in it)."""
     if len(members) == 1:  # a sample alone: the result depends on its class only
         i = members[0]
         c = col.cls[i]
@@ -195,12 +202,10 @@ def _microbatch_policies(col: _Column, members: Sequence[int]
     return best
 
 
-def _balanced_split(table: CostTable, j: int, members: Sequence[int], count: int
-                    ) -> list[list[int]]:
+def _balanced_split(col: _Column, members: Sequence[int], count: int) -> list[list[int]]:
     """``count`` micro-batches: ``members`` (largest ``k = 0`` bytes first) each into the one
     holding fewest bytes."""
-    cls = table.classes.class_of
-    m0 = table.column(j)[2]
+    cls, m0 = col.cls, col.m0
     heap = [(0.0, pos) for pos in range(count)]
     out: list[list[int]] = [[] for _ in range(count)]
     for i in members:
@@ -236,13 +241,14 @@ _LAYOUTS: weakref.WeakKeyDictionary[CostTable, dict[tuple[int, tuple[int, ...]],
 
 
 def _intra_layout(table: CostTable, j: int, members: Sequence[int]) -> tuple[float, Layout]:
+    col = _column(table, j)
     base = kmin_layout(table, j, members)
-    best_s, best = layout_time_s(table, j, base), base
+    best_s, best = _layout_time_s(col, base), base
     # The k_min split with its policies re-chosen per micro-batch (kept when cheaper).
     refit: Layout = []
     refit_s = 0.0
     for kmin_mb in base:
-        res = microbatch_policies(table, j, [i for i, _ in kmin_mb])
+        res = _policies(col, [i for i, _ in kmin_mb])
         if res is None:
             refit = []
             break
@@ -254,15 +260,14 @@ def _intra_layout(table: CostTable, j: int, members: Sequence[int]) -> tuple[flo
     if refit and refit_s < best_s:
         best_s, best = refit_s, refit
     previous = best_s
-    cls = table.classes.class_of
-    m0 = table.column(j)[2]
+    cls, m0 = col.cls, col.m0
     by_bytes = sorted(members, key=lambda i: (-m0[cls[i]], i))
     for count in range(len(base) - 1, 0, -1):
-        split = _balanced_split(table, j, by_bytes, count)
+        split = _balanced_split(col, by_bytes, count)
         total = 0.0
         layout: Layout = []
         for mb in split:
-            res = microbatch_policies(table, j, mb)
+            res = _policies(col, mb)
             if res is None:
                 total = math.inf
                 break
