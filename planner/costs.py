@@ -161,12 +161,12 @@ class CostTable:
     def _fill_size(self, j: int, d: int) -> None:
         cm, c = self.cost_model, self.classes
         layers = self.num_layers
-        act0 = cm.activation_bytes(c.tokens, group_size=d, recompute_layers=0)
-        act_full = cm.activation_bytes(c.tokens, group_size=d, recompute_layers=layers)
+        # Bytes at k = 0, L and 1 in one evaluation (rows of a broadcast: the same numbers).
+        act0, act_full, act1 = cm.activation_bytes(
+            c.tokens, group_size=d, recompute_layers=np.array([[0.0], [layers], [1.0]]))
         k = np.zeros(len(c.tokens), dtype=np.int64)
         need = act0 > self.budget_bytes
         if need.any() and layers >= 1:
-            act1 = cm.activation_bytes(c.tokens, group_size=d, recompute_layers=1)
             slope = (act1 - act_full) / max(layers - 1, 1)  # bytes saved per extra layer
             with np.errstate(divide="ignore", invalid="ignore"):
                 est = np.where(slope > 0, np.ceil((act1 - self.budget_bytes) / slope) + 1, 1)
@@ -188,13 +188,10 @@ class CostTable:
                 k = np.where(down, lower, k)
         act = cm.activation_bytes(c.tokens, group_size=d, recompute_layers=k)
         ok = act <= self.budget_bytes
-        t = cm.sample_time_s(c.tokens, group_size=d, recompute_layers=k, frames=c.frames,
-                             spatial=c.spatial)
-        t0 = cm.sample_time_s(c.tokens, group_size=d, recompute_layers=0, frames=c.frames,
-                              spatial=c.spatial)
-        t1 = cm.sample_time_s(c.tokens, group_size=d, recompute_layers=1, frames=c.frames,
-                              spatial=c.spatial)
-        act1 = cm.activation_bytes(c.tokens, group_size=d, recompute_layers=1)
+        # Seconds at k_min, 0 and 1 in one evaluation.
+        t, t0, t1 = cm.sample_time_s(
+            c.tokens, group_size=d, frames=c.frames, spatial=c.spatial,
+            recompute_layers=np.stack([k.astype(np.float64), np.zeros(len(k)), np.ones(len(k))]))
         self.k_min[:, j] = np.where(ok, k, -1)
         self.time_s[:, j] = np.where(ok, t, INF)
         self.mem_bytes[:, j] = np.where(ok, act, INF)
