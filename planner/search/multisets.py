@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import bisect
+import math
 import weakref
 
 import numpy as np
@@ -47,9 +48,10 @@ def candidate_multisets(table: CostTable, *, makespan_s: float, limit: int) -> l
         seen.add(key)
         out.append(list(key))
 
+    time_o = table.time_s + o
     for factor in (1.0, 1.02, 1.05, 1.1, 1.2, 1.35, 1.6, 2.0, 3.0):
         deadline = makespan_s * factor
-        ok = table.time_s + o <= deadline * (1 + _EPS)
+        ok = time_o <= deadline * (1 + _EPS)
         choice = np.where(ok, area, np.inf).argmin(axis=1)
         rows = np.arange(len(choice))
         keep = np.isfinite(area[rows, choice])
@@ -84,26 +86,28 @@ def _round_groups(groups: np.ndarray, sizes: list[int], n: int, *, ceil_largest:
     sizes are rounded down and the largest remainders get the spare ranks.
     """
     # at most n groups of any size: a tiny deadline (or an extreme cost model) can ask for 1e300
-    groups = np.clip(np.nan_to_num(np.asarray(groups, dtype=np.float64), nan=0.0, posinf=n), 0.0, n)
-    whole = np.floor(groups + 1e-9).astype(int)
+    # (then plain lists: a handful of sizes, where numpy scalars cost most; the same floats).
+    frac: list[float] = np.clip(np.nan_to_num(np.asarray(groups, dtype=np.float64), nan=0.0,
+                                              posinf=n), 0.0, n).tolist()
+    whole = [math.floor(g + 1e-9) for g in frac]
     if ceil_largest:
         used = 0
         for j in sorted(range(len(sizes)), key=lambda j: -sizes[j]):
-            want = int(np.ceil(groups[j] - 1e-9))
+            want = math.ceil(frac[j] - 1e-9)
             take = min(want, (n - used) // sizes[j])
             whole[j] = take
             used += take * sizes[j]
-    used = int((whole * np.asarray(sizes)).sum())
+    used = sum(w * d for w, d in zip(whole, sizes, strict=True))
     while used > n:  # can only happen through rounding noise
-        j = int(np.argmax(whole > 0))
+        j = next((j for j, w in enumerate(whole) if w > 0), 0)
         whole[j] -= 1
         used -= sizes[j]
-    rest = groups - whole
+    rest = [g - w for g, w in zip(frac, whole, strict=True)]
     for j in sorted(range(len(sizes)), key=lambda j: (-rest[j], -sizes[j])):
         if rest[j] > 1e-9 and used + sizes[j] <= n:
             whole[j] += 1
             used += sizes[j]
-    multiset = [d for j, d in enumerate(sizes) for _ in range(int(whole[j]))]
+    multiset = [d for j, d in enumerate(sizes) for _ in range(whole[j])]
     filler = fill_ranks(n - used, sizes)
     if filler is None:
         return None
