@@ -1,6 +1,6 @@
 """Fitter of the collectives for ``costmodel.fit``: per op, placement, group size and node count.
 
-The form is ``alpha*steps + wire/bandwidth`` (``costmodel.evaluate.collective_time_s``), so a
+The form is ``alpha*steps + wire/bandwidth`` (``costmodel.collectives.collective_time_s``), so a
 fitted link reproduces the records it was fitted on. numpy only: the service fits without torch.
 """
 
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from costmodel.evaluate import latency_steps, wire_bytes
+from costmodel.collectives import latency_steps, wire_bytes
 from costmodel.fit_terms import FloatArray, SplitConfig, TermResult, fit_linear_term, mape, split_indices, timing
 from costmodel.profiling.format import CommRecord
 from costmodel.schema import LinkFit

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from costmodel.specs import DDP_DEFAULT_BUCKET_BYTES, ClusterSpec, ModelSpec
 
 if TYPE_CHECKING:
-    from costmodel.evaluate import Collective
+    from costmodel.collectives import Collective
 
 DDP_DEFAULT_FIRST_BUCKET_BYTES = 1024 * 1024
 """``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``: DDP's first bucket at its default cap."""
@@ -47,7 +47,7 @@ class SyncCalls:
     """Calls of one collective in a step's gradient sync, over the whole world."""
 
     op: Collective
-    """The collective (timed by ``costmodel.evaluate.collective_time_s``)."""
+    """The collective (timed by ``costmodel.collectives.collective_time_s``)."""
     num_calls: int
     """Calls per step, each paying the collective's latency."""
     bytes_per_rank: float

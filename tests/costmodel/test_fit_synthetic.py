@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from costmodel.evaluate import CostModel, collective_time_s
+from costmodel.collectives import collective_time_s
+from costmodel.evaluate import CostModel
 from costmodel.fit import FitConfig, FitRefusedError, fit_profiles, relative_nnls, split_indices
 from costmodel.fit_terms import mape
 from costmodel.presets import load_cluster, load_model
