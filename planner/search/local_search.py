@@ -9,6 +9,7 @@ packs a group first-fit-decreasing when that needs fewer micro-batches.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -245,6 +246,11 @@ def _swap(table: CostTable, groups: list[GroupState], top: int, load: np.ndarray
     return False
 
 
+_SPILL_SCAN_GROUPS = 256
+"""Worlds of up to this many groups spill an ejection's overflow with a plain scan (numpy's
+per-call cost dominates there); larger ones score every group at once."""
+
+
 def _eject(table: CostTable, groups: list[GroupState], load: np.ndarray,
            refresh: Callable[[int], None], *, max_classes: int = 4, max_per_size: int = 3,
            max_overflow_tries: int = 6, max_givers: int = 64) -> list[int] | None:
@@ -349,22 +355,34 @@ def _eject(table: CostTable, groups: list[GroupState], load: np.ndarray,
         col_g = cols[g]
         own = sorted((rows[cls[i]][col_g], i) for mb in groups[g].mbs for i in mb
                      if i not in moved)
-        # Every other group's finish with the sample at once (the same float sums as a scan
-        # in group order; argmin keeps the lowest index among equal finishes).
+        # The least loaded other group that stays under the makespan with the sample: every
+        # group's finish at once with numpy in large worlds, a plain scan in small ones (the
+        # same float sums in group order; the lowest index among equal finishes).
         extra = np.zeros(len(groups))
+        extra_l = [0.0] * len(groups)
         spill: Moves = []
         for t_g, i in own:
             if new_g <= cap:
                 break
             row = rows[cls[i]]
-            finish = load + extra + table.time_s[cls[i], col_of]
-            finish[[h, g]] = np.inf
-            finish[~(finish <= cap)] = np.inf
-            k_best = int(np.argmin(finish))
-            if finish[k_best] == np.inf:
-                continue
+            if len(groups) <= _SPILL_SCAN_GROUPS:
+                k_best, f_best = -1, math.inf
+                for k in range(len(groups)):
+                    f = loads[k] + extra_l[k] + row[cols[k]]
+                    if f <= cap and f < f_best and k != h and k != g:
+                        k_best, f_best = k, f
+                if k_best < 0:
+                    continue
+            else:
+                finish = load + extra + table.time_s[cls[i], col_of]
+                finish[[h, g]] = np.inf
+                finish[~(finish <= cap)] = np.inf
+                k_best = int(np.argmin(finish))
+                if finish[k_best] == np.inf:
+                    continue
             t_k = row[cols[k_best]]
             extra[k_best] += t_k
+            extra_l[k_best] += t_k
             new_g -= t_g
             area += sizes[k_best] * t_k - sizes[g] * t_g
             spill.append((i, g, k_best))

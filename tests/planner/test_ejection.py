@@ -135,3 +135,23 @@ def test_search_settings_are_validated() -> None:
         PlannerConfig(max_resize_tries=-1)
     with pytest.raises(ValueError, match="deep_search_min_gap"):
         PlannerConfig(deep_search_min_gap=-0.1)
+
+
+def test_ejection_spill_scan_and_vector_paths_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small worlds spill an ejection's overflow with a plain scan, large ones with numpy: the
+    same moves either way (the same sums, the lowest index among equal finishes)."""
+    import planner.search.local_search as ls
+
+    _, cluster, cmf, samples = _video_short_step5()
+
+    def ejected(scan_max_groups: int) -> list[tuple[int, list[list[int]], float]]:
+        monkeypatch.setattr(ls, "_SPILL_SCAN_GROUPS", scan_max_groups)
+        table = prepare(samples, cluster=cluster, cost_model=cmf, config=PlannerConfig()).table
+        order = _order(table)
+        groups = lpt(table, [16, 8] + [1] * 8, order,
+                     runs=bucket_runs(table, order, tolerance=0.0))
+        assert groups is not None
+        local_search(table, groups, max_moves=2000, max_ejections=8)
+        return [(g.first_rank, g.mbs, g.load_s) for g in groups]
+
+    assert ejected(0) == ejected(10_000)
