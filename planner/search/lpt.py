@@ -94,9 +94,11 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
                     t = t_row[j]
                     if t == inf:
                         continue
-                    m, o = m_row[j], overhead[j]
                     lst = by_load[j]
                     p = bisect_right(lst, (target_s - t, inf))
+                    if not p:
+                        continue  # every group of this size is past the target already
+                    m, o = m_row[j], overhead[j]
                     best_f = -inf
                     low = p - 1 - SCAN
                     for idx in range(p - 1, low if low > -1 else -1, -1):
