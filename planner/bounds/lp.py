@@ -14,7 +14,15 @@ how many groups of size ``d`` it has. Then
 3. ``sum_c t_c(d) * x[c, d] <= (T - o) * y[d]`` (each group's samples take at least their
    ``t_c(d)``, and a group with work pays ``o`` at least once);
 4. for ``k = 1, 2, 3``: ``sum over c with t_c(d) > (T - o)/(k + 1) of x[c, d] <= k * y[d]``
-   (``k + 1`` such samples in one group would exceed ``T - o``).
+   (``k + 1`` such samples in one group would exceed ``T - o``);
+5. ``sum_c u_c(d) * x[c, d] <= T * y[d]`` with ``u_c(d) = min_k (t_ck(d) + o * a_ck(d) / B)``
+   over the policies ``k`` that fit: ``B`` is a rank's activation budget and ``t_ck``, ``a_ck``
+   a class-``c`` sample's time and activation bytes under policy ``k``. A micro-batch holds at
+   most ``B`` bytes, so a group whose samples need ``A`` bytes runs at least ``A / B``
+   micro-batches and pays ``o`` for each: its time is at least ``sum (t_ck + o * a_ck / B)``
+   over its samples at their policies. (3 charges one ``o`` per group and each sample its
+   fastest fitting policy; where memory makes a group choose between more micro-batches and
+   more recompute, as on short video samples, this one binds.)
 
 So the plan gives a feasible point of this LP (integral, hence fractional too; requiring
 whole ``y[d]`` keeps it a relaxation and tightens it): if the LP has
@@ -42,13 +50,41 @@ _MAX_SHARED = 3
 """Constraint 4 for ``k = 1 .. _MAX_SHARED``."""
 
 
-def lp_feasible(table: CostTable, deadline_s: float, *, integral_groups: bool = False) -> bool:
+def with_micro_batches_s(table: CostTable) -> np.ndarray:
+    """``u_c(d) = min_k (t_ck(d) + o * a_ck(d) / B)`` per class and size (constraint 5) over
+    the policies ``k`` under which the sample fits a rank alone; ``inf`` where none fits, and
+    zeros when the budget is not positive (no constraint)."""
+    cm = table.cost_model
+    budget = cm.activation_budget_bytes()
+    num_c, num_d = table.time_s.shape
+    if budget <= 0 or num_c == 0:
+        return np.zeros((num_c, num_d))
+    policies = np.arange(cm.num_layers + 1)[None, :]
+    classes = table.classes
+    tokens = np.asarray(classes.tokens, dtype=np.float64)[:, None]
+    frames = np.asarray(classes.frames, dtype=np.float64)[:, None]
+    spatial = np.asarray(classes.spatial, dtype=np.float64)[:, None]
+    out = np.full((num_c, num_d), np.inf)
+    for j, d in enumerate(table.sizes):
+        time_s = np.asarray(cm.sample_time_s(tokens, group_size=d, recompute_layers=policies, frames=frames,
+                                             spatial=spatial), dtype=np.float64)
+        bytes_ = np.asarray(cm.activation_bytes(tokens, group_size=d, recompute_layers=policies),
+                            dtype=np.float64)
+        cost = np.where(bytes_ <= budget, time_s + table.overhead_s * bytes_ / budget, np.inf)
+        out[:, j] = cost.min(axis=1)
+    return out
+
+
+def lp_feasible(table: CostTable, deadline_s: float, *, integral_groups: bool = False,
+                with_mb_s: np.ndarray | None = None) -> bool:
     """Whether the partition LP has a solution at compute makespan ``deadline_s``.
 
     ``integral_groups`` requires whole group counts ``y[d]`` (a small MIP, still a relaxation
-    of every plan, whose group counts are whole). Returns True when the solver cannot decide
-    (time limit, numerical trouble), so a caller never raises a bound on a failure.
+    of every plan, whose group counts are whole). ``with_mb_s``: :func:`with_micro_batches_s`
+    of the table (computed when not given). Returns True when the solver cannot decide (time
+    limit, numerical trouble), so a caller never raises a bound on a failure.
     """
+    with_mb = with_micro_batches_s(table) if with_mb_s is None else with_mb_s
     o = table.overhead_s
     cap = deadline_s - o
     if cap <= 0:
@@ -78,6 +114,18 @@ def lp_feasible(table: CostTable, deadline_s: float, *, integral_groups: bool = 
         vals += [np.append(time_s[cs[sel], js[sel]], -cap)]
         b_ub.append(0.0)
         row += 1
+    # Micro-batches that memory forces: sum_c (t_c(d) + o a_c(d) / B) x[c, d] - T y[d] <= 0.
+    if with_mb.any():
+        # (a class the table allows where no policy fits the budget alone keeps its time:
+        # weaker, never wrong)
+        u = np.where(np.isfinite(with_mb[cs, js]), with_mb[cs, js], time_s[cs, js])
+        for j in range(num_d):
+            sel = js == j
+            rows += [np.full(int(sel.sum()) + 1, row)]
+            cols += [np.append(x_ids[sel], num_x + j)]
+            vals += [np.append(u[sel], -deadline_s)]
+            b_ub.append(0.0)
+            row += 1
     # At most k samples longer than cap / (k + 1) per group.
     t_x = time_s[cs, js]
     for k in range(1, _MAX_SHARED + 1):
@@ -125,12 +173,13 @@ def partition_lp_bound(table: CostTable, *, lower_s: float, upper_s: float,
         return lower_s
     lo, hi = lower_s, upper_s
     probe = lower_s * (1 + 1e-3)
-    if probe >= hi or lp_feasible(table, probe, integral_groups=integral_groups):
+    with_mb = with_micro_batches_s(table)
+    if probe >= hi or lp_feasible(table, probe, integral_groups=integral_groups, with_mb_s=with_mb):
         return lo
     lo = probe
     for _ in range(iterations):
         mid = 0.5 * (lo + hi)
-        if lp_feasible(table, mid, integral_groups=integral_groups):
+        if lp_feasible(table, mid, integral_groups=integral_groups, with_mb_s=with_mb):
             hi = mid
         else:
             lo = mid

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 
 from costmodel.evaluate import CostModel
@@ -79,7 +80,7 @@ def test_partition_lp_bound_never_exceeds_the_optimum() -> None:
     rng = random.Random(2024)
     cmf = tiny_cost_model()
     config = PlannerConfig(use_cpsat=False, memory_safety_fraction=0.0)
-    raised = tighter = 0
+    raised = tighter = binds = 0
     cases = [([2400, 1300, 1250, 1200, 120, 90], 4, 2), ([1500, 1400, 1300, 300, 200], 4, 2),
              ([900, 850, 800, 60, 50], 2, 1)]
     for _ in range(9):
@@ -107,6 +108,9 @@ def test_partition_lp_bound_never_exceeds_the_optimum() -> None:
         assert bound * (1 - 1e-4) <= whole <= optimum_compute * (1 + 1e-9), (tokens, whole)
         raised += bound > lower * (1 + 1e-6)
         tighter += whole > bound * (1 + 1e-3)
+        # the micro-batches memory forces (constraint 5) are what holds the LP up just below it
+        without_5 = np.zeros_like(prep.table.time_s)
+        binds += bound > lower * (1 + 1e-6) and lp_feasible(prep.table, bound * (1 - 1e-6), with_mb_s=without_5)
         # And the plan reports it only as a true bound.
         plan = plan_batch(samples, cluster=cluster, cost_model=cmf,
                           config=PlannerConfig(use_cpsat=False, memory_safety_fraction=0.0,
@@ -115,3 +119,4 @@ def test_partition_lp_bound_never_exceeds_the_optimum() -> None:
         assert plan.lower_bound.value_s <= best * (1 + 1e-9), (tokens, plan.lower_bound)
     assert raised >= 1  # the LP is tighter than the other bounds on some instance
     assert tighter >= 1  # and whole group counts tighten it on some instance
+    assert binds >= 1  # and constraint 5 on some instance
