@@ -71,7 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lease = StoreLease(settings.db_path).acquire() if settings.store_lease else None
         store = PlanStore.open(settings.db_path, busy_timeout_s=settings.store_busy_timeout_s)
         registry = CostModelRegistry(store)
-        executor = SolverPool(settings.num_workers)
+        executor = SolverPool(settings.num_workers, nice=settings.worker_nice)
         metrics: Metrics = app.state.metrics
         metrics.plans_stored.set_function(lambda: float(store.num_plans()))
         job_executor: Executor = executor

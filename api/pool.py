@@ -61,10 +61,13 @@ def _watch_parent(parent_pid: int) -> None:
             os._exit(0)
 
 
-def init_worker(parent_pid: int, starts: Any = None) -> None:
-    """Pool-worker initializer: exit when the parent dies; import the planner up front."""
+def init_worker(parent_pid: int, starts: Any = None, nice: int = 0) -> None:
+    """Pool-worker initializer: exit when the parent dies; lower the priority by ``nice``;
+    import the planner up front."""
     global _STARTS
     _STARTS = starts
+    if nice > 0 and hasattr(os, "nice"):
+        os.nice(nice)
     threading.Thread(target=_watch_parent, args=(parent_pid,), name="parent-watch", daemon=True).start()
     import planner.planning  # noqa: F401  (the first task must not pay for the import)
 
@@ -94,23 +97,27 @@ def run_with_deadline(token: int, deadline_s: float, fn: Callable[..., T], /, *a
         raise DeadlineExceededError(f"stopped after its deadline of {deadline_s:.3g} s") from None
 
 
-def make_executor(num_workers: int, *, starts: Any = None) -> ProcessPoolExecutor:
-    """A pool of spawned processes (safe next to the server's threads) that exit with their parent."""
+def make_executor(num_workers: int, *, starts: Any = None, nice: int = 0) -> ProcessPoolExecutor:
+    """A pool of spawned processes (safe next to the server's threads) that exit with their
+    parent, each ``nice`` steps below the parent's priority."""
+    if not 0 <= nice <= 19:
+        raise ValueError(f"nice must be in [0, 19], got {nice}")
     return ProcessPoolExecutor(max_workers=num_workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=init_worker, initargs=(os.getpid(), starts))
+                               initializer=init_worker, initargs=(os.getpid(), starts, nice))
 
 
 class SolverPool(Executor):
     """An executor over a process pool that is recreated after it breaks."""
 
-    def __init__(self, num_workers: int, *, grace_s: float = 2.0) -> None:
+    def __init__(self, num_workers: int, *, grace_s: float = 2.0, nice: int = 0) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
         self.num_workers = num_workers
+        self.nice = nice
         self.grace_s = grace_s
         self._lock = threading.Lock()
         self._starts_queue = multiprocessing.get_context("spawn").SimpleQueue()
-        self._executor = make_executor(num_workers, starts=self._starts_queue)
+        self._executor = make_executor(num_workers, starts=self._starts_queue, nice=nice)
         self.num_replacements = 0
         self.num_deadline_kills = 0
         self._tokens = itertools.count()
@@ -131,7 +138,8 @@ class SolverPool(Executor):
                 if self._executor is executor:
                     logger.warning("solver pool broken (a worker died); starting a new one")
                     executor.shutdown(wait=False, cancel_futures=True)
-                    self._executor = make_executor(self.num_workers, starts=self._starts_queue)
+                    self._executor = make_executor(self.num_workers, starts=self._starts_queue,
+                                                   nice=self.nice)
                     self.num_replacements += 1
                 executor = self._executor
             return executor.submit(fn, *args, **kwargs)

@@ -32,6 +32,12 @@ class Settings(BaseSettings):
                            description="Server-side manifests must lie under this directory.")
     num_workers: int = Field(default_factory=_default_workers, ge=1,
                              description="Solver processes in the pool (epoch jobs use all of them).")
+    worker_nice: int = Field(
+        default=0, ge=0, le=19,
+        description="Niceness added to every solver process (Unix). On a host shared with "
+                    "training ranks (the service next to the job), 10 lets the ranks take the CPU "
+                    "first: epoch precompute, recalibration and re-planning then run in their gaps "
+                    "instead of stalling steps. 0 leaves them at the server's priority.")
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0,
                                 description="Largest accepted request body; larger gets 413.")
     max_samples_per_batch: int = Field(default=4096, gt=0, le=16384,

@@ -20,10 +20,11 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_service(tmp: Path, *, log: Path | None = None, workers: int = 1, timeout_s: float = 60.0
-                  ) -> tuple[subprocess.Popen[bytes], str]:
-    """Start ``dcp serve`` (no token, ``workers`` solver processes, store ``tmp/plans.sqlite``) and
-    wait until it is ready; returns the process and its base URL.
+def start_service(tmp: Path, *, log: Path | None = None, workers: int = 1, timeout_s: float = 60.0,
+                  env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``dcp serve`` (no token, ``workers`` solver processes, store ``tmp/plans.sqlite``,
+    ``env`` on top of this process's environment) and wait until it is ready; returns the
+    process and its base URL.
 
     Raises:
         RuntimeError: when it is not ready within ``timeout_s``.
@@ -33,7 +34,7 @@ def start_service(tmp: Path, *, log: Path | None = None, workers: int = 1, timeo
     proc = subprocess.Popen(
         [str(Path(sys.executable).with_name("dcp")), "serve", "--host", "127.0.0.1", "--port", str(port),
          "--db", str(tmp / "plans.sqlite"), "--workers", str(workers), "--log-level", "warning"],
-        stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "DCP_AUTH_TOKEN": ""})
+        stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "DCP_AUTH_TOKEN": "", **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(proc, url, timeout_s=timeout_s, log=log)

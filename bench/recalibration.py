@@ -249,6 +249,9 @@ def main() -> None:
     parser.add_argument("--alltoall-factor", type=float, default=1.0,
                         help="Error put into the all-to-all (--start fitted only).")
     parser.add_argument("--tight-tokens", type=int, default=300, help="Tokens that fill one rank.")
+    parser.add_argument("--service-nice", type=int, default=0,
+                        help="DCP_WORKER_NICE of the service: its solver pool (recalibration, re-planning) "
+                             "shares this machine's cores with the ranks (0: same priority).")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "recalibration.json")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -268,7 +271,7 @@ def main() -> None:
                                         tight_tokens=args.tight_tokens, compute_factor=args.compute_factor)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        proc, url = start_service(tmp, log=tmp / "serve.log")
+        proc, url = start_service(tmp, log=tmp / "serve.log", env={"DCP_WORKER_NICE": str(args.service_nice)})
         try:
             httpx.post(f"{url}/v1/cost-models", json=wrong, timeout=30).raise_for_status()
             _create_epoch(url, EPOCH, samples, args.samples_per_step, cluster, wrong["id"])
@@ -294,7 +297,7 @@ def main() -> None:
     elapsed_s = time.perf_counter() - start
     print(f"recalibration, {args.world} gloo ranks, {num_steps} steps of {args.samples_per_step} samples, "
           f"{args.start} model, compute x{args.compute_factor}, all-to-all x{args.alltoall_factor}, "
-          f"recalibrate every {args.every_steps} measured steps; "
+          f"recalibrate every {args.every_steps} measured steps, solver pool at nice {args.service_nice}; "
           f"load {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f}")
     print(f"{'step':>5}{'rev':>5}{'micro-batches':>15}{'MAPE':>9}{'pred/meas':>11}")
     for e in report["steps"]:
@@ -349,7 +352,8 @@ def main() -> None:
         "benchmark": "recalibration", "world_size": args.world, "steps_a": args.steps_a,
         "steps_b": args.steps_b, "samples_per_step": args.samples_per_step, "every_steps": args.every_steps,
         "start": args.start, "compute_factor": args.compute_factor, "alltoall_factor": args.alltoall_factor,
-        "tight_tokens": args.tight_tokens, "elapsed_s": elapsed_s, "comparison": comparison,
+        "tight_tokens": args.tight_tokens, "service_nice": args.service_nice, "elapsed_s": elapsed_s,
+        "comparison": comparison,
         "errors_by_revision": {str(k): v for k, v in by_rev.items()}, "errors_from_step_20": late,
         "offline_micro_batches": offline_records,
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(),

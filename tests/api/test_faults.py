@@ -273,3 +273,22 @@ def test_workers_exit_with_a_killed_server_and_one_server_per_store(server_facto
     assert not [pid for pid in children if alive(pid)], [_cmdline(p) for p in children if alive(p)]
     # The lease died with it: a new server starts on the same file.
     assert server_factory(workers=1).start().request("GET", "/readyz").status_code == 200
+
+
+def test_solver_workers_run_at_the_configured_niceness(server_factory: Any) -> None:
+    """``DCP_WORKER_NICE``: the pool's processes give the CPU to co-located training ranks first;
+    the server itself (the event loop answering ranks) keeps its priority."""
+    import os
+
+    server = server_factory(workers=2, env={"DCP_WORKER_NICE": "7"}).start()
+    assert server.request("POST", "/v1/plans", json={"samples": [{"id": "a", "tokens": 4096}],
+                                                     "cluster": "h200x8", "cost_model_id": COST_MODEL,
+                                                     "options": FAST}).status_code == 200
+    assert server.proc is not None
+    base = os.getpriority(os.PRIO_PROCESS, server.proc.pid)
+    workers = [pid for pid in server.children() if "resource_tracker" not in _cmdline(pid)]
+    assert len(workers) == 2, workers
+    assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in workers] == [base + 7, base + 7]
+    refused = server_factory(env={"DCP_WORKER_NICE": "20"})
+    with pytest.raises(Exception, match="worker_nice"):
+        refused.start()
