@@ -1,7 +1,9 @@
 """The partition LP bound: an LP relaxation over (sample class, group size) with group counts.
 
 Notation as in ``planner.bounds``: ``t_c(d)`` is a class-``c`` sample's time on a group of size
-``d`` under its cheapest fitting policy, ``o`` the per-micro-batch overhead, ``n_c`` the
+``d`` under its cheapest fitting policy, ``o`` the per-micro-batch overhead (``o_d``: the least
+fixed time of a micro-batch on a size-``d`` group over the node spans it can have; every ``o``
+below is that of the constraint's size), ``n_c`` the
 class's sample count, ``N`` the world size.
 
 Take any plan whose compute makespan (slowest group, gradient sync excluded) is at most ``T``.
@@ -37,6 +39,7 @@ can only be filled at that size's (poorer) efficiency.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import linprog
@@ -50,10 +53,40 @@ _MAX_SHARED = 3
 """Constraint 4 for ``k = 1 .. _MAX_SHARED``."""
 
 
-def with_micro_batches_s(table: CostTable) -> np.ndarray:
-    """``u_c(d) = min_k (t_ck(d) + o * a_ck(d) / B)`` per class and size (constraint 5) over
+def overhead_by_size_s(table: CostTable) -> np.ndarray:
+    """``o_d``: the least fixed seconds of a micro-batch on a group of each size, over the node
+    spans a contiguous group of that size can have (aligned, or one node more)."""
+    cm = table.cost_model
+    gpn, nodes = cm.cluster.gpus_per_node, cm.cluster.num_nodes
+    out = []
+    for d in table.sizes:
+        least = -(-d // gpn)
+        spans = [n for n in (least, least + 1) if n <= max(nodes, least)]
+        out.append(min(cm.microbatch_fixed_s(group_size=d, num_nodes=n) for n in spans))
+    return np.asarray(out, dtype=np.float64)
+
+
+@dataclass(frozen=True, slots=True)
+class LPInputs:
+    """What the LP reads besides the table's times, computed once per table."""
+
+    overhead_s: np.ndarray
+    """``o_d`` per size (:func:`overhead_by_size_s`)."""
+    with_mb_s: np.ndarray
+    """``u_c(d)`` per class and size (:func:`with_micro_batches_s`; zeros: no constraint 5)."""
+
+    @classmethod
+    def of(cls, table: CostTable) -> LPInputs:
+        """The inputs of ``table``."""
+        overhead = overhead_by_size_s(table)
+        return cls(overhead_s=overhead, with_mb_s=with_micro_batches_s(table, overhead_s=overhead))
+
+
+def with_micro_batches_s(table: CostTable, *, overhead_s: np.ndarray | None = None) -> np.ndarray:
+    """``u_c(d) = min_k (t_ck(d) + o_d * a_ck(d) / B)`` per class and size (constraint 5) over
     the policies ``k`` under which the sample fits a rank alone; ``inf`` where none fits, and
-    zeros when the budget is not positive (no constraint)."""
+    zeros when the budget is not positive (no constraint). ``overhead_s``: ``o_d`` per size
+    (default :func:`overhead_by_size_s`)."""
     cm = table.cost_model
     budget = cm.activation_budget_bytes()
     num_c, num_d = table.time_s.shape
@@ -64,35 +97,37 @@ def with_micro_batches_s(table: CostTable) -> np.ndarray:
     tokens = np.asarray(classes.tokens, dtype=np.float64)[:, None]
     frames = np.asarray(classes.frames, dtype=np.float64)[:, None]
     spatial = np.asarray(classes.spatial, dtype=np.float64)[:, None]
+    overhead = overhead_by_size_s(table) if overhead_s is None else overhead_s
     out = np.full((num_c, num_d), np.inf)
     for j, d in enumerate(table.sizes):
         time_s = np.asarray(cm.sample_time_s(tokens, group_size=d, recompute_layers=policies, frames=frames,
                                              spatial=spatial), dtype=np.float64)
         bytes_ = np.asarray(cm.activation_bytes(tokens, group_size=d, recompute_layers=policies),
                             dtype=np.float64)
-        cost = np.where(bytes_ <= budget, time_s + table.overhead_s * bytes_ / budget, np.inf)
+        cost = np.where(bytes_ <= budget, time_s + overhead[j] * bytes_ / budget, np.inf)
         out[:, j] = cost.min(axis=1)
     return out
 
 
 def lp_feasible(table: CostTable, deadline_s: float, *, integral_groups: bool = False,
-                with_mb_s: np.ndarray | None = None) -> bool:
+                inputs: LPInputs | None = None) -> bool:
     """Whether the partition LP has a solution at compute makespan ``deadline_s``.
 
     ``integral_groups`` requires whole group counts ``y[d]`` (a small MIP, still a relaxation
-    of every plan, whose group counts are whole). ``with_mb_s``: :func:`with_micro_batches_s`
-    of the table (computed when not given). Returns True when the solver cannot decide (time
-    limit, numerical trouble), so a caller never raises a bound on a failure.
+    of every plan, whose group counts are whole). ``inputs``: :class:`LPInputs` of the table
+    (computed when not given). Returns True when the solver cannot decide (time limit,
+    numerical trouble), so a caller never raises a bound on a failure.
     """
-    with_mb = with_micro_batches_s(table) if with_mb_s is None else with_mb_s
-    o = table.overhead_s
+    inputs = LPInputs.of(table) if inputs is None else inputs
+    with_mb = inputs.with_mb_s
+    o = inputs.overhead_s  # per size
     cap = deadline_s - o
-    if cap <= 0:
+    if not np.any(cap > 0):
         return False
     time_s = table.time_s
     num_c, num_d = time_s.shape
     counts = np.array([len(m) for m in table.classes.members], dtype=np.float64)
-    allowed = np.isfinite(time_s) & (time_s + o <= deadline_s)
+    allowed = np.isfinite(time_s) & (time_s + o[None, :] <= deadline_s)
     if not allowed.any(axis=1).all():
         return False
     cs, js = np.nonzero(allowed)
@@ -111,10 +146,10 @@ def lp_feasible(table: CostTable, deadline_s: float, *, integral_groups: bool = 
         sel = js == j
         rows += [np.full(int(sel.sum()) + 1, row)]
         cols += [np.append(x_ids[sel], num_x + j)]
-        vals += [np.append(time_s[cs[sel], js[sel]], -cap)]
+        vals += [np.append(time_s[cs[sel], js[sel]], -cap[j])]
         b_ub.append(0.0)
         row += 1
-    # Micro-batches that memory forces: sum_c (t_c(d) + o a_c(d) / B) x[c, d] - T y[d] <= 0.
+    # Micro-batches that memory forces: sum_c u_c(d) x[c, d] - T y[d] <= 0.
     if with_mb.any():
         # (a class the table allows where no policy fits the budget alone keeps its time:
         # weaker, never wrong)
@@ -130,7 +165,7 @@ def lp_feasible(table: CostTable, deadline_s: float, *, integral_groups: bool = 
     t_x = time_s[cs, js]
     for k in range(1, _MAX_SHARED + 1):
         for j in range(num_d):
-            sel = (js == j) & (t_x > cap / (k + 1))
+            sel = (js == j) & (t_x > cap[j] / (k + 1))
             if not sel.any():
                 continue
             rows += [np.full(int(sel.sum()) + 1, row)]
@@ -173,13 +208,13 @@ def partition_lp_bound(table: CostTable, *, lower_s: float, upper_s: float,
         return lower_s
     lo, hi = lower_s, upper_s
     probe = lower_s * (1 + 1e-3)
-    with_mb = with_micro_batches_s(table)
-    if probe >= hi or lp_feasible(table, probe, integral_groups=integral_groups, with_mb_s=with_mb):
+    inputs = LPInputs.of(table)
+    if probe >= hi or lp_feasible(table, probe, integral_groups=integral_groups, inputs=inputs):
         return lo
     lo = probe
     for _ in range(iterations):
         mid = 0.5 * (lo + hi)
-        if lp_feasible(table, mid, integral_groups=integral_groups, with_mb_s=with_mb):
+        if lp_feasible(table, mid, integral_groups=integral_groups, inputs=inputs):
             hi = mid
         else:
             lo = mid

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -74,7 +75,7 @@ def test_heuristic_bounds_never_exceed_the_optimum() -> None:
 
 @pytest.mark.timeout(120)
 def test_partition_lp_bound_never_exceeds_the_optimum() -> None:
-    from planner.bounds.lp import lp_feasible, partition_lp_bound
+    from planner.bounds.lp import LPInputs, lp_feasible, partition_lp_bound
     from planner.planning import prepare
 
     rng = random.Random(2024)
@@ -109,8 +110,8 @@ def test_partition_lp_bound_never_exceeds_the_optimum() -> None:
         raised += bound > lower * (1 + 1e-6)
         tighter += whole > bound * (1 + 1e-3)
         # the micro-batches memory forces (constraint 5) are what holds the LP up just below it
-        without_5 = np.zeros_like(prep.table.time_s)
-        binds += bound > lower * (1 + 1e-6) and lp_feasible(prep.table, bound * (1 - 1e-6), with_mb_s=without_5)
+        without_5 = replace(LPInputs.of(prep.table), with_mb_s=np.zeros_like(prep.table.time_s))
+        binds += bound > lower * (1 + 1e-6) and lp_feasible(prep.table, bound * (1 - 1e-6), inputs=without_5)
         # And the plan reports it only as a true bound.
         plan = plan_batch(samples, cluster=cluster, cost_model=cmf,
                           config=PlannerConfig(use_cpsat=False, memory_safety_fraction=0.0,
