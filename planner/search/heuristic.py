@@ -27,8 +27,9 @@ import numpy as np
 
 from planner.assemble import Draft, DraftGroup
 from planner.costs import CostTable
+from planner.search.group_state import GroupState, repack
 from planner.search.intra import intra_layout
-from planner.search.local_search import GroupState, local_search, repack
+from planner.search.local_search import local_search
 from planner.search.lpt import lpt
 from planner.search.multisets import candidate_multisets, packed_multiset
 from planner.search.resize import resize_search

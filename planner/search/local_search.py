@@ -1,98 +1,18 @@
-"""Groups being filled by the heuristic, and the local search that improves them.
+"""The local search that improves the heuristic's groups (``planner.search.group_state``).
 
-A ``GroupState`` holds a group's micro-batches of sample indices (each sample at its cheapest
-fitting policy for the group's size, from the cost table) and the free bytes of each. The local
-search moves or swaps samples off the slowest group while that lowers the makespan, and when
-stuck, optionally ejects (a one-for-many swap that lowers GPU-seconds); ``repack``
-packs a group first-fit-decreasing when that needs fewer micro-batches.
+It moves or swaps samples off the slowest group while that lowers the makespan, and when
+stuck, optionally ejects (a one-for-many swap that lowers GPU-seconds).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from planner.costs import CostTable
-from planner.search.intra import intra_layout
-
-
-@dataclass(slots=True)
-class GroupState:
-    """A group being filled: its micro-batches and their free memory."""
-
-    size: int
-    col: int
-    first_rank: int
-    load_s: float = 0.0
-    mbs: list[list[int]] = field(default_factory=list)
-    free_bytes: list[float] = field(default_factory=list)
-
-    def room(self, mem: float) -> int:
-        """Index of the first micro-batch with room for ``mem`` bytes, or -1."""
-        for m, free in enumerate(self.free_bytes):
-            if free >= mem:
-                return m
-        return -1
-
-
-def group_time(table: CostTable, g: GroupState) -> float:
-    """A group's time: its samples at ``k_min`` plus its size's micro-batch overhead per
-    micro-batch; with ``table.intra_policies``, the time of its best split and policies
-    (``intra.intra_layout``, at most the former)."""
-    if table.intra_policies:
-        return intra_layout(table, g.col, [i for mb in g.mbs for i in mb])[0]
-    cls = table.classes.class_of
-    time_c = table.column(g.col)[4]  # lists: no numpy scalar per sample
-    return (sum([time_c[cls[i]] for mb in g.mbs for i in mb])
-            + float(table.overhead_s_by_size[g.col]) * len(g.mbs))
-
-
-def repack(table: CostTable, g: GroupState) -> None:
-    """Repack a group's samples first-fit-decreasing by memory when that opens fewer batches."""
-    cls = table.classes.class_of
-    mem_c = table.column(g.col)[5]
-    items = sorted((i for mb in g.mbs for i in mb), key=lambda i: (-mem_c[cls[i]], i))
-    mbs: list[list[int]] = []
-    free: list[float] = []
-    for i in items:
-        mem = mem_c[cls[i]]
-        for m, f in enumerate(free):
-            if f >= mem:
-                mbs[m].append(i)
-                free[m] -= mem
-                break
-        else:
-            mbs.append([i])
-            free.append(table.budget_bytes - mem)
-    if len(mbs) < len(g.mbs):
-        g.mbs, g.free_bytes = mbs, free
-    g.load_s = group_time(table, g)
-
-
-def _insert(table: CostTable, g: GroupState, i: int) -> None:
-    mem = table.column(g.col)[5][table.classes.class_of[i]]
-    m = g.room(mem)
-    if m < 0:
-        g.mbs.append([i])
-        g.free_bytes.append(table.budget_bytes - mem)
-    else:
-        g.mbs[m].append(i)
-        g.free_bytes[m] -= mem
-
-
-def _remove(table: CostTable, g: GroupState, i: int) -> None:
-    for m, mb in enumerate(g.mbs):
-        if i in mb:
-            mb.remove(i)
-            g.free_bytes[m] += table.column(g.col)[5][table.classes.class_of[i]]
-            if not mb:
-                del g.mbs[m]
-                del g.free_bytes[m]
-            return
-    raise AssertionError(f"sample {i} is not in the group")
+from planner.search.group_state import GroupState, group_time, insert_sample, remove_sample, repack
 
 
 def local_search(table: CostTable, groups: list[GroupState], *, max_moves: int,
@@ -157,8 +77,8 @@ def local_search(table: CostTable, groups: list[GroupState], *, max_moves: int,
                     best = (float(cand[h]), i, h)
         if best is not None:
             _, i, h = best
-            _remove(table, g, i)
-            _insert(table, groups[h], i)
+            remove_sample(table, g, i)
+            insert_sample(table, groups[h], i)
             refresh(top)
             refresh(h)
             if not table.intra_policies or max(load[top], load[h]) < current * (1 - 1e-12):
@@ -166,8 +86,8 @@ def local_search(table: CostTable, groups: list[GroupState], *, max_moves: int,
                 continue
             # Priced with per-micro-batch policies the move does not pay: undo it.
             rejected.add((cls[i], top, h))
-            _remove(table, groups[h], i)
-            _insert(table, g, i)
+            remove_sample(table, groups[h], i)
+            insert_sample(table, g, i)
             refresh(top)
             refresh(h)
             continue
@@ -234,10 +154,10 @@ def _swap(table: CostTable, groups: list[GroupState], top: int, load: np.ndarray
         k = next(x for m in other.mbs for x in m if cls[x] == c_k)
         saved = ([list(m) for m in g.mbs], list(g.free_bytes),
                  [list(m) for m in other.mbs], list(other.free_bytes))
-        _remove(table, g, i)
-        _remove(table, other, k)
-        _insert(table, g, k)
-        _insert(table, other, i)
+        remove_sample(table, g, i)
+        remove_sample(table, other, k)
+        insert_sample(table, g, k)
+        insert_sample(table, other, i)
         if max(group_time(table, g), group_time(table, other)) < current * (1 - 1e-12):
             refresh(top)
             refresh(h)
@@ -395,9 +315,9 @@ def _eject(table: CostTable, groups: list[GroupState], load: np.ndarray,
     area_before = sum(groups[k].size * groups[k].load_s for k in touched)
     saved = {k: ([list(m) for m in groups[k].mbs], list(groups[k].free_bytes)) for k in touched}
     for i, src, _ in moves:
-        _remove(table, groups[src], i)
+        remove_sample(table, groups[src], i)
     for i, _, dst in moves:
-        _insert(table, groups[dst], i)
+        insert_sample(table, groups[dst], i)
     for k in touched:
         repack(table, groups[k])
     if (max(groups[k].load_s for k in touched) > cap

@@ -16,7 +16,7 @@ import weakref
 
 from planner.costs import CostTable
 from planner.placement import place_groups
-from planner.search.local_search import GroupState
+from planner.search.group_state import GroupState
 
 SCAN = 8
 """Groups examined per size around the least loaded one or the bisection point."""

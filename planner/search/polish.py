@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from planner.assemble import Draft, DraftGroup
 from planner.costs import CostTable
+from planner.search.group_state import GroupState, group_time, insert_sample, repack
 from planner.search.intra import intra_draft
-from planner.search.local_search import GroupState, _insert, group_time, local_search, repack
+from planner.search.local_search import local_search
 
 
 def states_of(table: CostTable, draft: list[tuple[int, int, list[int]]]) -> list[GroupState]:
@@ -22,7 +23,7 @@ def states_of(table: CostTable, draft: list[tuple[int, int, list[int]]]) -> list
         g = GroupState(size=size, col=table.size_index(size), first_rank=first_rank)
         mem = table.column(g.col)[5]  # a list: no numpy scalar per sample
         for i in sorted(members, key=lambda i: (-mem[cls[i]], i)):
-            _insert(table, g, i)
+            insert_sample(table, g, i)
         g.load_s = group_time(table, g)
         states.append(g)
     return states

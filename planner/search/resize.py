@@ -16,7 +16,8 @@ import numpy as np
 
 from planner.costs import CostTable
 from planner.placement import place_groups
-from planner.search.local_search import GroupState, _insert, local_search, repack
+from planner.search.group_state import GroupState, insert_sample, repack
+from planner.search.local_search import local_search
 
 
 def _makespan(groups: list[GroupState]) -> float:
@@ -63,7 +64,7 @@ def _replaced(table: CostTable, groups: list[GroupState], remove: list[int], add
                 best, best_f = k, f
         if best < 0:
             return None
-        _insert(table, new[best], i)
+        insert_sample(table, new[best], i)
         new[best].load_s = best_f
     new.sort(key=lambda g: g.first_rank)
     return new

@@ -12,8 +12,9 @@ from costmodel.evaluate import CostModel
 from costmodel.presets import default_cost_model_file, load_cluster
 from planner.config import PlannerConfig
 from planner.planning import plan_batch, prepare
+from planner.search.group_state import GroupState, group_time
 from planner.search.heuristic import _order, bucket_runs, lpt
-from planner.search.local_search import GroupState, group_time, local_search
+from planner.search.local_search import local_search
 from planner.search.resize import resize_search
 from planner.validate import validate_plan
 from planner.workload import WorkloadSpec, sample_batch
