@@ -111,7 +111,7 @@ class PlanMeasurementStore:
         for index, row in enumerate(reversed(plans)):
             peaks: dict[int, float] = {}
             for m in conn.execute("SELECT first_rank, peak_bytes FROM plan_measurements WHERE digest=? AND "
-                                  "peak_bytes IS NOT NULL", (row["digest"],)):
+                                  "peak_bytes > 0", (row["digest"],)):  # NULL or 0: no allocator peak
                 peaks[m["first_rank"]] = max(peaks.get(m["first_rank"], 0.0), float(m["peak_bytes"]))
             if not peaks:
                 continue

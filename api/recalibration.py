@@ -88,7 +88,7 @@ def peak_observations(groups: Sequence[GroupMeasurement], plans: dict[int, Plan]
     out = []
     for g in groups:
         plan = plans.get(g.step)
-        if g.peak_bytes is None or plan is None or plan.digest() != g.digest:
+        if not g.peak_bytes or plan is None or plan.digest() != g.digest:  # None or 0: no allocator peak
             continue
         group = next((x for x in plan.groups if x.first_rank == g.first_rank), None)
         if group is None or not group.micro_batches:
@@ -133,7 +133,12 @@ def fit_revision_task(base_json: str, cluster_json: str, records: list[dict[str,
     prior_scales = TermScales(**prior)
     fit = fit_scales(np.array(terms), np.array([r["measured_s"] for r in records]),
                      steps=[r["step"] for r in records], prior=prior_scales)
-    memory = _fit_memory(model, peaks, prior_scales.activation) if peaks else None
+    memory = None
+    if peaks:
+        try:
+            memory = _fit_memory(model, peaks, prior_scales.activation)
+        except ValueError:  # peaks the fit refuses never cost the time factors
+            logging.getLogger(__name__).exception("memory fit on %d step peaks refused; factor kept", len(peaks))
     scales = fit.scales.as_dict()
     if memory is not None:
         scales["activation"] = memory.factor

@@ -136,7 +136,8 @@ def test_measured_peaks_recalibrate_the_memory_model_and_replanned_steps_use_it(
     for view in views.values():
         measured = _measured(view, 1.0)
         if view.group.micro_batches:
-            measured["peak_bytes"] = int(group_peak_bytes(truth, view.group))
+            # step 0's ranks report 0 (no allocator peak): left out, not a failed fit
+            measured["peak_bytes"] = 0 if view.step == 0 else int(group_peak_bytes(truth, view.group))
         steps.append(measured)
     assert client.post("/v1/epochs/p1/measurements", json={"steps": steps}, headers=AUTH).json()["stored"] == 16
     deadline = time.monotonic() + 60
