@@ -138,7 +138,7 @@ def fit_revision_task(base_json: str, cluster_json: str, records: list[dict[str,
         try:
             memory = _fit_memory(model, peaks, prior_scales.activation)
         except ValueError:  # peaks the fit refuses never cost the time factors
-            logging.getLogger(__name__).exception("memory fit on %d step peaks refused; factor kept", len(peaks))
+            logger.exception("memory fit on %d step peaks refused; factor kept", len(peaks))
     scales = fit.scales.as_dict()
     if memory is not None:
         scales["activation"] = memory.factor
