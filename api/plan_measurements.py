@@ -2,8 +2,8 @@
 
 A post carries the plan itself; the service checks its digest and keeps the plan once per
 digest with the cluster it ran on, and one row per rank. The newest ``MAX_PLANS_PER_MODEL``
-plans of a cost model are kept (older ones are deleted, logged). ``records`` turns them into the
-micro-batch records that ``api.recalibration.fit_revision_task`` fits.
+plans of a cost model are kept (older ones are deleted, logged). ``observations`` turns them into
+the micro-batch and peak records that ``api.recalibration.fit_revision_task`` fits.
 """
 
 from __future__ import annotations
@@ -20,12 +20,18 @@ from api.store import PlanStore
 from api.store_schema import transaction
 from costmodel.evaluate import nodes_spanned
 from costmodel.specs import ClusterSpec
-from planner.plan import Plan
+from planner.plan import MicroBatch, Plan
 
 logger = logging.getLogger(__name__)
 
 MAX_PLANS_PER_MODEL = 2000
 """Measured one-off plans kept per cost model (the oldest are deleted past this)."""
+
+
+def micro_batch_fields(mb: MicroBatch) -> dict[str, Any]:
+    """A planned micro-batch's samples and checkpoint policies, JSON-ready (what the fits read)."""
+    return {"samples": [ps.sample.model_dump(exclude_none=True) for ps in mb.samples],
+            "policies": [ps.recompute_layers for ps in mb.samples]}
 
 
 def base_id(cost_model_id: str) -> str:
@@ -71,60 +77,44 @@ class PlanMeasurementStore:
                             model, len(old), self.max_plans_per_model)
         return stored, len(rows) - stored
 
-    def records(self, cost_model_id: str, *, max_plans: int = 256) -> list[dict[str, Any]]:
-        """Measured micro-batches of the newest ``max_plans`` plans of a cost model (median over
-        each group's reporting ranks), in ``api.recalibration.observations``' form plus
-        ``num_nodes``; the plan's index in time order stands for the step."""
+    def observations(self, cost_model_id: str, *, max_plans: int = 256
+                     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """What the newest ``max_plans`` plans of a cost model measured, in one pass over them:
+        their micro-batches (median over each group's reporting ranks), in
+        ``api.recalibration.observations``' form plus ``num_nodes``, and their group peaks (the
+        largest of each group's ranks; NULL or 0, no allocator peak, left out), in
+        ``api.recalibration.peak_observations``' form. The plan's index in time order stands for
+        the step."""
         conn = self.store._conn()
         plans = conn.execute("SELECT digest, cluster, plan FROM measured_plans WHERE cost_model_id=? "
                              "ORDER BY received_at DESC, digest LIMIT ?", (cost_model_id, max_plans)).fetchall()
-        out: list[dict[str, Any]] = []
+        records: list[dict[str, Any]] = []
+        peaks: list[dict[str, Any]] = []
         for index, row in enumerate(reversed(plans)):
             plan = Plan.model_validate_json(row["plan"])
             cluster = ClusterSpec.model_validate_json(row["cluster"])
             times: dict[int, list[list[float]]] = {}
-            for m in conn.execute("SELECT first_rank, times_s FROM plan_measurements WHERE digest=?",
+            peak: dict[int, float] = {}
+            for m in conn.execute("SELECT first_rank, times_s, peak_bytes FROM plan_measurements WHERE digest=?",
                                   (row["digest"],)):
                 times.setdefault(m["first_rank"], []).append(json.loads(m["times_s"]))
+                if m["peak_bytes"]:
+                    peak[m["first_rank"]] = max(peak.get(m["first_rank"], 0.0), float(m["peak_bytes"]))
             for group in plan.groups:
                 if group.first_rank not in times:
                     continue
+                if group.first_rank in peak and group.micro_batches:
+                    peaks.append({"step": index, "first_rank": group.first_rank, "group_size": group.size,
+                                  "micro_batches": [micro_batch_fields(mb) for mb in group.micro_batches],
+                                  "peak_bytes": peak[group.first_rank]})
                 medians = [statistics.median(v) for v in zip(*times[group.first_rank], strict=True)]
                 nodes = nodes_spanned(first_rank=group.first_rank, group_size=group.size,
                                       gpus_per_node=cluster.gpus_per_node)
                 for mb, measured in zip(group.micro_batches, medians, strict=True):
-                    out.append({"step": index, "first_rank": group.first_rank, "group_size": group.size,
-                                "num_nodes": nodes,
-                                "samples": [ps.sample.model_dump(exclude_none=True) for ps in mb.samples],
-                                "policies": [ps.recompute_layers for ps in mb.samples],
-                                "predicted_s": mb.predicted_time_s, "measured_s": measured})
-        return out
-
-    def peak_records(self, cost_model_id: str, *, max_plans: int = 256) -> list[dict[str, Any]]:
-        """Measured group peaks of the newest ``max_plans`` plans of a cost model (the largest of
-        each group's reporting ranks; groups whose ranks reported none are left out), in
-        ``api.recalibration.peak_observations``' form."""
-        conn = self.store._conn()
-        plans = conn.execute("SELECT digest, plan FROM measured_plans WHERE cost_model_id=? "
-                             "ORDER BY received_at DESC, digest LIMIT ?", (cost_model_id, max_plans)).fetchall()
-        out: list[dict[str, Any]] = []
-        for index, row in enumerate(reversed(plans)):
-            peaks: dict[int, float] = {}
-            for m in conn.execute("SELECT first_rank, peak_bytes FROM plan_measurements WHERE digest=? AND "
-                                  "peak_bytes > 0", (row["digest"],)):  # NULL or 0: no allocator peak
-                peaks[m["first_rank"]] = max(peaks.get(m["first_rank"], 0.0), float(m["peak_bytes"]))
-            if not peaks:
-                continue
-            plan = Plan.model_validate_json(row["plan"])
-            for group in plan.groups:
-                if group.first_rank in peaks and group.micro_batches:
-                    out.append({"step": index, "first_rank": group.first_rank, "group_size": group.size,
-                                "micro_batches": [
-                                    {"samples": [ps.sample.model_dump(exclude_none=True) for ps in mb.samples],
-                                     "policies": [ps.recompute_layers for ps in mb.samples]}
-                                    for mb in group.micro_batches],
-                                "peak_bytes": peaks[group.first_rank]})
-        return out
+                    records.append({"step": index, "first_rank": group.first_rank, "group_size": group.size,
+                                    "num_nodes": nodes, **micro_batch_fields(mb),
+                                    "predicted_s": mb.predicted_time_s, "measured_s": measured})
+        return records, peaks
 
     def cluster_json(self, cost_model_id: str) -> str | None:
         """The cluster of the newest measured plan of a cost model (for evaluating the model)."""

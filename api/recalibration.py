@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import asdict
 from typing import Any, TypeVar
@@ -27,7 +27,7 @@ from prometheus_client import Gauge
 from api.jobs import planner_wall_cap_s
 from api.measurements_store import GroupMeasurement, MeasurementStore
 from api.metrics import Metrics
-from api.plan_measurements import PlanMeasurementStore
+from api.plan_measurements import PlanMeasurementStore, micro_batch_fields
 from api.pool import SolverPool
 from api.revisions_store import RecalibrationState, Revision, RevisionStore, split_ref
 from api.store import PlanStore
@@ -37,7 +37,7 @@ from costmodel.recalibrate_memory import MemoryFit, fit_activation_scale, step_p
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec, Sample
 from planner.epoch import CancelledError, StepResult, StepTask, run_epoch
-from planner.plan import Plan
+from planner.plan import GroupPlan, Plan
 
 logger = logging.getLogger(__name__)
 
@@ -60,45 +60,40 @@ def recent(groups: Sequence[GroupMeasurement], num_steps: int) -> list[GroupMeas
     return [g for g in groups if g.step in keep]
 
 
-def observations(groups: Sequence[GroupMeasurement], plans: dict[int, Plan]) -> list[dict[str, Any]]:
-    """One record per measured micro-batch: its samples, policies, group and measured time.
-
-    Groups whose plan is not the one measured (digest) or whose micro-batch count differs are
-    left out (they cannot happen for accepted measurements of a frozen step).
-    """
-    out = []
+def _measured_groups(groups: Sequence[GroupMeasurement], plans: dict[int, Plan]
+                     ) -> Iterator[tuple[GroupMeasurement, GroupPlan]]:
+    """Each measured group with its group in the plan it measured (groups whose plan is not the
+    one measured, by digest, are left out: they cannot happen for accepted measurements of a
+    frozen step)."""
     for g in groups:
         plan = plans.get(g.step)
         if plan is None or plan.digest() != g.digest:
             continue
         group = next((x for x in plan.groups if x.first_rank == g.first_rank), None)
-        if group is None or len(group.micro_batches) != len(g.times_s):
+        if group is not None:
+            yield g, group
+
+
+def observations(groups: Sequence[GroupMeasurement], plans: dict[int, Plan]) -> list[dict[str, Any]]:
+    """One record per measured micro-batch: its samples, policies, group and measured time
+    (groups whose micro-batch count differs from their plan's are left out)."""
+    out = []
+    for g, group in _measured_groups(groups, plans):
+        if len(group.micro_batches) != len(g.times_s):
             continue
         for mb, measured in zip(group.micro_batches, g.times_s, strict=True):
             out.append({"step": g.step, "first_rank": g.first_rank, "group_size": group.size,
-                        "samples": [ps.sample.model_dump(exclude_none=True) for ps in mb.samples],
-                        "policies": [ps.recompute_layers for ps in mb.samples],
-                        "predicted_s": mb.predicted_time_s, "measured_s": measured})
+                        **micro_batch_fields(mb), "predicted_s": mb.predicted_time_s, "measured_s": measured})
     return out
 
 
 def peak_observations(groups: Sequence[GroupMeasurement], plans: dict[int, Plan]) -> list[dict[str, Any]]:
-    """One record per measured group step with a peak (CUDA ranks report one, CPU ranks none):
-    its micro-batches' samples and policies and the largest peak of its ranks."""
-    out = []
-    for g in groups:
-        plan = plans.get(g.step)
-        if not g.peak_bytes or plan is None or plan.digest() != g.digest:  # None or 0: no allocator peak
-            continue
-        group = next((x for x in plan.groups if x.first_rank == g.first_rank), None)
-        if group is None or not group.micro_batches:
-            continue
-        out.append({"step": g.step, "first_rank": g.first_rank, "group_size": group.size,
-                    "micro_batches": [{"samples": [ps.sample.model_dump(exclude_none=True) for ps in mb.samples],
-                                       "policies": [ps.recompute_layers for ps in mb.samples]}
-                                      for mb in group.micro_batches],
-                    "peak_bytes": float(g.peak_bytes)})
-    return out
+    """One record per measured group step with a peak (CUDA ranks report one, CPU ranks none or
+    0): its micro-batches' samples and policies and the largest peak of its ranks."""
+    return [{"step": g.step, "first_rank": g.first_rank, "group_size": group.size,
+             "micro_batches": [micro_batch_fields(mb) for mb in group.micro_batches],
+             "peak_bytes": float(g.peak_bytes)}
+            for g, group in _measured_groups(groups, plans) if g.peak_bytes and group.micro_batches]
 
 
 def _fit_memory(model: CostModel, peaks: Sequence[dict[str, Any]], prior: float) -> MemoryFit:
@@ -288,8 +283,7 @@ class Recalibrator:
         Returns:
             The revision, or None when no one-off plan of the model was measured.
         """
-        records = self.plan_measurements.records(cost_model_id)
-        peaks = self.plan_measurements.peak_records(cost_model_id)
+        records, peaks = self.plan_measurements.observations(cost_model_id)
         cluster_json = self.plan_measurements.cluster_json(cost_model_id)
         if not records or cluster_json is None:
             return None
