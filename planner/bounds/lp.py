@@ -82,11 +82,11 @@ class LPInputs:
         return cls(overhead_s=overhead, with_mb_s=with_micro_batches_s(table, overhead_s=overhead))
 
 
-def with_micro_batches_s(table: CostTable, *, overhead_s: np.ndarray | None = None) -> np.ndarray:
+def with_micro_batches_s(table: CostTable, *, overhead_s: np.ndarray) -> np.ndarray:
     """``u_c(d) = min_k (t_ck(d) + o_d * a_ck(d) / B)`` per class and size (constraint 5) over
     the policies ``k`` under which the sample fits a rank alone; ``inf`` where none fits, and
     zeros when the budget is not positive (no constraint). ``overhead_s``: ``o_d`` per size
-    (default :func:`overhead_by_size_s`)."""
+    (:func:`overhead_by_size_s`)."""
     cm = table.cost_model
     budget = cm.activation_budget_bytes()
     num_c, num_d = table.time_s.shape
@@ -97,14 +97,13 @@ def with_micro_batches_s(table: CostTable, *, overhead_s: np.ndarray | None = No
     tokens = np.asarray(classes.tokens, dtype=np.float64)[:, None]
     frames = np.asarray(classes.frames, dtype=np.float64)[:, None]
     spatial = np.asarray(classes.spatial, dtype=np.float64)[:, None]
-    overhead = overhead_by_size_s(table) if overhead_s is None else overhead_s
     out = np.full((num_c, num_d), np.inf)
     for j, d in enumerate(table.sizes):
         time_s = np.asarray(cm.sample_time_s(tokens, group_size=d, recompute_layers=policies, frames=frames,
                                              spatial=spatial), dtype=np.float64)
         bytes_ = np.asarray(cm.activation_bytes(tokens, group_size=d, recompute_layers=policies),
                             dtype=np.float64)
-        cost = np.where(bytes_ <= budget, time_s + overhead[j] * bytes_ / budget, np.inf)
+        cost = np.where(bytes_ <= budget, time_s + overhead_s[j] * bytes_ / budget, np.inf)
         out[:, j] = cost.min(axis=1)
     return out
 
@@ -140,47 +139,40 @@ def lp_feasible(table: CostTable, deadline_s: float, *, integral_groups: bool = 
     cols: list[np.ndarray] = []
     vals: list[np.ndarray] = []
     b_ub: list[float] = []
-    row = 0
+
+    def per_size_row(sel: np.ndarray, x_coef: np.ndarray, y_coef: float, j: int) -> None:
+        """``sum over the selected x of x_coef * x + y_coef * y[j] <= 0``."""
+        rows.append(np.full(int(sel.sum()) + 1, len(b_ub)))
+        cols.append(np.append(x_ids[sel], num_x + j))
+        vals.append(np.append(x_coef, y_coef))
+        b_ub.append(0.0)
+
+    t_x = time_s[cs, js]
     # Capacity per size: sum_c t_c(d) x[c, d] - cap * y[d] <= 0.
     for j in range(num_d):
         sel = js == j
-        rows += [np.full(int(sel.sum()) + 1, row)]
-        cols += [np.append(x_ids[sel], num_x + j)]
-        vals += [np.append(time_s[cs[sel], js[sel]], -cap[j])]
-        b_ub.append(0.0)
-        row += 1
+        per_size_row(sel, t_x[sel], -cap[j], j)
     # Micro-batches that memory forces: sum_c u_c(d) x[c, d] - T y[d] <= 0.
     if with_mb.any():
         # (a class the table allows where no policy fits the budget alone keeps its time:
         # weaker, never wrong)
-        u = np.where(np.isfinite(with_mb[cs, js]), with_mb[cs, js], time_s[cs, js])
+        u = np.where(np.isfinite(with_mb[cs, js]), with_mb[cs, js], t_x)
         for j in range(num_d):
             sel = js == j
-            rows += [np.full(int(sel.sum()) + 1, row)]
-            cols += [np.append(x_ids[sel], num_x + j)]
-            vals += [np.append(u[sel], -deadline_s)]
-            b_ub.append(0.0)
-            row += 1
+            per_size_row(sel, u[sel], -deadline_s, j)
     # At most k samples longer than cap / (k + 1) per group.
-    t_x = time_s[cs, js]
     for k in range(1, _MAX_SHARED + 1):
         for j in range(num_d):
             sel = (js == j) & (t_x > cap[j] / (k + 1))
-            if not sel.any():
-                continue
-            rows += [np.full(int(sel.sum()) + 1, row)]
-            cols += [np.append(x_ids[sel], num_x + j)]
-            vals += [np.append(np.ones(int(sel.sum())), -float(k))]
-            b_ub.append(0.0)
-            row += 1
+            if sel.any():
+                per_size_row(sel, np.ones(int(sel.sum())), -float(k), j)
     # The groups partition the world.
-    rows += [np.full(num_d, row)]
-    cols += [num_x + np.arange(num_d)]
-    vals += [np.asarray(table.sizes, dtype=np.float64)]
+    rows.append(np.full(num_d, len(b_ub)))
+    cols.append(num_x + np.arange(num_d))
+    vals.append(np.asarray(table.sizes, dtype=np.float64))
     b_ub.append(float(table.cost_model.cluster.num_gpus))
-    row += 1
     a_ub = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
-                      shape=(row, num_vars)).tocsr()
+                      shape=(len(b_ub), num_vars)).tocsr()
     integrality = np.concatenate((np.zeros(num_x), np.ones(num_d))) if integral_groups else None
     result = linprog(np.zeros(num_vars), A_ub=a_ub, b_ub=np.asarray(b_ub), A_eq=a_eq,
                      b_eq=counts, bounds=(0, None), method="highs", integrality=integrality,
