@@ -184,9 +184,7 @@ def _time_rounds(items: Sequence[_Timed], *, repeats: int, now: Callable[[], flo
             if item.group is not None:
                 dist.barrier(group=item.group)
             inside = a2a.total_s
-            start = now()
-            item.run()
-            rec["times_s"].append(now() - start)
+            rec["times_s"].append(_timed(item.run, now))
             rec["alltoall_times_s"].append(a2a.total_s - inside)
             if item.twin is None:
                 continue
@@ -241,13 +239,11 @@ def _exec_worker(rank: int, world: int, port: int, out_dir: str, config_json: st
         # micro-batches at once, as in training; otherwise groups of several ranks run together
         # and one-rank groups take turns, so that no other rank shares the CPU while they are
         # timed (a GPU rank has its device to itself).
-        if config.concurrent:
-            phases: list[list[_Timed]] = [items]
-            owners: list[int | None] = [None]
-        else:
-            phases = [[i for i in items if i.group is not None]] + [[i for i in items if i.group is None]] * world
-            owners = [None, *range(world)]
-        for phase, owner in zip(phases, owners, strict=True):
+        phases: list[tuple[int | None, list[_Timed]]] = [(None, items)]  # (the rank timing it, or all)
+        if not config.concurrent:
+            solo = [i for i in items if i.group is None]
+            phases = [(None, [i for i in items if i.group is not None]), *((r, solo) for r in range(world))]
+        for owner, phase in phases:
             dist.barrier()
             if owner is None or owner == rank:
                 _time_rounds(phase, repeats=config.repeats, now=now, rank=rank,
