@@ -41,6 +41,17 @@ def _plan(client: TestClient, epoch_id: str, step: int) -> tuple[Plan, str]:
     return Plan.model_validate(body["plan"]), body["digest"]
 
 
+def _recalibrated(client: TestClient, epoch_id: str, *, revisions: int = 1) -> dict[str, Any]:
+    """The epoch's recalibration report once it has ``revisions`` revisions and no fit running."""
+    deadline = time.monotonic() + 60
+    while True:
+        report: dict[str, Any] = client.get(f"/v1/epochs/{epoch_id}/recalibration").json()
+        if len(report["revisions"]) >= revisions and not report["busy"]:
+            return report
+        assert time.monotonic() < deadline, report
+        time.sleep(0.05)
+
+
 def _measured(view: RankPlan, factor: float) -> dict[str, Any]:
     """What a rank would post if every micro-batch took ``factor`` times its prediction."""
     return {"step": view.step, "rank": view.rank, "plan_digest": view.plan_digest,
@@ -94,13 +105,7 @@ def test_recalibration_publishes_a_revision_and_replans_only_unfetched_steps(cli
     steps = [_measured(view, 3.0) for view in views.values()]
     steps[0]["micro_batch_times_s"] = [30 * t for t in steps[0]["micro_batch_times_s"]]  # one straggler
     assert client.post("/v1/epochs/r1/measurements", json={"steps": steps}, headers=AUTH).json()["stored"] == 16
-    deadline = time.monotonic() + 60
-    report: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        report = client.get("/v1/epochs/r1/recalibration").json()
-        if report["revisions"] and not report["busy"]:
-            break
-        time.sleep(0.05)
+    report = _recalibrated(client, "r1")
     revision = report["revisions"][0]
     assert revision["ref"] == f"{COST_MODEL}@1" and report["current_ref"] == revision["ref"]
     # Every prediction was 3x too fast (one step 90x, a straggler): the fit predicts the rest.
@@ -140,13 +145,7 @@ def test_measured_peaks_recalibrate_the_memory_model_and_replanned_steps_use_it(
             measured["peak_bytes"] = 0 if view.step == 0 else int(group_peak_bytes(truth, view.group))
         steps.append(measured)
     assert client.post("/v1/epochs/p1/measurements", json={"steps": steps}, headers=AUTH).json()["stored"] == 16
-    deadline = time.monotonic() + 60
-    report: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        report = client.get("/v1/epochs/p1/recalibration").json()
-        if report["revisions"] and not report["busy"]:
-            break
-        time.sleep(0.05)
+    report = _recalibrated(client, "p1")
     revision = report["revisions"][0]
     memory = revision["fit"]["memory"]
     assert memory["fitted"] and memory["num_points"] > 0, memory
@@ -198,12 +197,7 @@ def test_revisions_frozen_steps_and_measurements_survive_a_restart(settings: Any
         first.post("/v1/epochs/k1/recalibration", json={"follow": True, "every_steps": 2}, headers=AUTH)
         first.post("/v1/epochs/k1/measurements", json={"steps": [_measured(v, 2.0) for v in views]},
                    headers=AUTH)
-        deadline = time.monotonic() + 60
-        while not first.get("/v1/epochs/k1/recalibration").json()["revisions"] or \
-                first.get("/v1/epochs/k1/recalibration").json()["busy"]:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        before = first.get("/v1/epochs/k1/recalibration").json()
+        before = _recalibrated(first, "k1")
         digests = {s: _plan(first, "k1", s)[1] for s in range(6)}
     with TestClient(create_app(settings)) as second:
         after = second.get("/v1/epochs/k1/recalibration").json()
@@ -214,11 +208,7 @@ def test_revisions_frozen_steps_and_measurements_survive_a_restart(settings: Any
         more = [_measured(_view(second, "k1", s, r), 2.0) for s in (2, 3) for r in range(8)]
         assert second.post("/v1/epochs/k1/measurements", json={"steps": more},
                            headers=AUTH).json()["recalibration"] in ("scheduled", "running")
-        deadline = time.monotonic() + 60
-        while len(second.get("/v1/epochs/k1/recalibration").json()["revisions"]) < 2 or \
-                second.get("/v1/epochs/k1/recalibration").json()["busy"]:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        _recalibrated(second, "k1", revisions=2)
         for s in range(4):
             assert _plan(second, "k1", s)[1] == digests[s]
         assert _plan(second, "k1", 4)[0].cost_model_id == f"{COST_MODEL}@2"
