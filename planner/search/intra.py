@@ -37,12 +37,6 @@ _MEM_SLACK = 1e-9
 """Relative slack kept below the budget against floating-point summation order."""
 
 
-def _fixed_s(table: CostTable, j: int, ks: Sequence[int]) -> float:
-    hi, lo = max(ks), min(ks)
-    return (table.microbatch_base_s + (table.num_layers + hi - lo) * float(table.call_s_by_size[j])
-            + hi * float(table.call_fwd_s_by_size[j]))
-
-
 def kmin_layout(table: CostTable, j: int, members: Sequence[int]) -> Layout:
     """First-fit decreasing by bytes with every sample at its ``k_min`` (inter-only policies)."""
     cls = table.classes.class_of
@@ -75,7 +69,7 @@ def _layout_time_s(col: _Column, layout: Layout) -> float:
     for mb in layout:
         if mb:
             ks = [k for _, k in mb]
-            total += col.fixed_s(max(ks), min(ks))  # _fixed_s(table, j, ks)
+            total += col.fixed_s(max(ks), min(ks))
             total += sum([t0[cls[i]] + k * r[cls[i]] for i, k in mb])
     return total
 
@@ -127,12 +121,14 @@ class _Column:
         self.base_fixed_s = table.microbatch_base_s
         self.call_s = float(table.call_s_by_size[j])
         self.call_fwd_s = float(table.call_fwd_s_by_size[j])
-        self.fixed0_s = _fixed_s(table, j, [0])
+        self.fixed0_s = self.fixed_s(0, 0)
         self.memo: dict[tuple[int, ...], tuple[float, list[tuple[int, int]]] | None] = {}
         self.single: dict[int, tuple[float, int] | None] = {}  # by class: (seconds, policy)
 
     def fixed_s(self, hi: int, lo: int) -> float:
-        """``_fixed_s`` of policies with largest ``hi`` and smallest ``lo`` (same sums)."""
+        """Fixed seconds of a micro-batch whose policies run from ``lo`` to ``hi`` recomputed
+        layers (``CostModel.microbatch_fixed_s``: mixed policies split layer calls, recompute
+        adds forwards)."""
         return self.base_fixed_s + (self.layers + hi - lo) * self.call_s + hi * self.call_fwd_s
 
 
@@ -189,7 +185,7 @@ def _microbatch_policies(col: _Column, members: Sequence[int]
                 break
         if left > 0:
             continue
-        # _fixed_s of the policies [ks.get(i, 0) for i in members]: every k here is >= 1.
+        # fixed seconds of the policies [ks.get(i, 0) for i in members]: every k here is >= 1.
         hi = max(ks.values())
         lo = min(ks.values()) if len(ks) == len(members) else 0
         t = base_s + extra_s + col.fixed_s(hi, lo)
