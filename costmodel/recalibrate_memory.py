@@ -103,10 +103,11 @@ def fit_activation_scale(fixed_bytes: Sequence[float], var_bytes: Sequence[float
     if not (np.isfinite(prior) and prior > 0):
         raise ValueError(f"prior={prior} must be finite and positive")
     use = (var > 0) & (prior * var >= min_share * peak)
-    factor = float(np.max((peak[use] - fixed[use]) / var[use])) if np.any(use) else prior
-    fitted = bool(np.any(use)) and factor > 0
-    if not fitted:
-        factor = prior  # the fixed part alone is over the peak: nothing says what a token costs
+    ratios = (peak[use] - fixed[use]) / var[use]
+    # not fitted: no usable step, or the fixed part alone is over every peak (nothing says what
+    # a token costs)
+    fitted = bool(ratios.size) and float(ratios.max()) > 0
+    factor = float(ratios.max()) if fitted else prior
 
     def errors(a: float) -> tuple[float | None, float | None]:
         if not len(peak):
