@@ -217,7 +217,7 @@ def test_non_power_of_two_sizes_are_used_when_allowed() -> None:
     ("time_limit_s", 0.0), ("num_workers", 0), ("sizes", "odd"), ("max_group_size", 0),
     ("group_sizes", ()), ("loss_normalization", "bytes"), ("num_lpt_runs", 0),
     ("memory_safety_fraction", 0.7), ("bucket_tolerance", -0.1), ("bucket_tolerance", 1.0),
-    ("lp_bound_iterations", -1), ("lp_bound_min_gap", -0.5),
+    ("lp_bound_iterations", -1), ("lp_bound_min_gap", -0.5), ("lp_bound_micro_batch_buckets", 0),
 ])
 def test_config_rejects_bad_values(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
@@ -252,7 +252,7 @@ def test_a_bound_above_a_valid_plan_is_refused_loudly(caplog: pytest.LogCaptureF
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("workload", "cluster_name", "num_samples"), [
     ("video-balanced", "h200x8", 64), ("text-longtail", "h200x32", 128),
-    ("video-long", "h200x32", 96),
+    ("video-long", "h200x32", 96), ("video-short", "h200x32", 256),
 ])
 def test_bounds_stay_below_the_best_plan_found_with_a_long_budget(
         workload: str, cluster_name: str, num_samples: int) -> None:
@@ -268,6 +268,15 @@ def test_bounds_stay_below_the_best_plan_found_with_a_long_budget(
         assert plan.lower_bound.value_s <= best_s * (1 + 1e-9), plan.lower_bound
         if plan.solver.objective_bound_s is not None:
             assert plan.solver.objective_bound_s <= best_s * (1 + 1e-9)
+    # The offline partition MIP (whole groups, the module's micro-batch buckets) too.
+    from planner.bounds.lp import partition_lp_bound
+    from planner.planning import prepare
+
+    prep = prepare(samples, cluster=cluster, cost_model=cmf, config=PlannerConfig())
+    sync = prep.table.grad_sync_s
+    lp = partition_lp_bound(prep.table, lower_s=prep.bounds.compute_makespan_s,
+                            upper_s=best_s - sync, iterations=10, integral_groups=True)
+    assert lp + sync <= best_s * (1 + 1e-9)
 
 
 def test_for_budget_scales_the_work_limits() -> None:
