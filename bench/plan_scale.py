@@ -88,11 +88,13 @@ def growth_exponent(xs: list[float], ys: list[float]) -> float:
     return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
 
 
-def sweep(name: str, workload: str, points: list[tuple[int, int]], x_of: str) -> dict[str, Any]:
-    """Run every ``(gpus, samples)`` point; fit the exponent of CPU time in ``x_of``."""
+def sweep(name: str, workload: str, points: list[tuple[int, int]], x_of: str,
+          steps_per_point: int | None = None) -> dict[str, Any]:
+    """Run every ``(gpus, samples)`` point (``steps_per_point`` steps, default 3 up to 2,048
+    samples and 1 above); fit the exponent of CPU time in ``x_of``."""
     rows = []
     for gpus, samples in points:
-        steps = 3 if samples <= 2048 else 1
+        steps = steps_per_point or (3 if samples <= 2048 else 1)
         rows.append(run_point(workload, gpus, samples, steps))
         r = rows[-1]
         logger.info("%s %s %d x %d: cpu %.3f s wall %.3f s rss %.0f MiB", name, workload, gpus,
@@ -113,6 +115,8 @@ def main() -> None:
     parser.add_argument("--points", nargs="*", default=None, metavar="GPUSxSAMPLES",
                         help="only these points (e.g. 1024x8192 4096x32768), as one 'points' "
                              "sweep per workload instead of the three sweeps")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="steps per point (default: 3 up to 2,048 samples, 1 above)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "plan_scale.json")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -137,7 +141,7 @@ def main() -> None:
     for workload in args.workloads:
         for name, points, x_of in sweeps:
             if points:
-                result["sweeps"].append(sweep(name, workload, points, x_of))
+                result["sweeps"].append(sweep(name, workload, points, x_of, args.steps))
     result["machine"]["loadavg_at_end"] = os.getloadavg()
     for s in result["sweeps"]:
         print(f"\n{s['workload']}, {s['sweep']} sweep: CPU time grows as {s['x']}^"

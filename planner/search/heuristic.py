@@ -73,6 +73,22 @@ def bucket_runs(table: CostTable, order: list[int], *, tolerance: float) -> list
     return ends
 
 
+LARGE_BATCH_SAMPLES = 8192
+"""Above this many samples the candidate multisets get 2 LPT runs instead of at least 4."""
+
+
+def lpt_run_budget(num_lpt_runs: int, num_samples: int) -> int:
+    """LPT runs on the candidate multisets for a batch of ``num_samples``.
+
+    Work limits are sized for 256 samples; larger batches get proportionally fewer runs, never
+    fewer than 4 (2 above ``LARGE_BATCH_SAMPLES``, where each run costs 0.2-0.3 s and the
+    on-demand packing's multisets, which get their own runs, beat the candidates'), so a preset
+    stays near its budget at any size.
+    """
+    floor = 4 if num_samples <= LARGE_BATCH_SAMPLES else 2
+    return max(min(num_lpt_runs, floor), round(num_lpt_runs * min(1.0, 256 / max(num_samples, 1))))
+
+
 def to_draft(table: CostTable, groups: list[GroupState]) -> Draft:
     """The groups as a draft: each sample at its cheapest fitting policy in the groups'
     micro-batches, or with ``table.intra_policies`` the best split and policies per group
@@ -119,10 +135,7 @@ def heuristic_plan(table: CostTable, *, makespan_hint_s: float, num_candidates: 
     Raises:
         ValueError: when no multiset of allowed sizes can hold the batch.
     """
-    # Work limits are sized for 256 samples; larger batches get proportionally fewer runs
-    # (never fewer than 4), so a budget preset stays near its budget at 1024 samples.
-    num_lpt_runs = max(min(num_lpt_runs, 4),
-                       round(num_lpt_runs * min(1.0, 256 / max(len(table.samples), 1))))
+    num_lpt_runs = lpt_run_budget(num_lpt_runs, len(table.samples))
     # Only as many multisets as the LPT runs can use (two runs each, then uniform ones).
     multisets = candidate_multisets(table, makespan_s=makespan_hint_s,
                                     limit=min(num_candidates, max(2, num_lpt_runs // 2 + 1)))
@@ -154,7 +167,7 @@ def heuristic_plan(table: CostTable, *, makespan_hint_s: float, num_candidates: 
     probed: list[tuple[float, int, list[GroupState]]] = []
     # Bisection on the target of the on-demand packing, whose multisets then get the LPT.
     lo, hi = makespan_hint_s, scored[0][0]
-    seen = {tuple(ms) for ms in multisets}
+    seen = {tuple(ms) for ms, _ in runs[:max(1, num_lpt_runs)]}  # the multisets the LPT ran
     for _ in range(num_target_probes + 2):
         mid = 0.5 * (lo + hi)
         ms_new = packed_multiset(table, order, target_s=mid, runs=bucketed)
