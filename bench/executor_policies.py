@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,6 +47,7 @@ from costmodel.presets import hardware_names, load_hardware
 from costmodel.profiling.format import ComputeRecord, HeadRecord, Profile, read_profile
 from costmodel.profiling.sweep import SweepConfig, make_header, run_sweep
 from costmodel.specs import ClusterSpec, HardwareSpec, ModelSpec, Sample
+from dcp_cli.net import free_port
 from dcp_cli.progress import make_progress
 from executor.context import SPContext
 from executor.layout import PackedLayout, SampleShape
@@ -56,12 +56,6 @@ from executor.models import Llama1D, ModelConfig, STDiT2D, init_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _spec(kind: str, cfg: ModelConfig) -> ModelSpec:
@@ -86,7 +80,7 @@ def _comm_profile(hardware: str, tmp: Path) -> list[Profile]:
         return []
     out = tmp / "comm.jsonl"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
            str(Path(sys.executable).with_name("dcp")), "profile-comm", "--out", str(out),
            "--hardware", hardware, "--backend", "gloo", "--num-sizes", "5", "--repeats", "5",
            "--gpus-per-node", "2"]

@@ -58,6 +58,7 @@ from executor.groups import GroupRegistry
 from executor.measured_steps import MeasuredSteps
 from executor.models import Llama1D, ModelConfig, init_weights
 from executor.runtime import MicroBatchWork
+from executor.step_gc import StepGC
 
 ROOT = Path(__file__).resolve().parents[1]
 EPOCH = "recalibration"
@@ -114,8 +115,10 @@ def setup_fitted(world: int, offline: CostModelFile, *, num_samples: int, tight_
 
 
 def _rank(rank: int, world: int, port: int, url: str, samples_json: str, steps_a: int, steps_b: int,
-          offline: bool) -> None:
+          offline: bool, gc_every_steps: int, pin_ranks: bool) -> None:
     torch.set_num_threads(1)
+    if pin_ranks:  # one core per rank: no migrations between the two timed processes
+        os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=300))
     samples = [Sample.model_validate(s) for s in json.loads(samples_json)]
@@ -124,8 +127,10 @@ def _rank(rank: int, world: int, port: int, url: str, samples_json: str, steps_a
     init_weights(model, seed=0)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     client = PlannerClient(url, retry=RetryPolicy(deadline_s=120))
+    step_gc = StepGC(every_steps=gc_every_steps) if gc_every_steps > 0 else None
     loop = MeasuredSteps(client, rank=rank,
-                         registry=GroupRegistry(world_size=world, rank=rank, group_sizes=[1, 2, 4][:world]))
+                         registry=GroupRegistry(world_size=world, rank=rank, group_sizes=[1, 2, 4][:world]),
+                         step_gc=step_gc)
 
     def loss(work: MicroBatchWork) -> torch.Tensor:
         logits = model(work.inputs, work.ctx, recompute_layers=work.recompute_layers)
@@ -148,6 +153,8 @@ def _rank(rank: int, world: int, port: int, url: str, samples_json: str, steps_a
     if loop.num_dropped_steps:
         logger.warning("rank %d: %d steps' measurements dropped", rank, loop.num_dropped_steps)
     client.close()
+    if step_gc is not None:
+        step_gc.close()
     dist.destroy_process_group()
 
 
@@ -252,6 +259,15 @@ def main() -> None:
     parser.add_argument("--service-nice", type=int, default=0,
                         help="DCP_WORKER_NICE of the service: its solver pool (recalibration, re-planning) "
                              "shares this machine's cores with the ranks (0: same priority).")
+    parser.add_argument("--service-idle", action="store_true",
+                        help="Run the service under SCHED_IDLE: it gets a core only when no rank wants "
+                             "it, as on a host of its own (this machine has no core to spare).")
+    parser.add_argument("--gc-every-steps", type=int, default=1,
+                        help="Ranks collect Python's garbage every N steps at the step boundary "
+                             "(executor.step_gc; 0: Python's automatic collector, whose pauses land in "
+                             "measured micro-batches).")
+    parser.add_argument("--pin-ranks", action="store_true",
+                        help="Pin rank r to core r (mod the cores); the service stays unpinned.")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "recalibration.json")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -271,7 +287,8 @@ def main() -> None:
                                         tight_tokens=args.tight_tokens, compute_factor=args.compute_factor)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        proc, url = start_service(tmp, log=tmp / "serve.log", env={"DCP_WORKER_NICE": str(args.service_nice)})
+        proc, url = start_service(tmp, log=tmp / "serve.log", env={"DCP_WORKER_NICE": str(args.service_nice)},
+                                  sched_idle=args.service_idle)
         try:
             httpx.post(f"{url}/v1/cost-models", json=wrong, timeout=30).raise_for_status()
             _create_epoch(url, EPOCH, samples, args.samples_per_step, cluster, wrong["id"])
@@ -284,7 +301,8 @@ def main() -> None:
             mp.spawn(_rank, nprocs=args.world, join=True,
                      args=(args.world, free_port(), url, json.dumps([s.model_dump(exclude_none=True)
                                                                       for s in samples]),
-                           args.steps_a, args.steps_b, offline is not None))
+                           args.steps_a, args.steps_b, offline is not None, args.gc_every_steps,
+                           args.pin_ranks))
             time.sleep(1.0)
             while httpx.get(f"{url}/v1/epochs/{EPOCH}/recalibration", timeout=10).json()["busy"]:
                 time.sleep(0.2)
@@ -297,7 +315,10 @@ def main() -> None:
     elapsed_s = time.perf_counter() - start
     print(f"recalibration, {args.world} gloo ranks, {num_steps} steps of {args.samples_per_step} samples, "
           f"{args.start} model, compute x{args.compute_factor}, all-to-all x{args.alltoall_factor}, "
-          f"recalibrate every {args.every_steps} measured steps, solver pool at nice {args.service_nice}; "
+          f"recalibrate every {args.every_steps} measured steps, solver pool at nice {args.service_nice}"
+          f"{', service under SCHED_IDLE' if args.service_idle else ''}, ranks collect garbage "
+          f"{f'every {args.gc_every_steps} steps' if args.gc_every_steps else 'automatically'}"
+          f"{', ranks pinned to cores' if args.pin_ranks else ''}; "
           f"load {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f}")
     print(f"{'step':>5}{'rev':>5}{'micro-batches':>15}{'MAPE':>9}{'pred/meas':>11}")
     for e in report["steps"]:
@@ -352,7 +373,9 @@ def main() -> None:
         "benchmark": "recalibration", "world_size": args.world, "steps_a": args.steps_a,
         "steps_b": args.steps_b, "samples_per_step": args.samples_per_step, "every_steps": args.every_steps,
         "start": args.start, "compute_factor": args.compute_factor, "alltoall_factor": args.alltoall_factor,
-        "tight_tokens": args.tight_tokens, "service_nice": args.service_nice, "elapsed_s": elapsed_s,
+        "tight_tokens": args.tight_tokens, "service_nice": args.service_nice,
+        "service_idle": args.service_idle, "gc_every_steps": args.gc_every_steps, "pin_ranks": args.pin_ranks,
+        "elapsed_s": elapsed_s,
         "comparison": comparison,
         "errors_by_revision": {str(k): v for k, v in by_rev.items()}, "errors_from_step_20": late,
         "offline_micro_batches": offline_records,

@@ -30,7 +30,8 @@ import torch.multiprocessing as mp
 from costmodel.presets import CPU_HARDWARE
 from costmodel.profiling.comm import CommSweepConfig, run_comm_sweep
 from costmodel.profiling.format import CommRecord, Profile, ProfileHeader
-from dcp_cli.check_config import CheckConfig, build_reference_model, free_port, init_rank, run_as_profiled
+from dcp_cli.check_config import CheckConfig, build_reference_model, init_rank, run_as_profiled
+from dcp_cli.net import free_port
 from executor.context import SPContext
 from executor.layout import PackedLayout, SampleShape
 from executor.ulysses import EmulatedGroup, Group

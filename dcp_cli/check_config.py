@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -101,13 +100,6 @@ def build_reference_model(config: CheckConfig) -> nn.Module:
     model: nn.Module = Llama1D(cfg) if config.kind == "1d" else STDiT2D(cfg)
     init_weights(model, seed=config.seed)
     return model
-
-
-def free_port() -> int:
-    """A free TCP port on loopback."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def init_rank(rank: int, world: int, port: int) -> None:

@@ -58,12 +58,12 @@ from dcp_cli.check_config import (
     CheckConfig,
     ProgressFn,
     build_reference_model,
-    free_port,
     init_rank,
     reference_spec,
     run_as_profiled,
 )
 from dcp_cli.check_profile import ReferenceLayer, profile_reference
+from dcp_cli.net import free_port
 from executor.context import SPContext
 from executor.data import SyntheticDataset
 from executor.groups import GroupRegistry

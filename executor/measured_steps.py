@@ -18,6 +18,7 @@ from executor.client import PlannerClient
 from executor.groups import GroupRegistry
 from executor.measure import MeasurementReporter, ReporterConfig, StepMeasurement, StepTimer
 from executor.runtime import Executor, Item, MicroBatchWork
+from executor.step_gc import StepGC
 
 LossFn = Callable[[MicroBatchWork], torch.Tensor]
 """Forward of one micro-batch to its (already normalised) loss."""
@@ -28,18 +29,21 @@ class MeasuredSteps:
 
     def __init__(self, client: PlannerClient, *, rank: int, registry: GroupRegistry,
                  weight_dtype: torch.dtype = torch.float32,
-                 reporter: ReporterConfig | None = None) -> None:
+                 reporter: ReporterConfig | None = None, step_gc: StepGC | None = None) -> None:
         """Args:
             client: The rank's client of the planner service.
             rank: This rank.
             registry: The process groups of the world.
             weight_dtype: dtype of the loss weights (:class:`Executor`).
             reporter: How measurements are batched and posted.
+            step_gc: Garbage collection at step boundaries (``executor.step_gc``; None:
+                Python's automatic collector, whose pauses land inside measured micro-batches).
         """
         self.client, self.rank = client, rank
         self.reporter_config = reporter or ReporterConfig(batch_steps=4, flush_interval_s=0.5)
         self.timer = StepTimer(rank=rank, sink=self._sink)
-        self.executor = Executor(registry=registry, weight_dtype=weight_dtype, timer=self.timer)
+        self.executor = Executor(registry=registry, weight_dtype=weight_dtype, timer=self.timer,
+                                 step_gc=step_gc)
         self.reporters: list[MeasurementReporter] = []
         self.fetched: dict[str, dict[int, str]] = {}
         """Plan digest of every fetched step, per epoch."""

@@ -34,6 +34,7 @@ from planner.plan import LossNormalizer, RankPlan
 
 if TYPE_CHECKING:
     from executor.measure import StepTimer
+    from executor.step_gc import StepGC
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class Executor:
 
     def __init__(self, *, registry: GroupRegistry, device: torch.device | str = "cpu",
                  weight_dtype: torch.dtype = torch.float64, timer: StepTimer | None = None,
-                 grad_sync: GradSync | None = None) -> None:
+                 grad_sync: GradSync | None = None, step_gc: StepGC | None = None) -> None:
         """Bind the executor to its groups.
 
         Args:
@@ -111,6 +112,8 @@ class Executor:
             grad_sync: How gradients are summed over the world (``executor.grad_sync``):
                 ``AllReduceSync()`` (default), ``DDPSync(ddp_model, ...)`` or
                 ``FSDP2Sync(sharded_model, ...)``.
+            step_gc: Python's garbage collector at step boundaries (``executor.step_gc``):
+                :meth:`begin_step` runs it before the step's work, never inside a micro-batch.
         """
         self.registry = registry
         self.rank = registry.rank
@@ -119,6 +122,7 @@ class Executor:
         self.weight_dtype = weight_dtype
         self.timer = timer
         self.grad_sync: GradSync = grad_sync if grad_sync is not None else AllReduceSync()
+        self.step_gc = step_gc
 
     def begin_step(self, rank_plan: RankPlan, *, step: int) -> None:
         """Check, on every rank together, that all hold the same plan for ``step``.
@@ -131,6 +135,8 @@ class Executor:
                              device=self.device)
         self.registry.check_layout(rank_plan.group_sizes)  # every rank, every group: raise together
         self.registry.group_for(rank_plan.group)
+        if self.step_gc is not None:
+            self.step_gc.at_step_boundary()
         if self.timer is not None:
             self.timer.begin_step(rank_plan, step=step)
 

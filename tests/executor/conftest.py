@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from dcp_cli.net import free_port
 from tests.executor import scenarios
-from tests.executor.helpers import free_port
 
 
 @pytest.fixture(scope="session")

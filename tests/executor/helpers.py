@@ -6,7 +6,6 @@ whatever valid plan it gets.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -98,13 +97,6 @@ def reference_backward(model: torch.nn.Module, plan: Plan, kind: str) -> None:
     out = model(inputs, ctx, recompute_layers=[0] * len(samples))
     weights = token_weights(samples, layout, plan.loss_normalizer, dtype=dtype, device="cpu")
     (model.token_losses(out, targets) * weights).sum().backward()  # type: ignore[operator]
-
-
-def free_port() -> int:
-    """A free TCP port on loopback."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def init_gloo(rank: int, world_size: int, port: int) -> None:

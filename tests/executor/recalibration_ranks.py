@@ -22,14 +22,12 @@ from executor.models import Llama1D, STDiT2D
 from executor.runtime import MicroBatchWork
 from tests.executor.helpers import CONFIG, build_model, init_gloo
 
-WORLD = 2
 
-
-def worker(rank: int, port: int, url: str, epoch_id: str, samples_json: str, steps_a: int, steps_b: int,
-           out: str, kind: str = "1d") -> None:
+def worker(rank: int, world: int, port: int, url: str, epoch_id: str, samples_json: str, steps_a: int,
+           steps_b: int, out: str, kind: str = "1d") -> None:
     """One rank of the ``kind`` reference model: phase A, wait for the revision, phase B; writes
     what it fetched."""
-    init_gloo(rank, WORLD, port)
+    init_gloo(rank, world, port)
     from costmodel.specs import Sample
 
     samples = [Sample.model_validate(s) for s in json.loads(samples_json)]
@@ -39,7 +37,8 @@ def worker(rank: int, port: int, url: str, epoch_id: str, samples_json: str, ste
     token_losses = Llama1D.token_losses if kind == "1d" else STDiT2D.token_losses
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     client = PlannerClient(url, retry=RetryPolicy(deadline_s=60))
-    loop = MeasuredSteps(client, rank=rank, registry=GroupRegistry(world_size=WORLD, rank=rank, group_sizes=[1, 2]))
+    loop = MeasuredSteps(client, rank=rank, registry=GroupRegistry(world_size=world, rank=rank,
+                                                                   group_sizes=[d for d in (1, 2, 4) if d <= world]))
 
     def loss(work: MicroBatchWork) -> torch.Tensor:
         logits = model(work.inputs, work.ctx, recompute_layers=work.recompute_layers)

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from dcp_cli.net import free_port
 from executor.client import (
     PlannerClient,
     PlanPrefetcher,
@@ -17,7 +18,6 @@ from executor.client import (
 )
 from planner.epoch import BatchRule, make_steps, plan_samples, step_seed
 from planner.plan import Plan
-from tests.executor.helpers import free_port
 from tests.executor.service import OPTIONS, Service, start_epoch, tiny_manifest, tiny_setup
 
 EPOCH = "client-test"

@@ -14,8 +14,9 @@ from costmodel.analytic import analytic_cost_model
 from costmodel.evaluate import CostModel
 from costmodel.presets import load_hardware
 from costmodel.specs import ClusterSpec, ModelSpec
+from dcp_cli.net import free_port
 from tests.executor import collectives
-from tests.executor.helpers import CONFIG, free_port
+from tests.executor.helpers import CONFIG
 from tests.executor.scenarios import WORLD, plans_1d, plans_2d
 
 FP32_OVER_BF16 = 2  # the analytic file counts bf16 bytes; the test runs fp32

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.executor.helpers import free_port
+from dcp_cli.net import free_port
 from tests.executor.service import Service
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,9 +7,10 @@ import time
 
 import pytest
 
+from dcp_cli.net import free_port
 from executor.client import PlannerClient, RetryPolicy
 from executor.measure import MeasurementReporter, ReporterConfig, StepMeasurement, StepTimer
-from tests.executor.helpers import free_port, make_plan, s1d
+from tests.executor.helpers import make_plan, s1d
 
 
 def _rank_plan(step: int, num_micro_batches: int):  # type: ignore[no-untyped-def]

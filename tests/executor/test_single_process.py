@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 
 import pytest
@@ -14,6 +15,7 @@ from executor.groups import GroupRegistry
 from executor.layout import PackedLayout, SampleShape
 from executor.memory import ActivationMeter
 from executor.runtime import Executor
+from executor.step_gc import StepGC
 from tests.executor.helpers import CONFIG, build_model, make_plan, s1d, s2d
 
 
@@ -136,3 +138,54 @@ def test_packed_attention_never_crosses_samples(kind: str) -> None:
     k2[12:] = torch.randn(8, 2, 4, generator=gen, dtype=torch.float64)  # only the second sample
     again = packed_attention(q, k2, v, samples=shapes, kind=kind)  # type: ignore[arg-type]
     assert torch.equal(again[:12], packed[:12]) and not torch.allclose(again[12:], packed[12:])
+
+
+def _gc_events_of_a_run(step_gc: StepGC | None) -> list[object]:
+    """Four steps of the one-rank plan, each micro-batch making 3,000 reference cycles (past the
+    automatic collector's threshold); the order of steps, micro-batches and collections."""
+    views = [make_plan([([0], [[(s1d("a", 5), 0), (s1d("b", 3), 1)], [(s1d("c", 4), 3)]])],
+                       num_ranks=1, step=step).rank_view(0) for step in range(4)]
+    data = SyntheticDataset([s1d("a", 5), s1d("b", 3), s1d("c", 4)], kind="1d", vocab=CONFIG.vocab)
+    loaded = [[data[data.index_of[ps.sample.id]] for ps in mb.samples] for mb in views[0].group.micro_batches]
+    events: list[object] = []
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            events.append("gc")
+
+    executor = Executor(registry=GroupRegistry(world_size=1, rank=0, group_sizes=[1]), step_gc=step_gc)
+    gc.callbacks.append(on_gc)
+    try:
+        for step, view in enumerate(views):
+            executor.begin_step(view, step=step)
+            events.append(f"step {step}")
+            for work in executor.micro_batches(view, loaded=loaded):
+                for _ in range(3000):
+                    cycle: list[object] = []
+                    cycle.append(cycle)
+                events.append(work.sample_ids)
+    finally:
+        gc.callbacks.remove(on_gc)
+    return events
+
+
+def test_step_gc_collects_at_step_boundaries_and_never_inside_a_micro_batch() -> None:
+    assert gc.isenabled()
+    # Python's own collector runs inside the micro-batches (what StepGC is for).
+    assert "gc" in _gc_events_of_a_run(None)[1:]
+    with StepGC(every_steps=2) as step_gc:
+        assert not gc.isenabled()
+        events = _gc_events_of_a_run(step_gc)
+    assert gc.isenabled()  # given back
+    mb = [("a", "b"), ("c",)]
+    assert events == ["step 0", *mb, "gc", "step 1", *mb, "step 2", *mb, "gc", "step 3", *mb]
+    assert step_gc.num_collections == 2 and step_gc.collect_s > 0
+    step_gc.at_step_boundary()  # closed: nothing more
+    assert step_gc.num_collections == 2
+
+
+@pytest.mark.parametrize("every", [0, -1, 1.5, True])
+def test_step_gc_rejects_a_bad_interval(every: object) -> None:
+    with pytest.raises(ValueError, match="every_steps must be a positive integer"):
+        StepGC(every_steps=every)  # type: ignore[arg-type]
+    assert gc.isenabled()

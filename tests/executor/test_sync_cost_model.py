@@ -22,8 +22,9 @@ from costmodel.analytic import analytic_cost_model
 from costmodel.evaluate import CostModel
 from costmodel.presets import load_hardware
 from costmodel.specs import DDP_DEFAULT_BUCKET_BYTES, ClusterSpec, ModelSpec
+from dcp_cli.net import free_port
 from tests.executor import sync_counts
-from tests.executor.helpers import CONFIG, build_model, free_port
+from tests.executor.helpers import CONFIG, build_model
 from tests.executor.scenarios import WORLD
 
 FP32_OVER_BF16 = 2  # the analytic file counts bf16 bytes; the test runs fp32

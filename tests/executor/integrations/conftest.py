@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.executor.helpers import free_port
+from dcp_cli.net import free_port
 
 
 @pytest.fixture(scope="session")
