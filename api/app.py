@@ -23,7 +23,7 @@ from fastapi_offline import FastAPIOffline
 from api.deps import ServiceState
 from api.errors import install_error_handlers
 from api.fastpath import RankViewFastPath
-from api.jobs import JobManager, RetryPolicy
+from api.job_manager import JobManager, RetryPolicy
 from api.lease import StoreLease
 from api.limits import RequestGuardMiddleware
 from api.metrics import LatencyMiddleware, Metrics

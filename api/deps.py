@@ -9,14 +9,15 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from api.cost_model_store import InvalidStoredCostModelError
 from api.errors import conflict, not_found, unprocessable
-from api.jobs import JobManager
+from api.job_manager import JobManager
 from api.metrics import Metrics
 from api.pool import SolverPool
 from api.recalibration import Recalibrator
 from api.registry import CostModelRegistry, resolve_cluster
 from api.settings import Settings
-from api.store import InvalidStoredCostModelError, PlanStore
+from api.store import PlanStore
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec
 

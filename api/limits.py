@@ -6,8 +6,9 @@ In this order, before any framework work:
    401 at once: an unauthenticated client never makes the service read, buffer or parse a body.
 2. A declared ``Content-Length`` over ``max_body_bytes`` gets 413 at once.
 3. The body is read in full with a deadline (``body_read_timeout_s``, 408 when a client sends
-   too slowly) and a running size check (413 for chunked bodies over the limit), then replayed
-   to the app, so routes never see a partial body.
+   too slowly) and a running size check (413 for chunked bodies over the limit, sent once up to
+   as much again has been read and dropped, so that the client gets the answer, not a reset),
+   then replayed to the app, so routes never see a partial body.
 4. Anything the app raises becomes a JSON error (``api.errors.error_response``: 503 for a
    busy, full or read-only store, 500 otherwise) with ``Connection: close``.
 
@@ -129,6 +130,8 @@ class RequestGuardMiddleware:
             body = message.get("body", b"")
             size += len(body)
             if size > self.max_body_bytes:
+                if message.get("more_body", False):
+                    await self._drain(receive, deadline)
                 await send_json(send, 413, self._too_large(), close=True)
                 return None
             chunks.append(body)
@@ -145,6 +148,26 @@ class RequestGuardMiddleware:
             return await receive()
 
         return replay
+
+    async def _drain(self, receive: Receive, deadline: float) -> None:
+        """Read and drop the rest of a refused body before answering, up to ``max_body_bytes``
+        more and the read deadline. The server closes the connection right after the answer,
+        and a socket closed with unread bytes sends a reset, which can reach the client before
+        it has read the answer and lose it (what HTTP servers avoid with a lingering close;
+        under uvicorn the app can only read before it answers). A longer body is cut off as
+        before."""
+        dropped = 0
+        while dropped <= self.max_body_bytes:
+            left_s = deadline - time.monotonic()
+            if left_s <= 0:
+                return
+            try:
+                message = await asyncio.wait_for(receive(), timeout=left_s)
+            except TimeoutError:
+                return
+            if message["type"] == "http.disconnect" or not message.get("more_body", False):
+                return
+            dropped += len(message.get("body", b""))
 
     def _too_large(self) -> list[dict[str, object]]:
         return [{"loc": ["body"], "type": "body_too_large",

@@ -20,7 +20,7 @@ from api.store import PlanStore
 from api.store_schema import transaction
 from costmodel.evaluate import nodes_spanned
 from costmodel.specs import ClusterSpec
-from planner.plan import MicroBatch, Plan
+from planner.plan import GroupPlan, MicroBatch, Plan
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +32,13 @@ def micro_batch_fields(mb: MicroBatch) -> dict[str, Any]:
     """A planned micro-batch's samples and checkpoint policies, JSON-ready (what the fits read)."""
     return {"samples": [ps.sample.model_dump(exclude_none=True) for ps in mb.samples],
             "policies": [ps.recompute_layers for ps in mb.samples]}
+
+
+def peak_record(step: int, group: GroupPlan, peak_bytes: float) -> dict[str, Any]:
+    """A measured group step's peak with its micro-batches (what the memory fit reads)."""
+    return {"step": step, "first_rank": group.first_rank, "group_size": group.size,
+            "micro_batches": [micro_batch_fields(mb) for mb in group.micro_batches],
+            "peak_bytes": float(peak_bytes)}
 
 
 def base_id(cost_model_id: str) -> str:
@@ -104,9 +111,7 @@ class PlanMeasurementStore:
                 if group.first_rank not in times:
                     continue
                 if group.first_rank in peak and group.micro_batches:
-                    peaks.append({"step": index, "first_rank": group.first_rank, "group_size": group.size,
-                                  "micro_batches": [micro_batch_fields(mb) for mb in group.micro_batches],
-                                  "peak_bytes": peak[group.first_rank]})
+                    peaks.append(peak_record(index, group, peak[group.first_rank]))
                 medians = [statistics.median(v) for v in zip(*times[group.first_rank], strict=True)]
                 nodes = nodes_spanned(first_rank=group.first_rank, group_size=group.size,
                                       gpus_per_node=cluster.gpus_per_node)

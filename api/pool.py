@@ -15,6 +15,12 @@ Deadlines (``submit_with_deadline``) are enforced twice:
 
 Workers also watch their parent: when the service dies (kill -9 included) they exit within
 about ``PARENT_POLL_S`` instead of living on as orphans.
+
+Workers report when they start a deadline task over one pipe shared by every worker of every
+pool the service makes, written without a lock: each report is one ``os.write`` of
+``_START_RECORD.size`` bytes, which POSIX makes atomic on a pipe (at most ``PIPE_BUF``). A lock
+would not survive a worker killed while holding it: every later report would wait on it for
+good, and with them every task (a ``multiprocessing`` queue's lock did exactly that).
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ import itertools
 import logging
 import multiprocessing
 import os
+import select
 import signal
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -51,7 +59,11 @@ class _Alarm(BaseException):
 
 
 _STARTS: Any = None
-"""In a worker: the queue on which each deadline task reports ``(token, start unix time)``."""
+"""In a worker: the pipe's write end (a ``multiprocessing`` connection, which owns the
+descriptor), on which each deadline task reports when it starts."""
+
+_START_RECORD = struct.Struct("<qd")
+"""One start report: the task's token and its start as unix time (16 bytes, atomic on a pipe)."""
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -63,7 +75,14 @@ def _watch_parent(parent_pid: int) -> None:
 
 def init_worker(parent_pid: int, starts: Any = None, nice: int = 0) -> None:
     """Pool-worker initializer: exit when the parent dies; lower the priority by ``nice``;
-    import the planner up front."""
+    import the planner up front.
+
+    Args:
+        parent_pid: The service's pid.
+        starts: The write end (a ``multiprocessing`` connection) of the pipe on which deadline
+            tasks report their start, or None.
+        nice: Steps below the parent's priority.
+    """
     global _STARTS
     _STARTS = starts
     if nice > 0 and hasattr(os, "nice"):
@@ -84,7 +103,7 @@ def run_with_deadline(token: int, deadline_s: float, fn: Callable[..., T], /, *a
         raise _Alarm()
 
     if _STARTS is not None:
-        _STARTS.put((token, time.time()))
+        os.write(_STARTS.fileno(), _START_RECORD.pack(token, time.time()))  # atomic: no lock to die holding
     try:
         previous = signal.signal(signal.SIGALRM, on_alarm)
         signal.setitimer(signal.ITIMER_REAL, deadline_s)
@@ -115,9 +134,9 @@ class SolverPool(Executor):
         self.num_workers = num_workers
         self.nice = nice
         self.grace_s = grace_s
-        self._lock = threading.Lock()
-        self._starts_queue = multiprocessing.get_context("spawn").SimpleQueue()
-        self._executor = make_executor(num_workers, starts=self._starts_queue, nice=nice)
+        self._lock = threading.RLock()
+        self._starts_read, self._starts_write = multiprocessing.get_context("spawn").Pipe(duplex=False)
+        self._executor = make_executor(num_workers, starts=self._starts_write, nice=nice)
         self.num_replacements = 0
         self.num_deadline_kills = 0
         self._tokens = itertools.count()
@@ -138,7 +157,7 @@ class SolverPool(Executor):
                 if self._executor is executor:
                     logger.warning("solver pool broken (a worker died); starting a new one")
                     executor.shutdown(wait=False, cancel_futures=True)
-                    self._executor = make_executor(self.num_workers, starts=self._starts_queue,
+                    self._executor = make_executor(self.num_workers, starts=self._starts_write,
                                                    nice=self.nice)
                     self.num_replacements += 1
                 executor = self._executor
@@ -152,20 +171,33 @@ class SolverPool(Executor):
         ``BrokenProcessPool`` when the backstop had to kill the workers ``grace_s`` later.
         """
         token = next(self._tokens)
-        future: Future[T] = self.submit(run_with_deadline, token, deadline_s, fn, *args, **kwargs)
-        with self._lock:
+        with self._lock:  # registered before the start report can be read (the reader waits)
+            future: Future[T] = self.submit(run_with_deadline, token, deadline_s, fn, *args, **kwargs)
             self._watched[token] = (future, deadline_s, self._executor)
         return future
 
     def _read_starts(self) -> None:
-        while not self._closed.is_set():
-            try:
-                token, started = self._starts_queue.get()
-            except (EOFError, OSError):
-                return
-            with self._lock:
-                if token in self._watched:
-                    self._started[token] = started
+        """The reader of the start pipe (it owns the read end and closes it when it stops)."""
+        with self._starts_read:
+            fd = self._starts_read.fileno()
+            pending = b""
+            while not self._closed.is_set():
+                try:
+                    ready, _, _ = select.select([fd], [], [], 0.2)
+                    if not ready:
+                        continue
+                    data = os.read(fd, 4096)
+                except (OSError, ValueError):
+                    return
+                if not data:
+                    return
+                pending += data
+                whole = len(pending) - len(pending) % _START_RECORD.size
+                with self._lock:
+                    for token, started in _START_RECORD.iter_unpack(pending[:whole]):
+                        if token in self._watched:
+                            self._started[token] = started
+                pending = pending[whole:]
 
     def _watchdog(self) -> None:
         while not self._closed.wait(0.2):
@@ -196,6 +228,7 @@ class SolverPool(Executor):
         self._closed.set()
         with self._lock:
             self._executor.shutdown(wait=wait, cancel_futures=cancel_futures)
+        self._starts_write.close()
 
 
 def _kill_workers(executor: ProcessPoolExecutor) -> None:

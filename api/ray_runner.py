@@ -12,7 +12,7 @@ results written to the plan store by the caller in the same small transactions. 
   future is resolved once, and the store ignores a step it already holds, so nothing is
   stored twice;
 * a cluster that cannot be reached, or is lost mid-job (its GCS port silent for
-  ``LOST_AFTER_PROBES`` probes), fails the step futures with
+  ``LOST_AFTER_PROBES`` probes, ``api.ray_health``), fails the step futures with
   :class:`api.faults.ClusterUnavailableError` (a transient fault: the service retries the
   job with backoff and reconnects, ``dcp epoch`` run again resumes from the stored steps);
 * steps whose futures were cancelled (a cancelled or failed job) are not sent.
@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 from api.faults import ClusterUnavailableError
 from api.ray_config import LOCAL, RayConfig, host_port
+from api.ray_health import ClusterWatch
 from api.ray_tasks import SharedInputs, plan_step_batch
 from planner.epoch import StepTask, plan_step
 
@@ -50,10 +51,6 @@ LINGER_S = 0.02
 """Longest time a partly filled batch waits for more steps before it is sent."""
 POLL_S = 0.05
 """Longest wait of the collector thread on running tasks before it looks for new batches."""
-HEALTH_PROBE_S = 1.0
-"""While tasks run, the collector checks this often that the cluster's GCS port answers."""
-LOST_AFTER_PROBES = 3
-"""Failed probes in a row after which the cluster is taken as lost (the running steps fail)."""
 GCS_RECONNECT_TIMEOUT_S = 365 * 24 * 3600
 """Ray ends a driver process whose GCS stays away 60 s (``RAY_gcs_rpc_server_reconnect_timeout_s``);
 the service must outlive its cluster, so the driver waits this long (the probes decide instead)."""
@@ -95,7 +92,7 @@ class RayStepExecutor(Executor):
         self._open: dict[SharedInputs, _Batch] = {}
         self._inflight: dict[Any, list[Future[Any]]] = {}
         self._collector: threading.Thread | None = None
-        self._probe_target: tuple[str, int] | None = None
+        self._watch = ClusterWatch(None)
         self.num_tasks_sent = 0
         self.num_cluster_failures = 0
 
@@ -151,28 +148,8 @@ class RayStepExecutor(Executor):
                                       num_cpus=1)(plan_step_batch)
             self._connected = True
             self._broken = None
-            self._probe_target = self._find_probe_target()
+            self._watch = ClusterWatch.of(self._ray, self.config.address)
         logger.info("ray: connected to %s (%s CPUs)", address, self._ray.cluster_resources().get("CPU"))
-
-    def _find_probe_target(self) -> tuple[str, int] | None:
-        """The port whose silence means the cluster is lost: the GCS (Ray Client: its server)."""
-        if self.config.address.startswith("ray://"):
-            return host_port(self.config.address)
-        try:
-            return host_port(str(self._ray.get_runtime_context().gcs_address))
-        except Exception as exc:
-            logger.warning("ray: no GCS address to watch (%s); a lost cluster is noticed by Ray only", exc)
-            return None
-
-    def _probe(self) -> bool:
-        """True when the watched port accepts a connection (or nothing is watched)."""
-        if self._probe_target is None:
-            return True
-        try:
-            socket.create_connection(self._probe_target, timeout=HEALTH_PROBE_S).close()
-        except OSError:
-            return False
-        return True
 
     def num_cpus(self) -> int:
         """CPUs of the cluster now (at least 1; connects first).
@@ -273,7 +250,7 @@ class RayStepExecutor(Executor):
 
     def _collect_loop(self) -> None:
         ray = self._ray
-        last_probe, failed_probes = time.monotonic(), 0
+        self._watch.reset()
         while not self._closed:
             with self._lock:
                 now = time.monotonic()
@@ -290,17 +267,12 @@ class RayStepExecutor(Executor):
             if not refs:
                 time.sleep(LINGER_S / 2)
                 continue
-            if time.monotonic() - last_probe >= HEALTH_PROBE_S:
-                last_probe = time.monotonic()
-                failed_probes = 0 if self._probe() else failed_probes + 1
-                if failed_probes >= LOST_AFTER_PROBES:
-                    with self._lock:
-                        lost = [f for r in refs for f in self._inflight.pop(r, [])]
-                    host, port = self._probe_target or ("?", 0)
-                    self._fail(lost, ConnectionError(f"{host}:{port} has not answered "
-                                                     f"{failed_probes} probes {HEALTH_PROBE_S:g} s apart"))
-                    failed_probes = 0
-                    continue
+            silent = self._watch.lost()
+            if silent is not None:
+                with self._lock:
+                    lost = [f for r in refs for f in self._inflight.pop(r, [])]
+                self._fail(lost, ConnectionError(silent))
+                continue
             try:
                 ready, rest = ray.wait(refs, num_returns=1, timeout=POLL_S, fetch_local=True)
                 if ready and rest:

@@ -27,7 +27,7 @@ from prometheus_client import Gauge
 from api.jobs import planner_wall_cap_s
 from api.measurements_store import GroupMeasurement, MeasurementStore
 from api.metrics import Metrics
-from api.plan_measurements import PlanMeasurementStore, micro_batch_fields
+from api.plan_measurements import PlanMeasurementStore, micro_batch_fields, peak_record
 from api.pool import SolverPool
 from api.revisions_store import RecalibrationState, Revision, RevisionStore, split_ref
 from api.store import PlanStore
@@ -90,9 +90,7 @@ def observations(groups: Sequence[GroupMeasurement], plans: dict[int, Plan]) -> 
 def peak_observations(groups: Sequence[GroupMeasurement], plans: dict[int, Plan]) -> list[dict[str, Any]]:
     """One record per measured group step with a peak (CUDA ranks report one, CPU ranks none or
     0): its micro-batches' samples and policies and the largest peak of its ranks."""
-    return [{"step": g.step, "first_rank": g.first_rank, "group_size": group.size,
-             "micro_batches": [micro_batch_fields(mb) for mb in group.micro_batches],
-             "peak_bytes": float(g.peak_bytes)}
+    return [peak_record(g.step, group, g.peak_bytes)
             for g, group in _measured_groups(groups, plans) if g.peak_bytes and group.micro_batches]
 
 

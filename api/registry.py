@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from api.store import ACTIVE_STATES, CostModelConflictError, PlanStore
+from api.cost_model_store import CostModelConflictError, CostModelStore
+from api.store import ACTIVE_STATES, PlanStore
 from costmodel.evaluate import CostModel
 from costmodel.presets import builtin_cost_model_files, load_cluster
 from costmodel.schema import CostModelFile
@@ -14,6 +15,7 @@ class CostModelRegistry:
 
     def __init__(self, store: PlanStore) -> None:
         self.store = store
+        self.uploaded = CostModelStore(store)
         self._builtin = {f.id: f for f in builtin_cost_model_files()}
 
     def is_builtin(self, cost_model_id: str) -> bool:
@@ -28,7 +30,7 @@ class CostModelRegistry:
         """
         if "@" in cost_model_id:  # id@rev: an immutable recalibrated revision (api.recalibration)
             return self._revision(cost_model_id)
-        found = self._builtin.get(cost_model_id) or self.store.get_cost_model(cost_model_id)
+        found = self._builtin.get(cost_model_id) or self.uploaded.get(cost_model_id)
         if found is None:
             raise KeyError(f"unknown cost model {cost_model_id!r}; GET /v1/cost-models lists them")
         return found
@@ -46,7 +48,7 @@ class CostModelRegistry:
     def list(self) -> list[tuple[CostModelFile, str]]:
         """Every cost model with where it came from (``builtin`` or ``uploaded``)."""
         items = [(f, "builtin") for f in self._builtin.values()]
-        items += [(f, "uploaded") for f in self.store.list_cost_models()]
+        items += [(f, "uploaded") for f in self.uploaded.list_all()]
         return items
 
     def add(self, file: CostModelFile) -> bool:
@@ -65,7 +67,7 @@ class CostModelRegistry:
                 return False
             raise CostModelConflictError(f"cost model id {file.id!r} is an embedded default and "
                                          "cannot be replaced; upload under a new id")
-        return self.store.put_cost_model(file)
+        return self.uploaded.put(file)
 
     def delete(self, cost_model_id: str) -> bool:
         """Delete an uploaded cost model; False when none has this id.
@@ -82,7 +84,7 @@ class CostModelRegistry:
         if users:
             raise CostModelInUseError(f"cost model {cost_model_id!r} is used by active epoch job(s) "
                                       f"{users[:5]}; cancel them first")
-        return self.store.delete_cost_model(cost_model_id)
+        return self.uploaded.delete(cost_model_id)
 
 
 class CostModelInUseError(ValueError):

@@ -88,6 +88,8 @@ class PlanOptions(BaseModel):
     lp_bound_integral: bool | None = Field(default=None, strict=True, description="Whole group counts.")
     lp_bound_min_gap: float | None = Field(default=None, strict=True, ge=0, le=10,
                                            description="Gap above which the LP bound runs.")
+    lp_bound_micro_batch_buckets: int | None = _count(
+        8, "Micro-batch counts the partition LP tells apart (1 .. M-1 and at least M).", minimum=1)
     compute_baselines: bool | None = Field(default=None, strict=True, description="Compute baselines.")
     baseline_group_size: int | None = _count(MAX_NUM_GPUS, "Fixed SP size of the baselines.", minimum=1)
     memory_safety_fraction: float | None = Field(default=None, strict=True, ge=0, lt=0.5,

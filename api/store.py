@@ -1,11 +1,12 @@
 """The durable plan store: one SQLite file holding cost models, epoch jobs and their plans.
 
 The schema, its migrations and the transaction helper are in ``api.store_schema``; this
-module holds the queries. The file is in WAL mode so that readers (the API) never wait for
-the writer (an epoch job). Every write is one transaction; a plan row is inserted once
-(``INSERT OR IGNORE`` on ``(epoch_id, step)``) and the job's ``steps_done`` counter moves in
-the same transaction, so a crash at any point leaves a consistent store: no plan lost once
-committed, none duplicated.
+module holds the epoch and plan queries (uploaded cost models: ``api.cost_model_store``;
+measurements and revisions: ``api.measurements_store``, ``api.revisions_store``). The file
+is in WAL mode so that readers (the API) never wait for the writer (an epoch job). Every
+write is one transaction; a plan row is inserted once (``INSERT OR IGNORE`` on
+``(epoch_id, step)``) and the job's ``steps_done`` counter moves in the same transaction, so
+a crash at any point leaves a consistent store: no plan lost once committed, none duplicated.
 
 Each thread gets its own connection. The service calls the store from worker threads only
 (``asyncio.to_thread``), never on the event loop, apart from the rank-view fast path, which
@@ -16,15 +17,12 @@ threaded route when the store is busy.
 from __future__ import annotations
 
 import json
-import logging
 import sqlite3
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from pydantic import ValidationError
 
 from api.store_schema import (
     STORE_SCHEMA_VERSION,
@@ -34,14 +32,10 @@ from api.store_schema import (
     schema_version,
     transaction,
 )
-from costmodel.schema import CostModelFile
 from costmodel.specs import Sample
 from planner.epoch import StepResult, group_view_templates, rank_view_json
 
-__all__ = ["STORE_SCHEMA_VERSION", "CostModelConflictError", "EpochExistsError", "EpochRecord",
-           "InvalidStoredCostModelError", "PlanStore"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["STORE_SCHEMA_VERSION", "EpochExistsError", "EpochRecord", "PlanStore"]
 
 JOB_STATES = ("queued", "running", "done", "failed", "cancelled")
 ACTIVE_STATES = ("queued", "running")
@@ -49,14 +43,6 @@ ACTIVE_STATES = ("queued", "running")
 
 class EpochExistsError(ValueError):
     """An epoch with this id is already stored."""
-
-
-class CostModelConflictError(ValueError):
-    """A different cost model with this id is already stored."""
-
-
-class InvalidStoredCostModelError(ValueError):
-    """A stored cost-model row no longer validates (written by an older, laxer version)."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -85,17 +71,6 @@ class EpochRecord:
     """True when it failed for a passing reason (killed worker, full disk, locked store)."""
     attempts: int = 0
     """Runs of the job that ended in a transient failure since its last success or resume."""
-
-
-def _parse_cost_model(cost_model_id: str, body: str) -> CostModelFile:
-    try:
-        return CostModelFile.model_validate_json(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        raise InvalidStoredCostModelError(
-            f"stored cost model {cost_model_id!r} is invalid ({where}: {first.get('msg')}); "
-            "DELETE /v1/cost-models/{id} and upload it again") from None
 
 
 def _row_to_epoch(row: sqlite3.Row) -> EpochRecord:
@@ -145,51 +120,6 @@ class PlanStore:
             ValueError: when the file was written by a newer version.
         """
         migrate(self._conn(), self.path)
-
-    # --------------------------------------------------------------- cost models
-    def put_cost_model(self, file: CostModelFile) -> bool:
-        """Store an uploaded cost model; return False when the identical file is already there.
-
-        Raises:
-            CostModelConflictError: when another file with the same id is stored.
-        """
-        digest = file.digest()
-        body = file.model_dump_json()
-        with transaction(self._conn()) as conn:
-            row = conn.execute("SELECT digest FROM cost_models WHERE id=?", (file.id,)).fetchone()
-            if row is not None:
-                if row["digest"] != digest:
-                    raise CostModelConflictError(f"cost model {file.id!r} already exists with other "
-                                                 "coefficients; upload it under a new id")
-                return False
-            conn.execute("INSERT INTO cost_models(id, provenance, digest, body, created_at) "
-                         "VALUES (?, ?, ?, ?, ?)", (file.id, file.provenance, digest, body, time.time()))
-        return True
-
-    def get_cost_model(self, cost_model_id: str) -> CostModelFile | None:
-        """An uploaded cost model, or None.
-
-        Raises:
-            InvalidStoredCostModelError: when the stored row does not validate any more.
-        """
-        row = self._conn().execute("SELECT body FROM cost_models WHERE id=?", (cost_model_id,)).fetchone()
-        return None if row is None else _parse_cost_model(cost_model_id, row["body"])
-
-    def list_cost_models(self) -> list[CostModelFile]:
-        """Every uploaded cost model that validates, by id (a broken row is logged and skipped)."""
-        files = []
-        for row in self._conn().execute("SELECT id, body FROM cost_models ORDER BY id").fetchall():
-            try:
-                files.append(_parse_cost_model(row["id"], row["body"]))
-            except InvalidStoredCostModelError as exc:
-                logger.warning("skipping %s", exc)
-        return files
-
-    def delete_cost_model(self, cost_model_id: str) -> bool:
-        """Delete an uploaded cost model; False when there was none with this id."""
-        with transaction(self._conn()) as conn:
-            cur = conn.execute("DELETE FROM cost_models WHERE id=?", (cost_model_id,))
-        return bool(cur.rowcount)
 
     # -------------------------------------------------------------------- epochs
     def create_epoch(self, epoch_id: str, *, spec: dict[str, Any],

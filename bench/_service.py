@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,19 +11,16 @@ from pathlib import Path
 
 import httpx
 
-
-def free_port() -> int:
-    """A free TCP port on loopback."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from dcp_cli.net import free_port
 
 
 def start_service(tmp: Path, *, log: Path | None = None, workers: int = 1, timeout_s: float = 60.0,
-                  env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
+                  env: dict[str, str] | None = None, sched_idle: bool = False
+                  ) -> tuple[subprocess.Popen[bytes], str]:
     """Start ``dcp serve`` (no token, ``workers`` solver processes, store ``tmp/plans.sqlite``,
     ``env`` on top of this process's environment) and wait until it is ready; returns the
-    process and its base URL.
+    process and its base URL. ``sched_idle``: under Linux's ``SCHED_IDLE`` policy (it and its
+    solver processes run only on cores nothing else wants), as if on a host of its own.
 
     Raises:
         RuntimeError: when it is not ready within ``timeout_s``.
@@ -34,7 +30,8 @@ def start_service(tmp: Path, *, log: Path | None = None, workers: int = 1, timeo
     proc = subprocess.Popen(
         [str(Path(sys.executable).with_name("dcp")), "serve", "--host", "127.0.0.1", "--port", str(port),
          "--db", str(tmp / "plans.sqlite"), "--workers", str(workers), "--log-level", "warning"],
-        stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "DCP_AUTH_TOKEN": "", **(env or {})})
+        stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "DCP_AUTH_TOKEN": "", **(env or {})},
+        preexec_fn=_sched_idle if sched_idle else None)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(proc, url, timeout_s=timeout_s, log=log)
@@ -43,6 +40,10 @@ def start_service(tmp: Path, *, log: Path | None = None, workers: int = 1, timeo
             stop_service(proc)
         raise
     return proc, url
+
+
+def _sched_idle() -> None:
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
 def wait_ready(proc: subprocess.Popen[bytes], url: str, *, timeout_s: float = 60.0,

@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -46,6 +45,7 @@ from api.jobs import prepare_epoch, run_epoch_job  # noqa: E402
 from api.pool import make_executor  # noqa: E402
 from api.store import PlanStore  # noqa: E402
 from costmodel.presets import default_cost_model_file, load_cluster  # noqa: E402
+from dcp_cli.net import free_port  # noqa: E402
 from planner.epoch import BatchRule  # noqa: E402
 from planner.workload import read_manifest  # noqa: E402
 
@@ -106,12 +106,6 @@ def _cli(manifest: Path, db: Path, address: str) -> list[str]:
             "--ray-address", address, "--ray-steps-per-task", "2", "--quiet"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _ray_workers_running() -> list[int]:
     """Pids of Ray workers whose process title says they plan steps now."""
     pids = []
@@ -156,7 +150,7 @@ def in_process_case(cluster: Any, db: Path, manifest: Path, fault: Callable[[], 
 
 def service_case(cluster: Any, tmp: Path, manifest: Path) -> dict[str, Any]:
     """``dcp serve`` with DCP_RAY_ADDRESS killed (-9) mid-job and restarted."""
-    port = _free_port()
+    port = free_port()
     data = tmp / "data"
     data.mkdir(exist_ok=True)
     env = {**os.environ, "DCP_DB_PATH": str(tmp / "c4.sqlite"), "DCP_DATA_DIR": str(data), "DCP_NUM_WORKERS": "1",
@@ -266,7 +260,7 @@ def run_cases(tmp: Path, manifest: Path) -> list[dict[str, Any]]:
     cluster.shutdown()
 
     start = time.monotonic()
-    refused = subprocess.run(_cli(manifest, tmp / "c6.sqlite", f"127.0.0.1:{_free_port()}"), capture_output=True,
+    refused = subprocess.run(_cli(manifest, tmp / "c6.sqlite", f"127.0.0.1:{free_port()}"), capture_output=True,
                              text=True, cwd=ROOT, check=False)
     cases.append({"case": "unreachable address at start", "db": None, "state": f"rc {refused.returncode}",
                   "total_s": time.monotonic() - start, "store_created": (tmp / "c6.sqlite").exists(),

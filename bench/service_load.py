@@ -34,7 +34,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -51,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 from api.store import PlanStore  # noqa: E402
 from costmodel.specs import Sample  # noqa: E402
+from dcp_cli.net import free_port  # noqa: E402
 from dcp_cli.progress import make_progress  # noqa: E402
 from planner.epoch import StepResult  # noqa: E402
 from planner.plan import Plan  # noqa: E402
@@ -64,18 +64,12 @@ SAMPLES_PER_STEP = 256
 FILL_STEPS = 10_000
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Service:
     """``dcp serve`` in its own session."""
 
     def __init__(self, db: Path, *, workers: int, log: Path) -> None:
         self.db, self.workers, self.log = db, workers, log
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
 

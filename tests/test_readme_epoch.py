@@ -8,7 +8,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from dcp_cli.net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -29,15 +30,9 @@ def _service_block() -> str:
     return next(b for b in blocks if "dcp serve --port 8000 --db plans.sqlite" in b)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_readme_service_block_runs_as_written(tmp_path: Path) -> None:
     (tmp_path / "examples").symlink_to(ROOT / "examples")
-    port = _free_port()
+    port = free_port()
     block = _service_block().replace(".venv/bin/", f"{BIN}/").replace("localhost:8000", f"127.0.0.1:{port}")
     block = block.replace("--port 8000", f"--port {port}")
     # Every curl fails on an HTTP error; a GET retries while its step is still being planned.

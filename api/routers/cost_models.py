@@ -8,13 +8,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Path, Response, status
 
+from api.cost_model_store import CostModelConflictError, InvalidStoredCostModelError
 from api.deps import ServiceState, State, Writer
 from api.errors import COMMON_RESPONSES, conflict, not_found, service_unavailable, unprocessable
 from api.fitting import fit_profile_texts
 from api.pool import DeadlineExceededError
 from api.registry import CostModelInUseError
 from api.schemas import CostModelCreated, CostModelInfo, FitRequest
-from api.store import CostModelConflictError, InvalidStoredCostModelError
 from api.strictjson import StrictJSONRoute
 from costmodel.presets import default_cost_model_file
 from costmodel.schema import CostModelFile

@@ -19,6 +19,7 @@ from typing import Annotated, Any, TypeVar
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
 from pydantic import BaseModel, Field
 
+from api.cost_model_store import InvalidStoredCostModelError
 from api.deps import ServiceState, State
 from api.errors import COMMON_RESPONSES, conflict, not_found
 from api.report_data import (
@@ -32,7 +33,7 @@ from api.report_data import (
     step_picture_input,
 )
 from api.routers.epochs import MAX_STEP, EpochId, StepIndex, _missing_step, _record
-from api.store import ACTIVE_STATES, EpochRecord, InvalidStoredCostModelError
+from api.store import ACTIVE_STATES, EpochRecord
 from report.figures import MEDIA_TYPES, ImageFormat, StepError, StepFigures
 from report.html import epoch_html
 

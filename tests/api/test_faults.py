@@ -176,8 +176,11 @@ def test_chunked_over_limit_is_413_and_slow_body_is_408(server_factory: Any) -> 
     head = b"POST /v1/plans HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n" + auth
     chunk = b"x" * 65536
     chunked = b"".join(b"%x\r\n" % len(chunk) + chunk + b"\r\n" for _ in range(20)) + b"0\r\n\r\n"
-    answer = raw_http(server.port, head + b"transfer-encoding: chunked\r\n\r\n", chunked)
-    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    # (the service reads the rest of the body before answering: answered and closed with bytes
+    # unread, a reset could reach the client first and lose the answer; 6 of 150 under load before)
+    for _ in range(10):
+        answer = raw_http(server.port, head + b"transfer-encoding: chunked\r\n\r\n", chunked)
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
     start = time.monotonic()
     answer = raw_http(server.port, head + b"content-length: 100\r\n\r\n", b'{"samples": [')
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]

@@ -71,6 +71,8 @@ RAW_BAD_BODIES: list[tuple[str, str, str, list[Any]]] = [
     ("seed 2^40", "/v1/plans", _plan_with(seed=2**40), ["body", "options", "seed"]),
     ("time_limit_s 1e9", "/v1/plans", _plan_with(time_limit_s=1e9), ["body", "options", "time_limit_s"]),
     ("unknown option", "/v1/plans", _plan_with(warp=9), ["body", "options", "warp"]),
+    ("lp_bound_micro_batch_buckets 0", "/v1/plans", _plan_with(lp_bound_micro_batch_buckets=0),
+     ["body", "options", "lp_bound_micro_batch_buckets"]),
     ("not JSON", "/v1/plans", '{"samples": [', ["body"]),
     ("deep nesting", "/v1/plans", "[" * 5000 + "]" * 5000, ["body"]),
 ]
@@ -92,6 +94,21 @@ def _cluster(**hardware: Any) -> dict[str, Any]:
     hw = {"name": "x", "hbm_bytes": 141e9, "hbm_bandwidth_bytes_per_s": 4.8e12, "bf16_dense_flops": 989e12,
           "nvlink_bytes_per_s_per_direction": 450e9, "network_bytes_per_s_per_gpu": 50e9, **hardware}
     return {"name": "c", "hardware": hw, "num_gpus": 8, "gpus_per_node": 8}
+
+
+def test_partition_lp_options_reach_the_planner(client: httpx.Client) -> None:
+    samples = [{"id": f"s{i}", "tokens": 2048 * (1 + i % 7)} for i in range(48)]
+    body = {"samples": samples, "cluster": "h200x8", "cost_model_id": COST_MODEL,
+            "options": {"use_cpsat": False}}
+    plain = client.post("/v1/plans", json=body)
+    body["options"] |= {"lp_bound_iterations": 6, "lp_bound_integral": True,
+                        "lp_bound_micro_batch_buckets": 3, "lp_bound_min_gap": 0.0}
+    with_lp = client.post("/v1/plans", json=body)
+    assert plain.status_code == with_lp.status_code == 200, (plain.text, with_lp.text)
+    a, b = plain.json()["plan"], with_lp.json()["plan"]
+    assert a["groups"] == b["groups"]  # the bound options change the bound only
+    assert b["lower_bound"]["kind"] == "partition-lp", b["lower_bound"]
+    assert a["lower_bound"]["value_s"] < b["lower_bound"]["value_s"] <= b["predicted_step_time_s"]
 
 
 @pytest.mark.parametrize(("cluster", "field"), [

@@ -13,7 +13,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -34,10 +33,11 @@ from api.pool import make_executor
 from api.settings import Settings
 from api.store import PlanStore
 from costmodel.presets import default_cost_model_file, load_cluster
+from dcp_cli.net import free_port
 from planner.epoch import BatchRule
 from planner.workload import read_manifest
 
-from .conftest import AUTH, COST_MODEL, FAST, TOKEN, manifest_lines
+from .conftest import AUTH, COST_MODEL, FAST, TOKEN, child_pids, manifest_lines
 
 ray = pytest.importorskip("ray")
 
@@ -49,7 +49,10 @@ NUM_SAMPLES = 1600
 SAMPLES_PER_STEP = 8
 SEED = 7
 NUM_STEPS = NUM_SAMPLES // SAMPLES_PER_STEP
-RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+           # As the service's driver (api.ray_runner.GCS_RECONNECT_TIMEOUT_S), and for the raylets:
+           # a lost GCS must not end this process (the driver) while the runner's probes judge it.
+           "RAY_gcs_rpc_server_reconnect_timeout_s": "3600"}
 
 
 @pytest.fixture(scope="module")
@@ -136,9 +139,7 @@ def _ray_workers_running(name: str = "plan_step_batch") -> list[int]:
 
 
 def test_unreachable_cluster_is_refused_naming_it(cluster: Any) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     start = time.monotonic()
     with pytest.raises(ClusterUnavailableError, match=f"127.0.0.1:{port}.*unreachable") as info:
         connect_executor(RayConfig(address=f"127.0.0.1:{port}", connect_timeout_s=2.0))
@@ -153,9 +154,7 @@ def test_cli_refuses_an_unreachable_cluster_before_creating_the_store(manifest: 
 
     from dcp_cli.main import app
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     out = tmp_path / "never.sqlite"
     result = CliRunner(env={"COLUMNS": "250"}).invoke(app, [
         "epoch", str(manifest), "--samples-per-step", "8", "--out", str(out), "--ray-address", f"127.0.0.1:{port}"])
@@ -279,11 +278,20 @@ def test_lost_cluster_fails_the_job_naming_it_and_keeps_the_steps(
     deadline = time.monotonic() + 60
     while (record := store.get_epoch("e")) is not None and record.steps_done < 4 and time.monotonic() < deadline:
         time.sleep(0.01)
+    # Everything but the raylet this process (the driver) is attached to: Ray's core worker exits
+    # its process on the first message to a dead local raylet ("Exiting because the Raylet IPC
+    # connection failed"), which here would end pytest. The GCS is what the runner probes.
+    own_node = ray.get_runtime_context().get_node_id()
     for node in cluster.list_all_nodes():
-        for processes in node.all_processes.values():
+        for kind, processes in node.all_processes.items():
             for process in processes:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(process.process.pid, signal.SIGKILL)
+                if kind == "raylet" and node.node_id == own_node:  # ray_constants.PROCESS_TYPE_RAYLET
+                    victims = child_pids(process.process.pid)  # its workers, not itself
+                else:
+                    victims = [process.process.pid]
+                for pid in victims:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
     killed_at = time.monotonic()
     thread.join(timeout=60)
     try:

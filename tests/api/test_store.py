@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from api.cost_model_store import CostModelConflictError, CostModelStore
 from api.store import (
     STORE_SCHEMA_VERSION,
-    CostModelConflictError,
     EpochExistsError,
     PlanStore,
 )
@@ -91,15 +91,17 @@ def test_epoch_id_conflict(tmp_path: Path) -> None:
 
 
 def test_cost_models(tmp_path: Path) -> None:
-    store = PlanStore.open(tmp_path / "p.sqlite")
+    uploaded = CostModelStore(PlanStore.open(tmp_path / "p.sqlite"))
     file = default_cost_model_file("llama-7b", "h200-sxm").model_copy(update={"id": "mine"})
-    assert store.put_cost_model(file) is True
-    assert store.put_cost_model(file) is False
+    assert uploaded.put(file) is True
+    assert uploaded.put(file) is False
     changed = file.model_copy(update={"notes": "other"})
     with pytest.raises(CostModelConflictError, match="'mine' already exists"):
-        store.put_cost_model(changed)
-    assert store.get_cost_model("mine") == file
-    assert [f.id for f in store.list_cost_models()] == ["mine"]
+        uploaded.put(changed)
+    assert uploaded.get("mine") == file
+    assert [f.id for f in uploaded.list_all()] == ["mine"]
+    assert uploaded.delete("mine") is True and uploaded.delete("mine") is False
+    assert uploaded.get("mine") is None
 
 
 def test_migration_from_v1_keeps_plans_and_serves_rank_views(tmp_path: Path) -> None:
