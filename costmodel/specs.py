@@ -79,34 +79,62 @@ class Sample(_Frozen):
         return (self.num_frames, self.spatial_tokens)
 
 
+ModelKind = Literal["1d", "2d", "3d"]
+"""1d: text decoder; 2d: spatial+temporal video DiT (Open-Sora 1.x); 3d: full-3D-attention video
+DiT (one self-attention over all frames x height x width patch tokens of a clip per block, text by
+cross-attention as in Wan 2.x or by joint attention as in MMDiT-style models)."""
+
+
 class ModelSpec(_Frozen):
     """Public architecture numbers of a transformer (what the analytic cost model needs)."""
 
     name: str = Field(min_length=1, description="Preset or user name of the model.")
-    kind: Literal["1d", "2d"] = Field(description="1d: text decoder; 2d: spatial+temporal video DiT.")
+    kind: ModelKind = Field(description="1d: text decoder; 2d: spatial+temporal video DiT; "
+                            "3d: full-3D-attention video DiT.")
     num_layers: int = Field(gt=0, description="Transformer layers (2D: spatial+temporal block pairs).")
     hidden: int = Field(gt=0, description="Hidden size.")
-    num_heads: int = Field(gt=0, description="Attention heads; Ulysses group sizes must divide it.")
+    num_heads: int = Field(gt=0, description="Query heads; Ulysses group sizes must divide it.")
     num_kv_heads: int | None = Field(default=None, gt=0, description="KV heads (GQA); default = num_heads.")
+    head_dim: int | None = Field(default=None, gt=0,
+                                 description="Per-head size; default hidden // num_heads.")
     ffn_hidden: int = Field(gt=0, description="MLP inner size.")
-    vocab: int = Field(default=0, ge=0, description="Vocabulary size (1D only; 0 for 2D).")
+    vocab: int = Field(default=0, ge=0, description="Vocabulary size (1D only; 0 for video).")
+    tied_embeddings: bool = Field(default=False, description="Input and output embeddings shared (1D).")
     causal: bool = Field(default=True, description="Causal self-attention (halves attention FLOPs).")
     mlp: Literal["swiglu", "gelu"] | None = Field(
-        default=None, description="MLP kind; default swiglu for 1d, gelu for 2d."
+        default=None, description="MLP kind; default swiglu for 1d, gelu for video."
     )
     cross_attention_tokens: int = Field(
-        default=0, ge=0, description="Text-conditioning tokens attended by each block (2D)."
+        default=0, ge=0, description="Text tokens each block cross-attends to (2D; 3D Wan style)."
     )
+    joint_attention_tokens: int = Field(
+        default=0, ge=0, description="Text tokens joined to each clip's self-attention (3D MMDiT style)."
+    )
+    patch_size: tuple[int, int, int] | None = Field(
+        default=None, description="(t, h, w) patching of the latents (video); samples are in patches."
+    )
+    vae_stride: tuple[int, int, int] | None = Field(
+        default=None, description="(t, h, w) compression of pixels into latents by the VAE (video)."
+    )
+    latent_channels: int | None = Field(default=None, gt=0, description="Latent channels (video).")
     attention: str | None = Field(default=None, description="Free-text note on the attention layout.")
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
-        if self.hidden % self.num_heads != 0:
-            raise ValueError(f"hidden={self.hidden} is not divisible by num_heads={self.num_heads}")
+        if self.head_dim is None and self.hidden % self.num_heads != 0:
+            raise ValueError(f"hidden={self.hidden} is not divisible by num_heads={self.num_heads} "
+                             "(give head_dim when the heads do not split the hidden size)")
         if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads != 0:
             raise ValueError(
                 f"num_heads={self.num_heads} is not divisible by num_kv_heads={self.num_kv_heads}"
             )
+        if self.kind == "1d" and self.joint_attention_tokens:
+            raise ValueError(f"joint_attention_tokens={self.joint_attention_tokens} is for video "
+                             "models (kind 2d/3d), not kind '1d'")
+        for name in ("patch_size", "vae_stride"):
+            value = getattr(self, name)
+            if value is not None and any(v <= 0 for v in value):
+                raise ValueError(f"{name}={value} must be three positive integers")
         return self
 
     @property
@@ -121,9 +149,27 @@ class ModelSpec(_Frozen):
         """KV heads with the default filled in."""
         return self.num_kv_heads if self.num_kv_heads is not None else self.num_heads
 
+    @property
+    def head_size(self) -> int:
+        """Per-head size with the default filled in."""
+        return self.head_dim if self.head_dim is not None else self.hidden // self.num_heads
+
+    @property
+    def is_video(self) -> bool:
+        """True for the video kinds (samples are frames x height x width patches)."""
+        return self.kind != "1d"
+
     def allowed_group_sizes(self, *, max_size: int) -> list[int]:
-        """Ulysses SP sizes this model allows: divisors of the head count up to ``max_size``."""
-        return [d for d in range(1, min(max_size, self.num_heads) + 1) if self.num_heads % d == 0]
+        """Ulysses SP sizes this model allows, up to ``max_size``.
+
+        A size ``d`` must divide the query heads, and either divide the key/value heads (each
+        rank gets whole KV heads) or be a multiple of them (past the KV heads each KV head is
+        replicated over the ``d / kv_heads`` ranks whose query heads use it, as DeepSpeed
+        Ulysses and USP do for GQA).
+        """
+        kv = self.kv_heads
+        return [d for d in range(1, min(max_size, self.num_heads) + 1)
+                if self.num_heads % d == 0 and (kv % d == 0 or d % kv == 0)]
 
 
 class HardwareSpec(_Frozen):
