@@ -79,11 +79,15 @@ def report_plan(
         help="The plan's cost-model file when it is not an embedded one (dcp presets)."),
     baseline: bool = typer.Option(True, "--baseline/--no-baseline",
                                   help="Draw the strongest baseline's plan of the same batch below."),
+    trace: Path | None = typer.Option(
+        None, "--trace", dir_okay=False,
+        help="Also write the plan as a Chrome trace-event JSON file here (Perfetto UI, chrome://tracing)."),
     out_dir: Path = OUT_DIR,
 ) -> None:
     """The Gantt chart of one plan (gantt.png, gantt.svg; plan.json for a planned step): every
     group's micro-batches over time, split into compute, recompute and all-to-all, idle and the
-    gradient sync, above the same batch under the strongest baseline (fastest but naive)."""
+    gradient sync, above the same batch under the strongest baseline (fastest but naive). With
+    ``--trace``, the same step as a trace file: one track per rank (report/trace.py)."""
     from costmodel.evaluate import CostModel
     from costmodel.presets import builtin_cost_model_files, default_cost_model_file, load_cluster
     from costmodel.schema import CostModelFile
@@ -147,6 +151,12 @@ def report_plan(
                                         reference_sample=reference) if baseline else None)
         data = PlanPictureInput(plan=plan, cost_model=cost_model, baseline=base, label=label)
         written = [_write(out_dir, f"gantt.{fmt}", plan_image(data, fmt)) for fmt in ("png", "svg")]
+        if trace is not None:
+            from planner.timeline import step_timeline
+            from report.trace import plan_trace_json
+
+            written.append(_write(trace.parent, trace.name,
+                                  plan_trace_json(plan, step_timeline(plan, cost_model))))
     except ValueError as exc:
         fail(str(exc))
     typer.echo("wrote " + ", ".join(str(p) for p in written))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -85,3 +86,14 @@ def test_plan_report_errors_name_the_option(tmp_path: Path) -> None:
         code, out = _run(*args, "-o", str(tmp_path / "out"))
         assert code == 2 and message in out, (args, out)
     assert not (tmp_path / "out").exists()
+
+
+def test_plan_report_writes_a_trace_with_one_track_per_rank(tmp_path: Path) -> None:
+    code, out = _run("plan", "-w", "text-longtail", "-c", "h200x8", "-b", "24", "--no-baseline",
+                     "--trace", str(tmp_path / "t" / "step.trace.json"), "-o", str(tmp_path / "a"))
+    assert code == 0, out
+    plan = Plan.model_validate_json((tmp_path / "a" / "plan.json").read_text())
+    events = json.loads((tmp_path / "t" / "step.trace.json").read_text())["traceEvents"]
+    assert {e["tid"] for e in events if e["name"] == "thread_name"} == set(range(plan.num_ranks))
+    assert sum(1 for e in events if e.get("cat") == "micro_batch") == sum(
+        g.size * len(g.micro_batches) for g in plan.groups)

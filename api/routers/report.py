@@ -192,6 +192,51 @@ for _fmt in ("svg", "png"):
                    404: {"description": "Unknown epoch, or no step planned yet."}})
 
 
+def _trace_bytes(state: ServiceState, epoch_id: str, step: int) -> bytes:
+    """A step's trace-event JSON with its measured micro-batches, if any (on a worker thread)."""
+    from api.measurements_store import MeasurementStore
+    from planner.timeline import step_timeline
+    from report.trace import MeasuredMicroBatch, plan_trace_json
+
+    record = _record(state, epoch_id)
+    if state.store.get_plan(epoch_id, step) is None:
+        _missing_step(record, step)  # raises a 404
+    try:
+        data = step_picture_input(state.store, record, step, get_cost_model=state.registry.get,
+                                  with_baseline=False)
+    except StepNotStoredError as exc:
+        not_found(str(exc))
+    except KeyError as exc:
+        conflict(f"epoch {epoch_id!r} was planned with a cost model that is no longer registered "
+                 f"({exc.args[0]})")
+    except (CostModelChangedError, InvalidStoredCostModelError) as exc:
+        conflict(str(exc))
+    digest = data.plan.digest()
+    measured: list[MeasuredMicroBatch] = []
+    for group in MeasurementStore(state.store).groups(epoch_id):
+        if group.step != step or group.digest != digest:
+            continue
+        clock = 0.0
+        for index, time_s in enumerate(group.times_s):
+            measured.append(MeasuredMicroBatch(first_rank=group.first_rank, group_size=group.group_size,
+                                               index=index, start_s=clock, time_s=time_s))
+            clock += time_s
+    return plan_trace_json(data.plan, step_timeline(data.plan, data.cost_model), measured=measured).encode()
+
+
+@router.get("/{epoch_id}/steps/{step}/trace.json", response_class=Response, name="step_trace",
+            summary="Step trace (Chrome trace-event JSON)",
+            responses={200: _content("application/json", "Trace-event JSON: one track per rank."),
+                       404: _NOT_FOUND, 409: _CONFLICT})
+async def step_trace(epoch_id: EpochId, step: StepIndex, state: State) -> Response:
+    """A stored step as a Chrome trace-event file for the Perfetto UI or chrome://tracing: one track
+    per rank with its micro-batches (sample ids and tokens as arguments) split into compute,
+    recompute and all-to-all, idle and the gradient sync; measured micro-batches in a second
+    process when ranks posted them for this plan."""
+    data = await asyncio.to_thread(_trace_bytes, state, epoch_id, step)
+    return Response(content=data, media_type="application/json")
+
+
 class StepFiguresOut(BaseModel):
     """What one stored plan says about its step."""
 

@@ -154,3 +154,27 @@ def test_measured_steps_add_their_prediction_error(client: TestClient) -> None:
     assert {"error-step0", "error-step1", "error-bias"} <= ids
     page = client.get("/v1/epochs/rep/report.html").text
     assert "2 measured steps" in page and "MAPE 20.0%, mean predicted / measured 0.800" in page
+
+
+def test_step_trace_has_a_track_per_rank_and_the_measured_step(client: TestClient) -> None:
+    plan = Plan.model_validate(client.get("/v1/epochs/rep/steps/0", headers=AUTH).json()["plan"])
+    response = client.get("/v1/epochs/rep/steps/0/trace.json", headers=AUTH)
+    assert response.status_code == 200 and response.headers["content-type"] == "application/json"
+    events = response.json()["traceEvents"]
+    tracks = {e["tid"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert tracks == set(range(plan.num_ranks))
+    assert sum(1 for e in events if e.get("cat") == "micro_batch") == sum(
+        g.size * len(g.micro_batches) for g in plan.groups)
+    assert not any(e["pid"] == 2 for e in events)  # nothing measured yet
+    group = plan.groups[0]
+    view = client.get(f"/v1/epochs/rep/steps/0/ranks/{group.first_rank}", headers=AUTH).json()
+    times = [2 * mb.predicted_time_s for mb in group.micro_batches]
+    posted = client.post("/v1/epochs/rep/measurements", headers=AUTH, json={"steps": [
+        {"step": 0, "rank": group.first_rank, "plan_digest": view["plan_digest"],
+         "micro_batch_times_s": times, "peak_bytes": None}]})
+    assert posted.status_code == 200, posted.text
+    events = client.get("/v1/epochs/rep/steps/0/trace.json", headers=AUTH).json()["traceEvents"]
+    measured = [e for e in events if e["pid"] == 2 and e["ph"] == "X"]
+    assert len(measured) == group.size * len(times)
+    assert sorted({round(e["dur"] / 1e6, 9) for e in measured}) == sorted({round(t, 9) for t in times})
+    assert client.get("/v1/epochs/rep/steps/99/trace.json", headers=AUTH).status_code == 404
