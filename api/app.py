@@ -38,6 +38,7 @@ from api.routers import (
     measurements,
     plan_measurements,
     plans,
+    presets,
     report,
 )
 from api.settings import Settings
@@ -135,7 +136,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.metrics = Metrics()
     for router in (plans.router, epochs.router, report.router, cost_models.router, measurements.router,
-                   plan_measurements.router, health.router, dashboard.router):
+                   plan_measurements.router, presets.router, health.router, dashboard.router):
         app.include_router(router)
 
     def current_store() -> PlanStore | None:

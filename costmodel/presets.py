@@ -193,3 +193,16 @@ def builtin_cost_model_files() -> list[CostModelFile]:
     """Every embedded cost model: analytic defaults for all model x hardware presets, then fitted."""
     analytic = [default_cost_model_file(m, h) for m in model_names() for h in hardware_names()]
     return analytic + fitted_cost_models()
+
+
+def preset_records() -> dict[str, list[dict[str, Any]]]:
+    """Every shipped preset, by kind (models, hardware, clusters, workloads, cost-models), as
+    plain JSON-ready dicts: what ``dcp presets`` prints and ``GET /v1/presets`` answers."""
+    return {
+        "models": [load_model(n).model_dump(mode="json", exclude_none=True) for n in model_names()],
+        "hardware": [load_hardware(n).model_dump(mode="json") for n in hardware_names()],
+        "clusters": [load_cluster(n).model_dump(mode="json") for n in cluster_names()],
+        "workloads": [load_workload_spec(n) for n in workload_names()],
+        "cost-models": [{"id": f.id, "model": f.model.name, "hardware": f.hardware}
+                        for f in builtin_cost_model_files()],
+    }

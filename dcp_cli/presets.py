@@ -25,27 +25,10 @@ class Kind(StrEnum):
 
 
 def preset_records() -> dict[str, list[dict[str, Any]]]:
-    """Every shipped preset, by kind, as plain dicts."""
-    from costmodel.presets import (
-        builtin_cost_model_files,
-        cluster_names,
-        hardware_names,
-        load_cluster,
-        load_hardware,
-        load_model,
-        load_workload_spec,
-        model_names,
-        workload_names,
-    )
+    """Every shipped preset, by kind, as plain dicts (``costmodel.presets.preset_records``)."""
+    from costmodel.presets import preset_records as records
 
-    return {
-        "models": [load_model(n).model_dump(exclude_none=True) for n in model_names()],
-        "hardware": [load_hardware(n).model_dump() for n in hardware_names()],
-        "clusters": [load_cluster(n).model_dump(mode="json") for n in cluster_names()],
-        "workloads": [load_workload_spec(n) for n in workload_names()],
-        "cost-models": [{"id": f.id, "model": f.model.name, "hardware": f.hardware}
-                        for f in builtin_cost_model_files()],
-    }
+    return records()
 
 
 def _table(title: str, columns: list[str]) -> Table:

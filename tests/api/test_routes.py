@@ -50,6 +50,21 @@ def test_health_and_openapi(client: TestClient) -> None:
     assert schemas["PlanRequest"]["examples"] and schemas["EpochRequest"]["examples"]
 
 
+def test_presets_name_what_the_requests_accept(client: TestClient) -> None:
+    presets = client.get("/v1/presets", headers=AUTH).json()
+    assert set(presets) == {"models", "hardware", "clusters", "workloads", "cost-models"}
+    assert COST_MODEL in {m["id"] for m in presets["cost-models"]}
+    cluster = next(c for c in presets["clusters"] if c["name"] == "h200x8")
+    cost_model = next(m for m in presets["cost-models"]
+                      if m["model"] == "llama-7b" and m["hardware"] == cluster["hardware"]["name"])
+    body = {"samples": [{"id": "a", "tokens": 4096}], "cluster": cluster["name"],
+            "cost_model_id": cost_model["id"], "options": FAST}
+    response = client.post("/v1/plans", json=body, headers=AUTH)
+    assert response.status_code == 200, response.text
+    workload = presets["workloads"][0]
+    assert {"name", "kind", "model"} <= set(workload)
+
+
 def test_cost_models(client: TestClient) -> None:
     listed = client.get("/v1/cost-models").json()
     ids = {m["id"] for m in listed}
