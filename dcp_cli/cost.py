@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -11,9 +12,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from costmodel.analytic import analytic_cost_model
 from costmodel.evaluate import CostModel, policy_name
-from costmodel.presets import default_cost_model, load_cluster
+from costmodel.model_choice import check_samples_kind
+from costmodel.presets import load_cluster
 from costmodel.specs import Sample
+from dcp_cli.model_option import model_config_option, model_option, resolve_model
 from dcp_cli.style import console as make_console
 from dcp_cli.style import fmt_count, fmt_gib, fmt_ms, legend
 
@@ -74,18 +78,25 @@ def register(app: typer.Typer) -> None:
     @app.command("cost")
     def cost(
         shapes: list[str] = typer.Argument(..., metavar="SHAPE", help="TOKENS (1D) or FRAMESxHEIGHTxWIDTH (2D)."),
-        model: str = typer.Option("llama-7b", help="Model preset."),
+        model: str | None = model_option(help_text="Model preset (default llama-7b; dcp presets models)."),
+        model_config: Path | None = model_config_option(),
         cluster: str = typer.Option("h200x8", help="Cluster preset."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     ) -> None:
         """Predicted time, activation memory per policy and all-to-all time per group size."""
+        spec = resolve_model(model, model_config, default="llama-7b")
+        assert spec is not None
         try:
-            cm = default_cost_model(model, load_cluster(cluster))
+            cluster_spec = load_cluster(cluster)
+            cm = CostModel(file=analytic_cost_model(spec, cluster_spec.hardware), cluster=cluster_spec)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         samples = [parse_shape(text, i) for i, text in enumerate(shapes)]
-        if cm.is_2d and any(not s.is_2d for s in samples):
-            raise typer.BadParameter(f"model {model!r} is 2D: give shapes as FRAMESxHEIGHTxWIDTH")
+        try:
+            check_samples_kind(samples, spec, source="SHAPE")
+        except ValueError as exc:
+            form = "FRAMESxHEIGHTxWIDTH" if spec.is_video else "TOKENS"
+            raise typer.BadParameter(f"{exc}: give shapes as {form}") from None
         rows = cost_rows(cm, samples)
         console = make_console()
         if as_json:

@@ -12,25 +12,32 @@ import typer
 from rich import box
 from rich.table import Table
 
+from dcp_cli.model_option import model_config_option, model_option, resolve_model
 from dcp_cli.progress import progress_bar
 from dcp_cli.style import console, fmt_pct, fmt_s, fmt_x, print_table
 
 if TYPE_CHECKING:
     from costmodel.schema import CostModelFile
+    from costmodel.specs import ModelSpec
 
 
 def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size: int,
               budget_s: float, progress: Callable[[int, int | None], None] | None = None,
-              cost_model_file: CostModelFile | None = None) -> list[dict[str, Any]]:
+              cost_model_file: CostModelFile | None = None, model: ModelSpec | None = None
+              ) -> list[dict[str, Any]]:
     """One row per step: the plan's and every baseline's predicted step time, gap, latency.
 
     ``baselines_s`` and ``speedups`` also hold ``strongest``: the fastest baseline of the step
-    but ``naive`` (``planner.baselines.strongest``).
+    but ``naive`` (``planner.baselines.strongest``). ``model`` (a preset or a config's spec)
+    replaces the workload's model with its analytic cost model on the cluster's hardware.
 
     Raises:
-        ValueError: for an unknown preset, or a cost model made for another model or hardware.
+        ValueError: for an unknown preset, a cost model made for another model or hardware, both
+            a cost model and a model, or a model of the other kind than the workload (text/video).
     """
+    from costmodel.analytic import analytic_cost_model
     from costmodel.evaluate import CostModel
+    from costmodel.model_choice import check_samples_kind
     from costmodel.presets import default_cost_model_file, load_cluster
     from planner.baselines import strongest
     from planner.config import PlannerConfig
@@ -39,7 +46,12 @@ def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size:
 
     spec = WorkloadSpec.preset(workload)
     cluster_spec = load_cluster(cluster)
-    if cost_model_file is None:
+    if cost_model_file is not None and model is not None:
+        raise ValueError(f"give one of --cost-model and --model / --model-config, not both (the cost "
+                         f"model {cost_model_file.id!r} is for model {cost_model_file.model.name!r})")
+    if model is not None:
+        cost_model = analytic_cost_model(model, cluster_spec.hardware)
+    elif cost_model_file is None:
         cost_model = default_cost_model_file(spec.model, cluster_spec.hardware.name)
     else:
         cost_model = cost_model_file
@@ -52,6 +64,7 @@ def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size:
     rows = []
     for step in range(steps):
         samples = sample_batch(spec, num_samples=batch_size, seed=seed, step=step)
+        check_samples_kind(samples, cost_model.model, source=f"workload {workload!r} ({spec.kind})")
         start = time.perf_counter()
         plan = plan_batch(samples, cluster=cluster_spec, cost_model=cost_model, config=config,
                           step=step, reference_sample=spec.max_sample)
@@ -107,6 +120,9 @@ def register(app: typer.Typer) -> None:
         cost_model: Path | None = typer.Option(
             None, "--cost-model", help="A cost-model file (dcp fit) instead of the analytic default; "
                                       "its hardware must be the cluster's."),
+        model: str | None = model_option(help_text="Model preset instead of the workload's (its "
+                                                   "analytic cost model on the cluster's hardware)."),
+        model_config: Path | None = model_config_option(),
         steps: int = typer.Option(5, "--steps", "-k", min=1, help="Steps to plan."),
         seed: int = typer.Option(0, "--seed", "-s", help="Sampler and planner seed."),
         batch_size: int = typer.Option(256, "--batch-size", "-b", min=1,
@@ -120,6 +136,7 @@ def register(app: typer.Typer) -> None:
         each baseline, speedups, gap to the lower bound, solver status and latency."""
         from costmodel.schema import CostModelFile
 
+        model_spec = resolve_model(model, model_config)
         try:
             file = None
             if cost_model is not None:
@@ -130,7 +147,7 @@ def register(app: typer.Typer) -> None:
             with progress_bar(f"planning {steps} steps", quiet=quiet, total=steps) as update:
                 rows = plan_rows(workload=workload, cluster=cluster, steps=steps, seed=seed,
                                  batch_size=batch_size, budget_s=budget_ms / 1000.0, progress=update,
-                                 cost_model_file=file)
+                                 cost_model_file=file, model=model_spec)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         summary = totals(rows)
