@@ -20,6 +20,7 @@ from api.faults import classify
 from api.metrics import Metrics
 from api.registry import check_compatible
 from api.store import EpochRecord, PlanStore
+from costmodel.model_choice import check_samples_kind
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec, Sample
 from planner.epoch import BatchRule, CancelledError, StepResult, StepTask, build_config, make_steps, run_epoch
@@ -40,20 +41,29 @@ def manifest_digest(samples: Sequence[Sample]) -> str:
 
 def prepare_epoch(store: PlanStore, *, epoch_id: str, samples: Sequence[Sample], rule: BatchRule,
                   seed: int, cluster: ClusterSpec, cost_model: CostModelFile,
-                  options: Mapping[str, Any], manifest_source: str) -> EpochRecord:
+                  options: Mapping[str, Any], manifest_source: str,
+                  model_source: str | None = None) -> EpochRecord:
     """Validate a job, cut the manifest into steps and store it as queued.
 
+    ``model_source`` says where the model came from (``model llama-3.1-8b``, ``model_config
+    <path>``); the spec keeps it with the model's name and kind beside the cost model's id and
+    digest, by which a resume finds the same model.
+
     Raises:
-        ValueError: invalid options, a cost model for other hardware, a sample longer than
-            the token budget, an empty manifest.
+        ValueError: invalid options, a cost model for other hardware, samples of the other kind
+            than the model (text vs video, naming the first), a sample longer than the token
+            budget, an empty manifest.
         api.store.EpochExistsError: when the id is taken.
     """
     build_config(options)
     check_compatible(cost_model, cluster)
+    check_samples_kind(samples, cost_model.model, source="manifest")
     steps = make_steps(samples, rule=rule, seed=seed)
     spec = {
         "batch": rule.as_dict(), "seed": seed, "cluster": cluster.model_dump(mode="json"),
         "cost_model_id": cost_model.id, "cost_model_digest": cost_model.digest(),
+        "model": {"name": cost_model.model.name, "kind": cost_model.model.kind,
+                  "source": model_source or f"cost model {cost_model.id}"},
         "options": dict(options),
         "manifest": {"source": manifest_source, "num_samples": len(samples),
                      "digest": manifest_digest(samples)},

@@ -69,6 +69,25 @@ class CostModelRegistry:
                                          "cannot be replaced; upload under a new id")
         return self.uploaded.put(file)
 
+    def add_derived(self, file: CostModelFile) -> CostModelFile:
+        """Register the analytic cost model of a named model (a preset or a ``config.json``) so that
+        jobs, resumes and reports find it by id; the file as registered.
+
+        Its id is ``analytic-<model>-<hardware>``; when that id already names other coefficients
+        (another model of the same name), it is stored as ``<id>-<first 8 hex of its digest>``
+        (the same id for the same model every time).
+
+        Raises:
+            CostModelConflictError: when even that id is taken (not expected).
+        """
+        try:
+            self.add(file)
+            return file
+        except CostModelConflictError:
+            renamed = file.model_copy(update={"id": f"{file.id}-{file.digest()[:8]}"})
+            self.add(renamed)
+            return renamed
+
     def delete(self, cost_model_id: str) -> bool:
         """Delete an uploaded cost model; False when none has this id.
 

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from costmodel.model_choice import DEFAULT_TEXT_MODEL
+from dcp_cli.model_option import model_config_option, model_option
 from dcp_cli.progress import make_progress
 from dcp_cli.style import fail, fmt_pct, fmt_x
 
@@ -18,6 +20,9 @@ if TYPE_CHECKING:
     from concurrent.futures import Executor
 
     from api.ray_runner import RayStepExecutor
+    from api.store import PlanStore
+    from costmodel.schema import CostModelFile
+    from costmodel.specs import HardwareSpec, Sample
 
 
 def register(app: typer.Typer) -> None:
@@ -28,8 +33,12 @@ def register(app: typer.Typer) -> None:
         manifest: Path = typer.Argument(..., exists=True, dir_okay=False, metavar="MANIFEST",
                                         help="JSON Lines manifest (make one with dcp manifest)."),
         cluster: str = typer.Option("h200x8", help="Cluster preset."),
-        cost_model: str = typer.Option("analytic-llama-7b-h200-sxm",
-                                       help="Cost-model id: embedded (dcp presets) or stored in --out."),
+        model: str | None = model_option(help_text="Model preset: plans under its analytic cost model on the "
+                                                   "cluster's hardware (default for a text manifest: "
+                                                   f"{DEFAULT_TEXT_MODEL}; a video manifest needs a model)."),
+        model_config: Path | None = model_config_option(),
+        cost_model: str | None = typer.Option(None, help="Cost-model id instead of a model: embedded "
+                                                         "(dcp presets) or stored in --out."),
         cost_model_file: Path | None = typer.Option(None, exists=True, dir_okay=False,
                                                     help="A cost-model JSON file instead of an id."),
         out: Path = typer.Option(Path("plans.sqlite"), help="SQLite store (created or resumed)."),
@@ -84,26 +93,40 @@ def register(app: typer.Typer) -> None:
                 options[key] = json.loads(value)
             except json.JSONDecodeError:
                 options[key] = value
-        model: CostModelFile | None = None
+        named = [name for name, value in (("--model", model), ("--model-config", model_config),
+                                          ("--cost-model", cost_model), ("--cost-model-file", cost_model_file))
+                 if value is not None]
+        if len(named) > 1:
+            fail(f"give one of --model, --model-config, --cost-model and --cost-model-file, not {' and '.join(named)}")
+        derived, model_source = _derived_cost_model(model, model_config, named=bool(named), samples=samples,
+                                                    manifest=manifest, hardware=spec.hardware)
+        file: CostModelFile | None = derived
         if cost_model_file is not None:
             try:
-                model = CostModelFile.load(cost_model_file)
+                file = CostModelFile.load(cost_model_file)
             except ValueError as exc:
                 fail(f"--cost-model-file {cost_model_file}: {exc}")
-        else:
-            embedded = sorted(f.id for f in builtin_cost_model_files())
+        elif cost_model is not None:
+            embedded = {f.id: f for f in builtin_cost_model_files()}
             if cost_model not in embedded and not out.exists():
                 fail(f"--cost-model {cost_model!r} is not an embedded cost model (embedded: "
-                     f"{', '.join(embedded)}); for a fitted or uploaded one pass --cost-model-file")
+                     f"{', '.join(sorted(embedded))}); for a fitted or uploaded one pass --cost-model-file")
+            file = embedded.get(cost_model)
+        if file is not None:
+            _check_kind(samples, file, manifest)
         # The cluster is reached before the store is opened: an unreachable one creates nothing.
         ray_executor = _ray_executor(ray_address, steps_per_task=ray_steps_per_task) if ray_address else None
         store = PlanStore.open(out)
         registry = CostModelRegistry(store)
         try:
-            if model is not None:
-                registry.add(model)
+            if derived is not None:
+                file = registry.add_derived(derived)
+            elif cost_model_file is not None and file is not None:
+                registry.add(file)
             else:
-                model = registry.get(cost_model)
+                assert cost_model is not None
+                file = registry.get(cost_model)
+                _check_kind(samples, file, manifest, store=store)
         except KeyError:
             store.close()
             fail(f"--cost-model {cost_model!r} is neither embedded nor stored in {out}; "
@@ -111,17 +134,18 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:
             store.close()
             fail(f"--cost-model-file {cost_model_file}: {exc}")
+        model_file: CostModelFile = file
         eid = epoch_id or f"{manifest.stem}-s{seed}"
         record = store.get_epoch(eid)
         if record is None:
             try:
                 record = prepare_epoch(store, epoch_id=eid, samples=samples, rule=rule, seed=seed,
-                                       cluster=spec, cost_model=model, options=options,
-                                       manifest_source=str(manifest))
+                                       cluster=spec, cost_model=model_file, options=options,
+                                       manifest_source=str(manifest), model_source=model_source)
             except ValueError as exc:
                 store.close()
                 fail(str(exc))
-        elif not same_request(record, rule=rule, seed=seed, cluster=spec, cost_model=model,
+        elif not same_request(record, rule=rule, seed=seed, cluster=spec, cost_model=model_file,
                               options=options, samples=samples):
             store.close()
             fail(f"--epoch-id {eid!r} in {out} was made from other inputs; pass another --epoch-id or --out")
@@ -166,6 +190,54 @@ def register(app: typer.Typer) -> None:
         if final.state == "failed":
             typer.echo(f"error: {final.error}", err=True)
             raise typer.Exit(1)
+
+
+def _derived_cost_model(model: str | None, model_config: Path | None, *, named: bool, samples: list[Sample],
+                        manifest: Path, hardware: HardwareSpec) -> tuple[CostModelFile | None, str | None]:
+    """The analytic cost model of ``--model`` / ``--model-config`` on the cluster's hardware, or
+    of the text default when nothing is named and the manifest is text, with where it came from.
+
+    A video manifest with nothing named is refused: video samples fit 2d and 3d models alike,
+    so the planner does not guess (a text manifest keeps its old default, said in the log)."""
+    from costmodel.analytic import analytic_cost_model
+    from costmodel.model_choice import select_model
+    from costmodel.presets import load_model, model_names
+
+    try:
+        chosen = select_model(model=model, model_config=model_config)
+    except ValueError as exc:
+        fail(str(exc))
+    if chosen is None and named:
+        return None, None
+    if chosen is None:
+        video = next((s for s in samples if s.is_2d), None)
+        if video is not None:
+            kinds = {n: load_model(n).kind for n in model_names()}
+            presets = ", ".join(f"{n} ({k})" for n, k in kinds.items() if k != "1d")
+            fail(f"MANIFEST {manifest} holds video samples (first: {video.id!r}) and no model is named: "
+                 f"pass --model ({presets}) or --model-config; only a text manifest defaults to "
+                 f"{DEFAULT_TEXT_MODEL}")
+        chosen = load_model(DEFAULT_TEXT_MODEL)
+        logging.getLogger(__name__).info(
+            "no model named: planning the text manifest %s under the default model %s "
+            "(--model or --model-config names another)", manifest, DEFAULT_TEXT_MODEL)
+        source = f"model {DEFAULT_TEXT_MODEL} (default for a text manifest)"
+    else:
+        source = f"model {model}" if model is not None else f"model_config {model_config}"
+    return analytic_cost_model(chosen, hardware), source
+
+
+def _check_kind(samples: list[Sample], file: CostModelFile, manifest: Path, *, store: PlanStore | None = None
+                ) -> None:
+    """Stop (exit 2, closing the store) when the manifest's kind is not the model's."""
+    from costmodel.model_choice import check_samples_kind
+
+    try:
+        check_samples_kind(samples, file.model, source=f"MANIFEST {manifest}")
+    except ValueError as exc:
+        if store is not None:
+            store.close()
+        fail(str(exc))
 
 
 def _ray_executor(address: str, *, steps_per_task: int) -> RayStepExecutor:
