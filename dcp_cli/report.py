@@ -19,6 +19,7 @@ import typer
 from dcp_cli.style import fail
 
 if TYPE_CHECKING:
+    from costmodel.evaluate import CostModel
     from planner.plan import Plan
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,19 @@ def _read_plan(path: Path) -> Plan:
              "/v1/plans or GET /v1/epochs/{id}/steps/{s} returns it")
 
 
+def _memory_files(out_dir: Path, plan: Plan, cost_model: CostModel, *, label: str) -> list[Path]:
+    """memory.png and memory.svg: each group's predicted peak per rank by part against the cap."""
+    from planner.memory_view import plan_memory
+    from report.memory import memory_image
+
+    groups = plan_memory(plan, cost_model)
+    title = (f"{label}: predicted peak memory per rank, {plan.num_ranks} GPUs ({plan.cluster_name}), "
+             f"cost model {plan.cost_model_id}")
+    hbm = cost_model.cluster.hardware.hbm_bytes
+    return [_write(out_dir, f"memory.{fmt}", memory_image(groups, title=title, hbm_bytes=hbm, fmt=fmt))
+            for fmt in ("png", "svg")]
+
+
 @app.command("plan")
 def report_plan(
     plan_file: Path | None = typer.Argument(None, exists=True, dir_okay=False, metavar="PLAN",
@@ -84,7 +98,8 @@ def report_plan(
         help="Also write the plan as a Chrome trace-event JSON file here (Perfetto UI, chrome://tracing)."),
     out_dir: Path = OUT_DIR,
 ) -> None:
-    """The Gantt chart of one plan (gantt.png, gantt.svg; plan.json for a planned step): every
+    """The Gantt chart of one plan (gantt.png, gantt.svg; plan.json for a planned step) and its
+    memory chart (memory.png, memory.svg: each group's predicted peak per rank by part): every
     group's micro-batches over time, split into compute, recompute and all-to-all, idle and the
     gradient sync, above the same batch under the strongest baseline (fastest but naive). With
     ``--trace``, the same step as a trace file: one track per rank (report/trace.py)."""
@@ -151,6 +166,7 @@ def report_plan(
                                         reference_sample=reference) if baseline else None)
         data = PlanPictureInput(plan=plan, cost_model=cost_model, baseline=base, label=label)
         written = [_write(out_dir, f"gantt.{fmt}", plan_image(data, fmt)) for fmt in ("png", "svg")]
+        written += _memory_files(out_dir, plan, cost_model, label=label)
         if trace is not None:
             from planner.timeline import step_timeline
             from report.trace import plan_trace_json

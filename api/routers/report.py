@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field
 from api.cost_model_store import InvalidStoredCostModelError
 from api.deps import ServiceState, State
 from api.errors import COMMON_RESPONSES, conflict, not_found
+from api.measurements_store import GroupMeasurement, MeasurementStore
 from api.report_data import (
     CostModelChangedError,
     EpochFiguresCache,
@@ -34,7 +35,7 @@ from api.report_data import (
 )
 from api.routers.epochs import MAX_STEP, EpochId, StepIndex, _missing_step, _record
 from api.store import ACTIVE_STATES, EpochRecord
-from report.figures import MEDIA_TYPES, ImageFormat, StepError, StepFigures
+from report.figures import MEDIA_TYPES, ImageFormat, PlanPictureInput, StepError, StepFigures
 from report.html import epoch_html
 
 logger = logging.getLogger(__name__)
@@ -192,17 +193,13 @@ for _fmt in ("svg", "png"):
                    404: {"description": "Unknown epoch, or no step planned yet."}})
 
 
-def _trace_bytes(state: ServiceState, epoch_id: str, step: int) -> bytes:
-    """A step's trace-event JSON with its measured micro-batches, if any (on a worker thread)."""
-    from api.measurements_store import MeasurementStore
-    from planner.timeline import step_timeline
-    from report.trace import MeasuredMicroBatch, plan_trace_json
-
+def _step_input(state: ServiceState, epoch_id: str, step: int) -> PlanPictureInput:
+    """A stored step's plan and cost model, or the route's HTTP error."""
     record = _record(state, epoch_id)
     if state.store.get_plan(epoch_id, step) is None:
         _missing_step(record, step)  # raises a 404
     try:
-        data = step_picture_input(state.store, record, step, get_cost_model=state.registry.get,
+        return step_picture_input(state.store, record, step, get_cost_model=state.registry.get,
                                   with_baseline=False)
     except StepNotStoredError as exc:
         not_found(str(exc))
@@ -211,17 +208,62 @@ def _trace_bytes(state: ServiceState, epoch_id: str, step: int) -> bytes:
                  f"({exc.args[0]})")
     except (CostModelChangedError, InvalidStoredCostModelError) as exc:
         conflict(str(exc))
-    digest = data.plan.digest()
+
+
+def _measured_groups(state: ServiceState, epoch_id: str, step: int, digest: str) -> list[GroupMeasurement]:
+    """The groups ranks measured for this step under this plan (other plans' rows left out)."""
+    return [g for g in MeasurementStore(state.store).groups(epoch_id) if g.step == step and g.digest == digest]
+
+
+def _trace_bytes(state: ServiceState, epoch_id: str, step: int) -> bytes:
+    """A step's trace-event JSON with its measured micro-batches, if any (on a worker thread)."""
+    from planner.timeline import step_timeline
+    from report.trace import MeasuredMicroBatch, plan_trace_json
+
+    data = _step_input(state, epoch_id, step)
     measured: list[MeasuredMicroBatch] = []
-    for group in MeasurementStore(state.store).groups(epoch_id):
-        if group.step != step or group.digest != digest:
-            continue
+    for group in _measured_groups(state, epoch_id, step, data.plan.digest()):
         clock = 0.0
         for index, time_s in enumerate(group.times_s):
             measured.append(MeasuredMicroBatch(first_rank=group.first_rank, group_size=group.group_size,
                                                index=index, start_s=clock, time_s=time_s))
             clock += time_s
     return plan_trace_json(data.plan, step_timeline(data.plan, data.cost_model), measured=measured).encode()
+
+
+def _memory_bytes(state: ServiceState, cache: ReportCache, epoch_id: str, step: int, fmt: ImageFormat) -> bytes:
+    """A step's memory chart with the measured peaks, if any (on a worker thread)."""
+    from planner.memory_view import plan_memory
+    from report.memory import memory_image
+
+    data = _step_input(state, epoch_id, step)
+    plan = data.plan
+    peaks = {g.first_rank: float(g.peak_bytes) for g in _measured_groups(state, epoch_id, step, plan.digest())
+             if g.peak_bytes is not None}
+    key = ("memory", epoch_id, step, plan.digest(), tuple(sorted(peaks.items())), fmt)
+    title = (f"{epoch_id} step {step}: predicted peak memory per rank, {plan.num_ranks} GPUs "
+             f"({plan.cluster_name}), cost model {plan.cost_model_id}")
+    hbm = data.cost_model.cluster.hardware.hbm_bytes
+    return cache.get_or_render(key, lambda: memory_image(plan_memory(plan, data.cost_model, measured_peaks_bytes=peaks),
+                                                         title=title, hbm_bytes=hbm, fmt=fmt))
+
+
+def _memory_route(fmt: ImageFormat) -> Callable[..., Any]:
+    async def memory(epoch_id: EpochId, step: StepIndex, state: State, cache: Cache) -> Response:
+        data = await asyncio.to_thread(_memory_bytes, state, cache, epoch_id, step, fmt)
+        return Response(content=data, media_type=MEDIA_TYPES[fmt])
+
+    memory.__doc__ = (f"The memory chart of a stored step ({fmt.upper()}): each group's predicted peak per "
+                      "rank split into parameters, gradients, optimizer states, fixed buffers, activations "
+                      "kept and per-token working set, against the cap; measured peaks where ranks posted them.")
+    return memory
+
+
+for _fmt in ("svg", "png"):
+    router.add_api_route(
+        f"/{{epoch_id}}/steps/{{step}}/memory.{_fmt}", _memory_route(_fmt), methods=["GET"],  # type: ignore[arg-type]
+        response_class=Response, name=f"step_memory_{_fmt}", summary=f"Step memory chart ({_fmt.upper()})",
+        responses={200: _content(MEDIA_TYPES[_fmt], "The chart."), 404: _NOT_FOUND, 409: _CONFLICT})
 
 
 @router.get("/{epoch_id}/steps/{step}/trace.json", response_class=Response, name="step_trace",

@@ -156,9 +156,17 @@ def test_measured_steps_add_their_prediction_error(client: TestClient) -> None:
     assert "2 measured steps" in page and "MAPE 20.0%, mean predicted / measured 0.800" in page
 
 
-def test_step_trace_has_a_track_per_rank_and_the_measured_step(client: TestClient) -> None:
-    plan = Plan.model_validate(client.get("/v1/epochs/rep/steps/0", headers=AUTH).json()["plan"])
-    response = client.get("/v1/epochs/rep/steps/0/trace.json", headers=AUTH)
+@pytest.fixture(scope="module")
+def fresh_epoch(client: TestClient) -> str:
+    """An epoch no other test posts measurements to."""
+    _epoch(client, "fresh")
+    return "fresh"
+
+
+def test_step_trace_has_a_track_per_rank_and_the_measured_step(client: TestClient, fresh_epoch: str) -> None:
+    epoch = fresh_epoch
+    plan = Plan.model_validate(client.get(f"/v1/epochs/{epoch}/steps/0", headers=AUTH).json()["plan"])
+    response = client.get(f"/v1/epochs/{epoch}/steps/0/trace.json", headers=AUTH)
     assert response.status_code == 200 and response.headers["content-type"] == "application/json"
     events = response.json()["traceEvents"]
     tracks = {e["tid"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
@@ -167,14 +175,34 @@ def test_step_trace_has_a_track_per_rank_and_the_measured_step(client: TestClien
         g.size * len(g.micro_batches) for g in plan.groups)
     assert not any(e["pid"] == 2 for e in events)  # nothing measured yet
     group = plan.groups[0]
-    view = client.get(f"/v1/epochs/rep/steps/0/ranks/{group.first_rank}", headers=AUTH).json()
+    view = client.get(f"/v1/epochs/{epoch}/steps/0/ranks/{group.first_rank}", headers=AUTH).json()
     times = [2 * mb.predicted_time_s for mb in group.micro_batches]
-    posted = client.post("/v1/epochs/rep/measurements", headers=AUTH, json={"steps": [
+    posted = client.post(f"/v1/epochs/{epoch}/measurements", headers=AUTH, json={"steps": [
         {"step": 0, "rank": group.first_rank, "plan_digest": view["plan_digest"],
          "micro_batch_times_s": times, "peak_bytes": None}]})
     assert posted.status_code == 200, posted.text
-    events = client.get("/v1/epochs/rep/steps/0/trace.json", headers=AUTH).json()["traceEvents"]
+    events = client.get(f"/v1/epochs/{epoch}/steps/0/trace.json", headers=AUTH).json()["traceEvents"]
     measured = [e for e in events if e["pid"] == 2 and e["ph"] == "X"]
     assert len(measured) == group.size * len(times)
     assert sorted({round(e["dur"] / 1e6, 9) for e in measured}) == sorted({round(t, 9) for t in times})
-    assert client.get("/v1/epochs/rep/steps/99/trace.json", headers=AUTH).status_code == 404
+    assert client.get(f"/v1/epochs/{epoch}/steps/99/trace.json", headers=AUTH).status_code == 404
+
+
+def test_step_memory_chart_shows_the_measured_peak(client: TestClient, fresh_epoch: str) -> None:
+    epoch = fresh_epoch
+    plan = Plan.model_validate(client.get(f"/v1/epochs/{epoch}/steps/1", headers=AUTH).json()["plan"])
+    svg = client.get(f"/v1/epochs/{epoch}/steps/1/memory.svg", headers=AUTH)
+    assert svg.status_code == 200 and svg.headers["content-type"].startswith("image/svg+xml")
+    ids = {g.get("id") for g in ET.fromstring(svg.content).iter(f"{SVG}g")}
+    working = [g for g in plan.groups if g.micro_batches]
+    assert {f"memory-activations-{x}" for x in range(len(working))} <= ids
+    assert b"measured peak" not in svg.content
+    group = working[-1]
+    view = client.get(f"/v1/epochs/{epoch}/steps/1/ranks/{group.first_rank}", headers=AUTH).json()
+    posted = client.post(f"/v1/epochs/{epoch}/measurements", headers=AUTH, json={"steps": [
+        {"step": 1, "rank": group.first_rank, "plan_digest": view["plan_digest"],
+         "micro_batch_times_s": [mb.predicted_time_s for mb in group.micro_batches], "peak_bytes": 40 * 2**30}]})
+    assert posted.status_code == 200, posted.text
+    again = client.get(f"/v1/epochs/{epoch}/steps/1/memory.svg", headers=AUTH)
+    assert b"measured peak" in again.content
+    assert client.get(f"/v1/epochs/{epoch}/steps/1/memory.png", headers=AUTH).content.startswith(b"\x89PNG")
