@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.cost_model_store import InvalidStoredCostModelError
+from api.cost_model_store import CostModelConflictError, InvalidStoredCostModelError
 from api.errors import conflict, not_found, unprocessable
 from api.job_manager import JobManager
 from api.metrics import Metrics
@@ -18,6 +18,8 @@ from api.recalibration import Recalibrator
 from api.registry import CostModelRegistry, resolve_cluster
 from api.settings import Settings
 from api.store import PlanStore
+from costmodel.analytic import analytic_cost_model
+from costmodel.model_choice import select_model
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec
 
@@ -43,19 +45,35 @@ class ServiceState:
     recalibrator: Recalibrator | None = None
     """Measurements, cost-model revisions and re-planning (``api.recalibration``)."""
 
-    def planning_inputs(self, *, cluster: str | ClusterSpec, cost_model_id: str
+    def planning_inputs(self, *, cluster: str | ClusterSpec, cost_model_id: str | None,
+                        model: str | None = None, model_config: dict[str, Any] | None = None
                         ) -> tuple[ClusterSpec, CostModelFile]:
-        """The cluster and the registered cost model of a request (reads the store: call it on
-        a worker thread).
+        """The cluster and the cost model of a request: the registered ``cost_model_id``, or the
+        analytic cost model of ``model`` (a preset) or ``model_config`` (a config.json object) on
+        the cluster's hardware, registered so that jobs, resumes and reports find it by id (reads
+        and may write the store: call it on a worker thread).
 
         Raises:
-            HTTPException: 422 at ``body.cluster`` for a bad cluster, 404 for an unknown cost
-                model, 409 for a stored cost model that no longer validates.
+            HTTPException: 422 at ``body.cluster`` for a bad cluster, at ``body.model`` /
+                ``body.model_config`` for an unknown preset or a bad config; 404 for an unknown
+                cost model, 409 for a stored cost model that no longer validates.
         """
         try:
             spec = resolve_cluster(cluster)
         except ValueError as exc:
             unprocessable(["body", "cluster"], str(exc))
+        if cost_model_id is None:
+            try:
+                chosen = select_model(model=model, model_config=model_config, model_option="model",
+                                      config_option="model_config")
+            except ValueError as exc:
+                unprocessable(["body", "model" if model is not None else "model_config"], str(exc))
+            if chosen is None:
+                unprocessable(["body"], "give exactly one of cost_model_id, model and model_config")
+            try:
+                return spec, self.registry.add_derived(analytic_cost_model(chosen, spec.hardware))
+            except CostModelConflictError as exc:
+                conflict(str(exc))
         try:
             return spec, self.registry.get(cost_model_id)
         except KeyError as exc:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from costmodel.model_config import model_spec_from_config
 from costmodel.schema import TermFit
 from costmodel.specs import ClusterSpec, HardwareSpec, Sample
 from planner.plan import Plan
@@ -154,13 +155,65 @@ ClusterField = Annotated[str | ClusterIn, Field(description="A cluster preset na
 CostModelIdField = Annotated[str, Field(min_length=1, max_length=200, description="Id from GET /v1/cost-models.")]
 
 
+ModelField = Annotated[str | None, Field(default=None, min_length=1, max_length=MAX_ID_CHARS,
+                                        description="A model preset (costmodel/presets/models.json) "
+                                                    "instead of cost_model_id: its analytic cost model "
+                                                    "on the cluster's hardware.")]
+MAX_MODEL_CONFIG_KEYS = 1024
+"""Most top-level fields of an inline model config (real ones have a few dozen)."""
+
+
+def _check_model_config(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A model config the service can read (``costmodel.model_config``), or a 422 naming it."""
+    if value is None:
+        return None
+    if len(value) > MAX_MODEL_CONFIG_KEYS:
+        raise ValueError(f"{len(value)} fields exceed the limit of {MAX_MODEL_CONFIG_KEYS}")
+    model_spec_from_config(value, source="model_config")
+    return value
+
+
+class _ModelChoice(BaseModel):
+    """Exactly one of ``cost_model_id``, ``model`` and ``model_config`` (the model planned for)."""
+
+    cost_model_id: CostModelIdField | None = None
+    model: ModelField = None
+    model_config_json: dict[str, Any] | None = Field(
+        default=None, alias="model_config", max_length=MAX_MODEL_CONFIG_KEYS,
+        description="A transformers (Llama, Qwen2/3, Mistral) or diffusers (WanTransformer3DModel, "
+                    "HunyuanVideoTransformer3DModel) config.json object instead of cost_model_id: its "
+                    "analytic cost model on the cluster's hardware. A bad field gets a 422 naming it.")
+
+    @model_validator(mode="after")
+    def _one_model(self) -> _ModelChoice:
+        given = [name for name, value in (("cost_model_id", self.cost_model_id), ("model", self.model),
+                                          ("model_config", self.model_config_json)) if value is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of cost_model_id, model and model_config"
+                             + (f", not {' and '.join(given)}" if given else ""))
+        return self
+
+    @field_validator("model_config_json")
+    @classmethod
+    def _readable_config(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return _check_model_config(value)
+
+    @property
+    def model_field(self) -> str:
+        """The request field that names the model."""
+        if self.cost_model_id is not None:
+            return "cost_model_id"
+        return "model" if self.model is not None else "model_config"
+
+
 def as_cluster(cluster: str | ClusterIn) -> str | ClusterSpec:
     """A request's cluster for the domain code (a preset name, or the plain spec)."""
     return cluster.to_spec() if isinstance(cluster, ClusterIn) else cluster
 
 
-class PlanRequest(BaseModel):
-    """Plan one global batch synchronously."""
+class PlanRequest(_ModelChoice):
+    """Plan one global batch synchronously, under a cost model (``cost_model_id``) or a model's
+    analytic one (``model`` or ``model_config``)."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
         "samples": _SAMPLES_EXAMPLE, "cluster": "h200x8",
@@ -169,7 +222,6 @@ class PlanRequest(BaseModel):
     samples: list[SampleIn] = Field(min_length=1, max_length=MAX_SAMPLES_PER_REQUEST,
                                     description="The global batch (unique ids).")
     cluster: ClusterField
-    cost_model_id: CostModelIdField
     options: PlanOptions = Field(default_factory=PlanOptions, description="Planner options.")
 
     @model_validator(mode="after")
@@ -208,8 +260,9 @@ class BatchRuleModel(BaseModel):
         return self
 
 
-class EpochRequest(BaseModel):
-    """Start an epoch precompute job."""
+class EpochRequest(_ModelChoice):
+    """Start an epoch precompute job, under a cost model (``cost_model_id``) or a model's analytic
+    one (``model`` or ``model_config``, registered so that the job's resume finds it)."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
         "epoch_id": "run42-epoch0",
@@ -228,7 +281,6 @@ class EpochRequest(BaseModel):
     seed: int = Field(default=0, strict=True, ge=0, le=2**63 - 1,
                       description="Shuffle seed; step seeds derive from it.")
     cluster: ClusterField
-    cost_model_id: CostModelIdField
     options: PlanOptions = Field(default_factory=PlanOptions, description="Planner options.")
 
     @model_validator(mode="after")

@@ -42,6 +42,11 @@ def select_model(*, model: str | None, model_config: str | Path | Mapping[str, A
     return None
 
 
+KIND_WORDS = {"1d": "a text decoder", "2d": "a 2D video DiT: spatial + temporal attention",
+              "3d": "a 3D video DiT: full attention over frames x height x width"}
+"""What each model kind is, for messages."""
+
+
 def _describe(sample: Sample) -> str:
     if sample.is_2d:
         return f"a video sample ({sample.frames}x{sample.height}x{sample.width} frames x height x width)"
@@ -65,5 +70,6 @@ def check_samples_kind(samples: Iterable[Sample], model: ModelSpec, *, source: s
             want = "video samples (frames, height, width)" if model.is_video else "text samples (tokens)"
             where = f"{source}: " if source else ""
             raise ValueError(f"{where}sample {sample.id!r} (#{index}) is {_describe(sample)} but model "
-                             f"{model.name!r} is kind {model.kind!r} and plans {want}; name a "
+                             f"{model.name!r} is kind {model.kind!r} ({KIND_WORDS[model.kind]}) and plans "
+                             f"{want}; name a "
                              f"{'text' if sample.is_2d else 'video'} model or use a matching manifest")

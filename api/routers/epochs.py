@@ -23,6 +23,7 @@ from api.schemas import (
 )
 from api.store import ACTIVE_STATES, EpochExistsError, EpochRecord
 from api.strictjson import StrictJSONRoute
+from costmodel.model_choice import check_samples_kind
 from costmodel.specs import Sample
 from planner.epoch import BatchRule
 from planner.plan import RankPlan
@@ -87,7 +88,10 @@ async def create_epoch(body: EpochRequest, state: State) -> EpochStatus:
     if await asyncio.to_thread(state.store.get_epoch, epoch_id) is not None:
         conflict(f"epoch {epoch_id!r} already exists")
     cluster, cost_model = await asyncio.to_thread(state.planning_inputs, cluster=as_cluster(body.cluster),
-                                                  cost_model_id=body.cost_model_id)
+                                                  cost_model_id=body.cost_model_id, model=body.model,
+                                                  model_config=body.model_config_json)
+    model_source = {"cost_model_id": None, "model": f"model {body.model}",
+                    "model_config": f"model_config ({cost_model.model.name})"}[body.model_field]
     path = None
     if body.manifest_path is not None:
         try:
@@ -100,16 +104,22 @@ async def create_epoch(body: EpochRequest, state: State) -> EpochStatus:
     rule = BatchRule(samples_per_step=body.batch.samples_per_step,
                      tokens_per_step=body.batch.tokens_per_step)
 
+    field = "manifest_jsonl" if body.manifest_jsonl is not None else "manifest_path"
+
     def prepare() -> EpochStatus:
         try:
             samples: list[Sample] = load_manifest(text=body.manifest_jsonl, path=path,
                                                   max_samples=state.settings.max_manifest_samples)
         except ValueError as exc:
-            field = "manifest_jsonl" if body.manifest_jsonl is not None else "manifest_path"
+            unprocessable(["body", field], str(exc))
+        try:  # before anything is stored: a manifest of the other kind than the model
+            check_samples_kind(samples, cost_model.model, source=field)
+        except ValueError as exc:
             unprocessable(["body", field], str(exc))
         record = prepare_epoch(state.store, epoch_id=epoch_id, samples=samples, rule=rule,
                                seed=body.seed, cluster=cluster, cost_model=cost_model,
-                               options=options, manifest_source=body.manifest_path or "inline")
+                               options=options, manifest_source=body.manifest_path or "inline",
+                               model_source=model_source)
         state.jobs.start(record.id)
         return _status(state, record)
 

@@ -19,6 +19,7 @@ from api.pool import DeadlineExceededError
 from api.registry import check_compatible
 from api.schemas import PlanRequest, PlanResponse, as_cluster
 from api.strictjson import StrictJSONRoute
+from costmodel.model_choice import check_samples_kind
 from planner.epoch import StepResult, build_config, plan_samples
 
 logger = logging.getLogger(__name__)
@@ -44,17 +45,22 @@ async def create_plan(body: PlanRequest, state: State) -> Response:
     if len(body.samples) > limit:
         unprocessable(["body", "samples"], f"{len(body.samples)} samples exceed the limit of {limit}")
     cluster, cost_model = await asyncio.to_thread(state.planning_inputs, cluster=as_cluster(body.cluster),
-                                                  cost_model_id=body.cost_model_id)
+                                                  cost_model_id=body.cost_model_id, model=body.model,
+                                                  model_config=body.model_config_json)
     try:
         check_compatible(cost_model, cluster)
     except ValueError as exc:
-        unprocessable(["body", "cost_model_id"], str(exc))
+        unprocessable(["body", body.model_field], str(exc))
     options = body.options.to_options(default_time_limit_s=state.settings.plan_time_limit_s)
     try:
         build_config(options)
     except ValueError as exc:
         unprocessable(["body", "options"], str(exc))
     samples = [s.to_sample() for s in body.samples]
+    try:
+        check_samples_kind(samples, cost_model.model, source="samples")
+    except ValueError as exc:
+        unprocessable(["body", "samples"], str(exc))
     cap_s = planner_wall_cap_s(options, num_gpus=cluster.num_gpus, num_samples=len(samples))
     deadline_s = cap_s + state.settings.plan_deadline_margin_s
     start = time.monotonic()
