@@ -25,6 +25,22 @@ if TYPE_CHECKING:
     from costmodel.specs import HardwareSpec, Sample
 
 
+def _apply_config(ctx: typer.Context, value: Path | None) -> Path | None:
+    """``--config FILE``: its ``[epoch]`` table becomes the defaults of the other options
+    (``api.config_file``); flags given on the command line still win."""
+    if value is None:
+        return None
+    from api.config_file import epoch_defaults
+
+    known = {p.name for p in ctx.command.params if p.name} - {"config", "manifest"}
+    try:
+        defaults = epoch_defaults(value, known=known)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    ctx.default_map = {**(ctx.default_map or {}), **defaults}
+    return value
+
+
 def register(app: typer.Typer) -> None:
     """Add ``dcp epoch`` to the app."""
 
@@ -57,6 +73,9 @@ def register(app: typer.Typer) -> None:
         option: list[str] = typer.Option([], "--option", "-o",
                                          help="A PlannerConfig field as KEY=JSON (repeatable)."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or log lines."),
+        config: Path | None = typer.Option(  # applied by its callback
+            None, "--config", exists=True, dir_okay=False, is_eager=True, callback=_apply_config,
+            help="TOML file whose [epoch] table gives defaults to these options (flags override it)."),
     ) -> None:
         """Plan every step of an epoch (resumes an interrupted run of the same inputs)."""
         from api.jobs import prepare_epoch, run_epoch_job, same_request

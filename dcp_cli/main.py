@@ -11,7 +11,7 @@ import logging
 
 import typer
 
-from dcp_cli import check, cost, serve
+from dcp_cli import check, config_cmd, cost, serve
 from dcp_cli import epoch as epoch_cmd
 from dcp_cli import manifest as manifest_cmd
 from dcp_cli import plan as plan_cmd
@@ -37,7 +37,8 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
     )
 
 
-for _module in (presets_cmd, manifest_cmd, epoch_cmd, plan_cmd, report_cmd, cost, profile_cmds, check, serve):
+for _module in (presets_cmd, manifest_cmd, epoch_cmd, plan_cmd, report_cmd, cost, profile_cmds, check, serve,
+                config_cmd):
     _module.register(app)
 
 if __name__ == "__main__":

@@ -19,18 +19,22 @@ def register(app: typer.Typer) -> None:
         data_dir: Path | None = typer.Option(None, help="Directory server-side manifests must be in."),
         workers: int | None = typer.Option(None, "--workers", help="Solver processes (default: cores)."),
         log_level: str = typer.Option("info", help="uvicorn log level."),
+        config: Path | None = typer.Option(
+            None, "--config", exists=True, dir_okay=False,
+            help="TOML file whose [service] table sets any setting (DCP_* variables and flags override "
+                 "it; `dcp config show` says where each value came from)."),
     ) -> None:
         """Run the planner service: plans, epoch jobs, stored plans per step and rank, metrics."""
         import uvicorn
 
         from api.app import create_app
-        from api.settings import Settings
+        from api.config_file import load_settings
 
         overrides: dict[str, Any] = {k: v for k, v in {
             "host": host, "port": port, "db_path": db, "data_dir": data_dir, "num_workers": workers,
         }.items() if v is not None}
         try:
-            settings = Settings(**overrides)
+            settings = load_settings(config_file=config, **overrides)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         if settings.store_lease:

@@ -1,0 +1,55 @@
+"""``dcp config show``: the effective settings of the service and where each value came from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich import box
+from rich.markup import escape
+from rich.table import Table
+
+from dcp_cli.style import console, fail
+
+SECRET_FIELDS = ("auth_token",)
+"""Settings printed as set / not set, never their value."""
+
+app = typer.Typer(name="config", no_args_is_help=True,
+                  help="The one config file (TOML: [service] for dcp serve, [epoch] for dcp epoch).")
+
+
+@app.command("show")
+def show(
+    config: Path | None = typer.Option(None, "--config", exists=True, dir_okay=False,
+                                       help="The TOML config file dcp serve / dcp epoch would read."),
+) -> None:
+    """Print every service setting with its value and source (flag, DCP_* variable, .env, the
+    config file, default), then the [epoch] table's option defaults."""
+    from api.config_file import EPOCH_TABLE, read_config, settings_with_sources
+
+    try:
+        settings, sources = settings_with_sources(config_file=config)
+        tables = read_config(config) if config is not None else {}
+    except ValueError as exc:
+        fail(str(exc))
+    table = Table(title="dcp serve settings", box=box.SIMPLE_HEAD, title_justify="left")
+    for column in ("setting", "value", "source"):
+        table.add_column(column, overflow="fold")
+    for field, value in settings.model_dump(mode="json").items():
+        shown = ("set" if value else "not set") if field in SECRET_FIELDS else str(value)
+        table.add_row(field, escape(shown), escape(sources[field]))
+    console().print(table)
+    epoch = tables.get(EPOCH_TABLE, {})
+    if epoch:
+        options = Table(title=escape(f"dcp epoch defaults ({config} [{EPOCH_TABLE}])"), box=box.SIMPLE_HEAD,
+                        title_justify="left")
+        for column in ("option", "value"):
+            options.add_column(column, overflow="fold")
+        for key, value in epoch.items():
+            options.add_row(f"--{key.replace('_', '-')}", escape(str(value)))
+        console().print(options)
+
+
+def register(root: typer.Typer) -> None:
+    """Add ``dcp config`` to the app."""
+    root.add_typer(app)

@@ -1,0 +1,116 @@
+"""One config file: ``dcp serve --config`` and ``dcp epoch --config`` read it, flags and ``DCP_*``
+variables override it, ``dcp config show`` names the source of every value, and a key the file
+should not have is an error naming it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from api.settings import Settings
+from dcp_cli.net import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+DCP = str(Path(sys.executable).parent / "dcp")
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DCP_")}
+    env.update({"COLUMNS": "200", **extra})
+    return env
+
+
+def _dcp(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([DCP, *args], cwd=cwd, env=env or _env(), capture_output=True, text=True, timeout=180)
+
+
+def _rows(output: str) -> dict[str, tuple[str, str]]:
+    """``setting -> (value, source)`` from ``dcp config show``'s table."""
+    rows = {}
+    for line in output.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[0] in Settings.model_fields:
+            rows[parts[0]] = (parts[1], " ".join(parts[2:]))
+    return rows
+
+
+def test_config_show_names_the_source_of_every_value(tmp_path: Path) -> None:
+    (tmp_path / "dcp.toml").write_text('[service]\nport = 8123\nnum_workers = 3\nauth_token = "s3cret"\n'
+                                       '[epoch]\ncluster = "h200x8"\n')
+    result = _dcp("config", "show", "--config", "dcp.toml", cwd=tmp_path, env=_env(DCP_NUM_WORKERS="2"))
+    assert result.returncode == 0, result.stderr
+    rows = _rows(result.stdout)
+    assert rows["port"] == ("8123", "dcp.toml [service]")
+    assert rows["num_workers"] == ("2", "DCP_NUM_WORKERS")  # the environment over the file
+    assert rows["host"] == ("127.0.0.1", "default")
+    assert rows["auth_token"] == ("set", "dcp.toml [service]") and "s3cret" not in result.stdout
+    assert "--cluster" in result.stdout and "h200x8" in result.stdout
+
+
+@pytest.mark.parametrize(("text", "named"), [
+    ("[service]\nprot = 1\n", "prot"),
+    ("[serivce]\nport = 1\n", "serivce"),
+    ("port = 1\n", "port"),
+    ("[service\n", "not valid TOML"),
+])
+def test_a_bad_config_file_is_an_error_naming_the_key(tmp_path: Path, text: str, named: str) -> None:
+    (tmp_path / "dcp.toml").write_text(text)
+    for args in (("config", "show", "--config", "dcp.toml"), ("serve", "--config", "dcp.toml")):
+        result = _dcp(*args, cwd=tmp_path)
+        assert result.returncode == 2 and named in result.stderr, (args, result.stderr)
+    assert not (tmp_path / "plans.sqlite").exists()
+
+
+def test_epoch_reads_its_table_and_flags_win(tmp_path: Path) -> None:
+    manifest = tmp_path / "train.jsonl"
+    manifest.write_text("".join(ROOT.joinpath("examples/manifests/train.jsonl").read_text().splitlines(True)[:96]))
+    (tmp_path / "dcp.toml").write_text('[epoch]\ncluster = "h200x8"\nsamples-per-step = 32\nout = "cfg.sqlite"\n'
+                                       'max-steps = 2\nworkers = 1\ntime-limit-s = 1.0\n')
+    result = _dcp("epoch", "train.jsonl", "--config", "dcp.toml", "--max-steps", "1", "-q", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    with contextlib.closing(sqlite3.connect(tmp_path / "cfg.sqlite")) as conn:
+        assert conn.execute("SELECT steps_done, steps_total FROM epochs").fetchone() == (1, 3)
+    (tmp_path / "bad.toml").write_text("[epoch]\nsamples-per-stp = 32\n")
+    result = _dcp("epoch", "train.jsonl", "--config", "bad.toml", cwd=tmp_path)
+    assert result.returncode == 2 and "samples-per-stp" in result.stderr
+
+
+def test_serve_runs_from_the_example_config(tmp_path: Path) -> None:
+    shutil.copy(ROOT / "examples/dcp.toml", tmp_path / "dcp.toml")
+    port = free_port()
+    with (tmp_path / "serve.log").open("wb") as log:
+        server = subprocess.Popen([DCP, "serve", "--config", "dcp.toml", "--port", str(port)], cwd=tmp_path,
+                                  env=_env(DCP_AUTH_TOKEN="tok"), stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()
+            with contextlib.suppress(httpx.HTTPError):
+                ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1)
+                if ready.status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "server not ready"
+            time.sleep(0.2)
+        assert ready.json()["workers"] == 2  # num_workers from the file
+        assert (tmp_path / "plans.sqlite").is_file()  # db_path from the file, relative to the cwd
+        body = {"samples": [{"id": "a", "tokens": 4096}], "cluster": "h200x8",
+                "cost_model_id": "analytic-llama-7b-h200-sxm"}
+        url = f"http://127.0.0.1:{port}/v1/plans"
+        assert httpx.post(url, json=body, timeout=60).status_code == 401  # the token from DCP_AUTH_TOKEN
+        assert httpx.post(url, json=body, headers={"Authorization": "Bearer tok"}, timeout=60).status_code == 200
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
