@@ -254,8 +254,11 @@ def migrate(conn: sqlite3.Connection, path: Path) -> None:
     if version > STORE_SCHEMA_VERSION:
         raise ValueError(f"store {path} has schema version {version}, newer than "
                          f"this program's {STORE_SCHEMA_VERSION}")
+    if version < STORE_SCHEMA_VERSION:
+        logger.info("%s store %s (schema version %d -> %d)", "creating" if version == 0 else "migrating",
+                    path, version, STORE_SCHEMA_VERSION)
     for target in range(version, STORE_SCHEMA_VERSION):
-        logger.info("migrating store %s to schema version %d", path, target + 1)
+        logger.debug("store %s: schema version %d", path, target + 1)
         with transaction(conn):
             for statement in _MIGRATIONS[target].split(";"):
                 if statement.strip():

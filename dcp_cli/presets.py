@@ -84,7 +84,8 @@ def print_presets(records: dict[str, list[dict[str, Any]]], kinds: list[str]) ->
                         ("hardware", "the accelerator of every rank (see Hardware)"),
                         ("GPUs, per node", "world size N and GPUs per node G (NVLink inside a node)"),
                         ("memory cap", "share of device memory the planner may fill"),
-                        ("states", "how model and optimizer states are sharded (replicated, zero1-3)")], out=out)
+                        ("states", "how optimizer states are held: replicated or zero1 (sharded), the two the "
+                                   "executor runs")], out=out)
     if "workloads" in kinds:
         gap()
         t = _table("Workloads (--workload)", ["name", "kind", "model", "about"])
