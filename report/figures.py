@@ -41,14 +41,27 @@ class StepFigures:
     """Solver status."""
     baselines_s: Mapping[str, float] = field(default_factory=dict)
     """Each baseline's predicted step time."""
+    planning_wall_s: float | None = None
+    """How long the planner took for this step (its wall clock)."""
+    num_tokens: int = 0
+    """Tokens of the step's samples."""
 
     @classmethod
     def of_plan(cls, plan: Mapping[str, Any]) -> StepFigures:
         """From a plan's JSON object (``planner.plan.Plan`` as stored)."""
+        tokens = (int(plan["num_tokens"]) if "num_tokens" in plan else  # the store's projection
+                  sum(int(ps["sample"]["tokens"]) for g in plan["groups"] for mb in g["micro_batches"]
+                      for ps in mb["samples"]))
         return cls(step=int(plan["step"] or 0), predicted_step_time_s=float(plan["predicted_step_time_s"]),
                    lower_bound_s=float(plan["lower_bound"]["value_s"]),
                    bound_kind=str(plan["lower_bound"]["kind"]), status=str(plan["solver"]["status"]),
-                   baselines_s={str(k): float(v) for k, v in plan.get("baselines_s", {}).items()})
+                   baselines_s={str(k): float(v) for k, v in plan.get("baselines_s", {}).items()},
+                   planning_wall_s=plan["solver"].get("wall_time_s"), num_tokens=tokens)
+
+    @property
+    def predicted_tokens_per_s(self) -> float:
+        """Tokens of the step over its predicted time: the whole world's training throughput."""
+        return self.num_tokens / self.predicted_step_time_s if self.predicted_step_time_s > 0 else 0.0
 
     @property
     def gap(self) -> float:

@@ -279,6 +279,14 @@ async def step_trace(epoch_id: EpochId, step: StepIndex, state: State) -> Respon
     return Response(content=data, media_type="application/json")
 
 
+class StepErrorOut(BaseModel):
+    """A measured step's prediction error (``report.figures.StepError``)."""
+
+    num_micro_batches: int = Field(description="Measured micro-batches of the step.")
+    mape: float = Field(description="Mean |predicted - measured| / measured over them.")
+    mean_ratio: float = Field(description="Mean predicted / measured (below 1: predicted too fast).")
+
+
 class StepFiguresOut(BaseModel):
     """What one stored plan says about its step."""
 
@@ -292,6 +300,11 @@ class StepFiguresOut(BaseModel):
     speedups: dict[str, float] = Field(description="Baseline time / plan time, and 'strongest' (the "
                                                    "fastest baseline but naive).")
     strongest_baseline: str | None = Field(description="Which baseline is the strongest at this step.")
+    planning_wall_s: float | None = Field(default=None, description="The planner's wall time for the step.")
+    num_tokens: int = Field(default=0, description="Tokens of the step's samples.")
+    predicted_tokens_per_s: float = Field(default=0.0, description="Tokens over the predicted step time.")
+    measured: StepErrorOut | None = Field(default=None, description="The step's micro-batch predictions "
+                                          "against what its ranks measured, once they posted measurements.")
 
 
 @router.get("/{epoch_id}/figures", response_model=list[StepFiguresOut],
@@ -302,10 +315,14 @@ async def epoch_figures(epoch_id: EpochId, state: State, cache: Cache) -> list[S
 
     def read() -> list[StepFiguresOut]:
         steps = _steps(state, cache, _record(state, epoch_id))
+        errors = {e.step: StepErrorOut(num_micro_batches=e.num_micro_batches, mape=e.mape, mean_ratio=e.mean_ratio)
+                  for e in _errors(state, cache, epoch_id)[1]}
         return [StepFiguresOut(step=s.step, predicted_step_time_s=s.predicted_step_time_s,
                                lower_bound_s=s.lower_bound_s, bound_kind=s.bound_kind, gap=s.gap,
                                status=s.status, baselines_s=dict(s.baselines_s), speedups=s.speedups(),
-                               strongest_baseline=(strongest(s.baselines_s) or (None,))[0])
+                               strongest_baseline=(strongest(s.baselines_s) or (None,))[0],
+                               planning_wall_s=s.planning_wall_s, num_tokens=s.num_tokens,
+                               predicted_tokens_per_s=s.predicted_tokens_per_s, measured=errors.get(s.step))
                 for s in steps]
 
     return await asyncio.to_thread(read)

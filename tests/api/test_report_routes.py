@@ -185,6 +185,14 @@ def test_step_trace_has_a_track_per_rank_and_the_measured_step(client: TestClien
     measured = [e for e in events if e["pid"] == 2 and e["ph"] == "X"]
     assert len(measured) == group.size * len(times)
     assert sorted({round(e["dur"] / 1e6, 9) for e in measured}) == sorted({round(t, 9) for t in times})
+    # The figures the dashboard lists: planner wall time, tokens, and the measured step's error.
+    figures = {f["step"]: f for f in client.get(f"/v1/epochs/{epoch}/figures", headers=AUTH).json()}
+    tokens = sum(ps.sample.tokens for g in plan.groups for mb in g.micro_batches for ps in mb.samples)
+    assert figures[0]["num_tokens"] == tokens
+    assert figures[0]["predicted_tokens_per_s"] == pytest.approx(tokens / plan.predicted_step_time_s)
+    assert figures[0]["planning_wall_s"] == pytest.approx(plan.solver.wall_time_s)
+    assert figures[0]["measured"]["num_micro_batches"] == len(times)
+    assert figures[0]["measured"]["mean_ratio"] == pytest.approx(0.5)  # measured at twice the prediction
     assert client.get(f"/v1/epochs/{epoch}/steps/99/trace.json", headers=AUTH).status_code == 404
 
 
