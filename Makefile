@@ -24,6 +24,14 @@ $(VENV)/.test-installed: $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[torch,dev,hf,ray]'
 	touch $@ $(VENV)/.run-installed
 
+# Debian's headless Chromium for the dashboard's browser test (tests/api/test_dashboard_browser.py;
+# ~25 s once). Where apt-get is missing or we are not root, the test is skipped and says why.
+$(VENV)/.browser-installed: $(BIN)/python
+	@if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	  || echo "chromium not installed: the dashboard's browser test will be skipped"; fi
+	touch $@
+
 install-run: $(VENV)/.run-installed
 install-test: $(VENV)/.test-installed
 
@@ -31,7 +39,7 @@ install-test: $(VENV)/.test-installed
 run: install-run
 	$(BIN)/dcp serve --host $(HOST) --port $(PORT) --db $(DB)
 
-test: install-test
+test: install-test $(VENV)/.browser-installed
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: install-test
