@@ -23,6 +23,7 @@ from rich.table import Table
 
 from costmodel.fit import FitConfig, FitRefusedError, fit_profiles
 from costmodel.profiling.format import dump_line, read_profile
+from dcp_cli.model_option import model_config_option, model_option, resolve_model
 from dcp_cli.progress import progress_bar
 from dcp_cli.style import fail
 
@@ -65,7 +66,8 @@ def register(app: typer.Typer) -> None:
     @app.command("profile")
     def profile(
         out: Path = typer.Option(..., help="Profile file to write (JSON Lines, dcp-profile/3)."),
-        model: str = typer.Option("llama-7b", help="Model preset the cost model is for."),
+        model: str | None = model_option(help_text="Model preset the cost model is for (default llama-7b)."),
+        model_config: Path | None = model_config_option(),
         device: str = typer.Option("cpu", help="cpu or cuda."),
         hardware: str = typer.Option("", help="Hardware name in the profile (default: cpu / cuda)."),
         dtype: str = typer.Option("", help="float32, bfloat16, float16 (default: fp32 cpu, bf16 cuda)."),
@@ -99,7 +101,6 @@ def register(app: typer.Typer) -> None:
         """Profile real transformer blocks: time and activation bytes per micro-batch and policy."""
         torch = _torch("profile")
 
-        from costmodel.presets import load_model
         from costmodel.profiling.format import narrowed
         from costmodel.profiling.sweep import SweepConfig, make_header, run_sweep
 
@@ -109,8 +110,10 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("device=cuda but no CUDA device is available")
         if threads > 0:
             torch.set_num_threads(threads)
+        full = resolve_model(model, model_config, default="llama-7b")
+        assert full is not None
+        named = f"--model-config {model_config}" if model_config is not None else f"--model {full.name}"
         try:
-            full = load_model(model)
             shape = narrowed(full, num_layers=layers, hidden=hidden or None, num_heads=heads or None,
                              ffn_hidden=ffn or None, vocab=None if vocab < 0 else vocab,
                              cross_attention_tokens=None if text_tokens < 0 else text_tokens)
@@ -132,7 +135,7 @@ def register(app: typer.Typer) -> None:
             dtype_name = dtype or ("float32" if device == "cpu" else "bfloat16")
             header = make_header(model=full, profiled=shape, hardware=hardware or device,
                                  device=torch_device, dtype=dtype_name,
-                                 notes=f"dcp profile --model {model} --device {device}",
+                                 notes=f"dcp profile {named} --device {device}",
                                  cpu_clock=config.cpu_clock)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None

@@ -129,3 +129,18 @@ def test_epoch_text_manifest_defaults_to_the_text_model_and_says_so(tmp_path: Pa
     with sqlite3.connect(out) as conn:
         spec = json.loads(conn.execute("SELECT spec FROM epochs").fetchone()[0])
     assert spec["cost_model_id"] == "analytic-llama-7b-h200-sxm" and spec["model"]["kind"] == "1d"
+
+
+def test_profile_takes_a_model_config(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    out = tmp_path / "p.jsonl"
+    tiny = ["--hidden", "64", "--heads", "8", "--ffn", "128", "--vocab", "256", "--layers", "1", "--layer-counts",
+            "1", "--num-sizes", "2", "--tokens-min", "64", "--tokens-max", "128", "--packings", "2", "--num-packed",
+            "1", "--group-sizes", "1", "--head-sizes", "2", "--repeats", "1", "--warmup", "0", "-q"]
+    code, output = _run("profile", "--out", str(out), "--model", "llama-7b", "--model-config", str(LLAMA31), *tiny)
+    assert code == 2 and "not both" in output and not out.exists(), output
+    code, output = _run("profile", "--out", str(out), "--model-config", str(LLAMA31), *tiny)
+    assert code == 0, output
+    header = json.loads(out.read_text().splitlines()[0])
+    assert header["model"]["name"] == "llama-3.1-8b" and header["model"]["num_kv_heads"] == 8
+    assert f"--model-config {LLAMA31}" in header["notes"]
