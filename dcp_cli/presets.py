@@ -57,10 +57,14 @@ def print_presets(records: dict[str, list[dict[str, Any]]], kinds: list[str]) ->
             t.add_row(m["name"], m["kind"], str(m["num_layers"]), fmt_count(m["hidden"]), str(m["num_heads"]),
                       str(m.get("num_kv_heads") or m["num_heads"]), fmt_count(m["ffn_hidden"]),
                       fmt_count(m["vocab"]) if m["vocab"] else "-")
-        print_table(t, [("name", "what --model takes"), ("kind", "1d: text decoder; 2d: spatial+temporal video DiT"),
+        print_table(t, [("name", "what --model takes (--model-config reads a config.json instead; "
+                                 "examples/configs/ holds those of the public models)"),
+                        ("kind", "1d: text decoder; 2d: spatial+temporal video DiT; 3d: full-3D-attention "
+                                 "video DiT"),
                         ("layers", "transformer layers (2d: spatial+temporal block pairs)"),
                         ("hidden, ffn", "hidden and MLP inner sizes"),
-                        ("heads, kv", "attention and key/value heads; SP group sizes must divide heads"),
+                        ("heads, kv", "attention and key/value heads; SP group sizes divide the heads and "
+                                      "divide or are a multiple of kv"),
                         ("vocab", "vocabulary (1d only)")], out=out)
     if "hardware" in kinds:
         gap()
