@@ -185,9 +185,9 @@ class RevisionStore:
                     left.append(r.step)
                     continue
                 conn.execute("UPDATE plans SET digest=?, plan=?, gap=?, predicted_step_time_s=?, "
-                             "speedup_vs_bucket=? WHERE epoch_id=? AND step=?",
+                             "speedup_vs_bucket=?, solve_time_s=? WHERE epoch_id=? AND step=?",
                              (r.digest, r.plan_json, r.gap, r.predicted_step_time_s, r.speedup_vs_bucket,
-                              epoch_id, r.step))
+                              r.solve_time_s, epoch_id, r.step))
                 conn.execute("DELETE FROM plan_groups WHERE epoch_id=? AND step=?", (epoch_id, r.step))
                 conn.executemany("INSERT INTO plan_groups(epoch_id, step, first_rank, last_rank, view) "
                                  "VALUES (?, ?, ?, ?, ?)",

@@ -229,9 +229,9 @@ class PlanStore:
                     raise ValueError("an epoch step result needs a step index")
                 cur = conn.execute(
                     "INSERT OR IGNORE INTO plans(epoch_id, step, digest, plan, gap, "
-                    "predicted_step_time_s, speedup_vs_bucket) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "predicted_step_time_s, speedup_vs_bucket, solve_time_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (epoch_id, r.step, r.digest, r.plan_json, r.gap, r.predicted_step_time_s,
-                     r.speedup_vs_bucket))
+                     r.speedup_vs_bucket, r.solve_time_s))
                 if cur.rowcount:
                     new += 1
                     sum_gap += r.gap
@@ -287,21 +287,23 @@ class PlanStore:
 
     def step_figures(self, epoch_id: str, steps: Sequence[int]) -> list[dict[str, Any]]:
         """Of the stored ``steps``: the plan fields a report charts (step, predicted_step_time_s,
-        lower_bound, solver.status and wall_time_s, baselines_s, and the step's tokens as
-        ``num_tokens``) read by SQLite's JSON functions, not parsed whole."""
+        lower_bound, solver.status, baselines_s, and the step's tokens as ``num_tokens``) read by
+        SQLite's JSON functions, not parsed whole; ``solver.wall_time_s`` is the planner's wall
+        time the store kept beside the plan (None for steps stored before schema version 7)."""
         out: list[dict[str, Any]] = []
         for i in range(0, len(steps), 500):
             chunk = list(steps[i:i + 500])
             rows = self._conn().execute(  # one JSON parse per plan for the four paths
                 "SELECT step, predicted_step_time_s AS t, json_extract(plan, '$.lower_bound', "
-                "'$.solver.status', '$.baselines_s', '$.solver.wall_time_s') AS fields, "
+                "'$.solver.status', '$.baselines_s') AS fields, solve_time_s, "
                 "(SELECT sum(json_extract(s.value, '$.sample.tokens')) FROM json_each(plan, '$.groups') g, "
                 "json_each(g.value, '$.micro_batches') m, json_each(m.value, '$.samples') s) AS tokens "
                 f"FROM plans WHERE epoch_id=? AND step IN ({','.join('?' * len(chunk))})", (epoch_id, *chunk))
             for r in rows:
-                bound, status, baselines, wall_s = json.loads(r["fields"])
+                bound, status, baselines = json.loads(r["fields"])
                 out.append({"step": r["step"], "predicted_step_time_s": r["t"], "lower_bound": bound,
-                            "solver": {"status": status, "wall_time_s": wall_s}, "baselines_s": baselines or {},
+                            "solver": {"status": status, "wall_time_s": r["solve_time_s"]},
+                            "baselines_s": baselines or {},
                             "num_tokens": int(r["tokens"] or 0)})
         return out
 

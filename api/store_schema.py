@@ -18,7 +18,7 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-STORE_SCHEMA_VERSION = 6
+STORE_SCHEMA_VERSION = 7
 
 _MIGRATIONS: list[str] = [
     # 0 -> 1: initial schema.
@@ -168,6 +168,11 @@ _MIGRATIONS: list[str] = [
         PRIMARY KEY (digest, rank)
     );
     CREATE INDEX measured_plans_by_model ON measured_plans(cost_model_id, received_at)
+    """,
+    # 6 -> 7: the planner's wall time per stored step (the plan itself keeps 0 there, so equal
+    # inputs store equal bytes; the dashboard shows how long each step took to plan).
+    """
+    ALTER TABLE plans ADD COLUMN solve_time_s REAL
     """,
 ]
 

@@ -30,7 +30,7 @@ _COUNT = re.compile(r'^dcp_http_request_duration_seconds_count\{method="(\w+)",r
 # What the page must fetch from the service (route templates as /metrics names them).
 ASSETS = ("/dashboard", "/dashboard/dashboard.js", "/dashboard/dashboard.css", "/v1/epochs",
           "/v1/epochs/{epoch_id}/figures", "/v1/epochs/{epoch_id}/report.svg",
-          "/v1/epochs/{epoch_id}/steps/{step}/gantt.svg")
+          "/v1/epochs/{epoch_id}/steps/{step}/gantt.svg", "/v1/epochs/{epoch_id}/steps/{step}/memory.svg")
 
 
 def _requests(server: Any) -> dict[tuple[str, str], float]:
@@ -76,7 +76,7 @@ def test_dashboard_loads_every_asset_and_renders(server_factory: Any, tmp_path: 
     dom = _chromium(tmp_path, f"{server.url}/dashboard", "--dump-dom")
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert 'data-status="ready"' in dom.stdout, dom.stdout[:3000]
-    assert 'data-images="2"' in dom.stdout  # the epoch chart and the step's Gantt chart loaded
+    assert 'data-images="3"' in dom.stdout  # the epoch chart, the step's Gantt and memory charts loaded
     assert 'data-epoch="browser"' in dom.stdout and dom.stdout.count("data-step=") == 3
 
     shot = tmp_path / "dashboard.png"
@@ -94,3 +94,25 @@ def test_dashboard_loads_every_asset_and_renders(server_factory: Any, tmp_path: 
     for route in ASSETS:
         assert new.get((route, "200"), 0) >= 2, (route, new)  # once per browser run
     assert all(status == "200" for (route, status) in new if route != "/metrics"), new
+
+
+def test_dashboard_deep_link_and_job_actions(server_factory: Any, tmp_path: Path) -> None:
+    server = server_factory(token=None).start()
+    done = {"epoch_id": "small", "manifest_jsonl": manifest_lines(36), "batch": {"samples_per_step": 12},
+            "seed": 0, "cluster": "h200x8", "cost_model_id": COST_MODEL, "options": FAST}
+    assert server.request("POST", "/v1/epochs", json=done).status_code == 202
+    deadline = time.monotonic() + 120
+    while server.request("GET", "/v1/epochs/small").json()["state"] != "done":
+        assert time.monotonic() < deadline, "epoch not done"
+        time.sleep(0.2)
+    big = {**done, "epoch_id": "big", "manifest_jsonl": manifest_lines(600), "batch": {"samples_per_step": 4}}
+    assert server.request("POST", "/v1/epochs", json=big).status_code == 202
+    assert server.request("POST", "/v1/epochs/big/cancel").json()["state"] == "cancelled"
+
+    dom = _chromium(tmp_path, f"{server.url}/dashboard#epoch=small&step=2", "--dump-dom").stdout
+    assert 'data-status="ready"' in dom, dom[:3000]
+    assert re.search(r'<tr data-step="2" class="selected">', dom), dom[:3000]  # the linked step
+    assert re.search(r'<tr data-epoch="small" data-state="done" class="selected">', dom)  # the linked epoch
+    rows = {m.group(1): m.group(0) for m in re.finditer(r'<tr data-epoch="(\w+)".*?</tr>', dom, flags=re.S)}
+    assert 'data-action="resume"' in rows["big"] and "<button" not in rows["small"]
+    assert "/v1/epochs/small/steps/2/trace.json" in dom  # the step's trace link

@@ -190,7 +190,8 @@ def test_step_trace_has_a_track_per_rank_and_the_measured_step(client: TestClien
     tokens = sum(ps.sample.tokens for g in plan.groups for mb in g.micro_batches for ps in mb.samples)
     assert figures[0]["num_tokens"] == tokens
     assert figures[0]["predicted_tokens_per_s"] == pytest.approx(tokens / plan.predicted_step_time_s)
-    assert figures[0]["planning_wall_s"] == pytest.approx(plan.solver.wall_time_s)
+    assert plan.solver.wall_time_s == 0.0  # stored plans keep 0 there (equal inputs, equal bytes) ...
+    assert 0 < figures[0]["planning_wall_s"] < 60  # ... and the store keeps the planner's wall time beside
     assert figures[0]["measured"]["num_micro_batches"] == len(times)
     assert figures[0]["measured"]["mean_ratio"] == pytest.approx(0.5)  # measured at twice the prediction
     assert client.get(f"/v1/epochs/{epoch}/steps/99/trace.json", headers=AUTH).status_code == 404

@@ -128,6 +128,8 @@ def test_migration_from_v1_keeps_plans_and_serves_rank_views(tmp_path: Path) -> 
         view = store.get_rank_view("old", 0, rank)
         assert view is not None
         assert RankPlan.model_validate_json(view) == plan.rank_view(rank)
+    [figures] = store.step_figures("old", [0])  # no planner wall time was kept before version 7
+    assert figures["solver"]["wall_time_s"] is None and figures["num_tokens"] == sum(s.tokens for s in samples)
     with pytest.raises(ValueError, match="rank 8"):
         store.get_rank_view("old", 0, 8)
     assert store.get_rank_view("old", 1, 0) is None
