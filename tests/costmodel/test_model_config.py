@@ -186,7 +186,8 @@ def test_select_model_exactly_one() -> None:
 
 def test_samples_of_the_wrong_kind_are_named() -> None:
     text = [Sample(id="a", tokens=10), Sample(id="b", tokens=20)]
-    video = [Sample(id="v0", frames=2, height=3, width=4), Sample(id="v1", frames=1, height=2, width=2)]
+    video = [Sample(id="v0", frames=2, height=3, width=4, tokens=24),
+             Sample(id="v1", frames=1, height=2, width=2, tokens=4)]
     check_samples_kind(text, load_model("llama-3.1-8b"))
     check_samples_kind(video, load_model("wan2.1-14b"))
     check_samples_kind(video, load_model("stdit3-xl"))
