@@ -98,8 +98,9 @@ def report_plan(
         help="Also write the plan as a Chrome trace-event JSON file here (Perfetto UI, chrome://tracing)."),
     out_dir: Path = OUT_DIR,
 ) -> None:
-    """The Gantt chart of one plan (gantt.png, gantt.svg; plan.json for a planned step) and its
-    memory chart (memory.png, memory.svg: each group's predicted peak per rank by part): every
+    """The Gantt chart of one plan (gantt.png, gantt.svg; plan.json for a planned step), its
+    memory chart (memory.png, memory.svg: each group's predicted peak per rank by part) and both
+    in plan.html with hover text on every micro-batch: every
     group's micro-batches over time, split into compute, recompute and all-to-all, idle and the
     gradient sync, above the same batch under the strongest baseline (fastest but naive). With
     ``--trace``, the same step as a trace file: one track per rank (report/trace.py)."""
@@ -165,8 +166,14 @@ def report_plan(
         base = (strongest_baseline_plan(plan, samples, cluster=cluster_spec, cost_model=file, config=config,
                                         reference_sample=reference) if baseline else None)
         data = PlanPictureInput(plan=plan, cost_model=cost_model, baseline=base, label=label)
-        written = [_write(out_dir, f"gantt.{fmt}", plan_image(data, fmt)) for fmt in ("png", "svg")]
+        images = {fmt: plan_image(data, fmt) for fmt in ("png", "svg")}
+        written = [_write(out_dir, f"gantt.{fmt}", image) for fmt, image in images.items()]
         written += _memory_files(out_dir, plan, cost_model, label=label)
+        from report.plan_html import plan_html
+
+        written.append(_write(out_dir, "plan.html", plan_html(
+            title=f"{label}: {plan.num_ranks} GPUs ({plan.cluster_name})", gantt_svg=images["svg"],
+            memory_svg=(out_dir / "memory.svg").read_bytes())))
         if trace is not None:
             from planner.timeline import step_timeline
             from report.trace import plan_trace_json

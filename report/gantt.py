@@ -8,13 +8,19 @@ ends early idles until the slowest group ends; then the whole world syncs gradie
 
 In the SVG, each panel's micro-batches are the paths of the group ``<g id="{key}-microbatches">``
 (one per micro-batch; ``key`` is ``dcp`` or ``baseline``), each kind of work the group
-``<g id="{key}-{kind}">``.
+``<g id="{key}-{kind}">``. :func:`with_hover_titles` gives each micro-batch path a ``<title>``
+(its group, samples, tokens and times), which a browser shows on hover.
+
+At hundreds of GPUs a 1-rank group is under a pixel tall: bands thinner than ``THIN_BAND_PX``
+lose their padding and white edges (so the colours show), and runs of equal-size groups share
+one label (``ranks 496-1023 (528 groups of SP 1)``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from xml.sax.saxutils import escape
 
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
@@ -24,6 +30,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from planner.timeline import StepTimeline
+from report.render import PNG_DPI
 
 COLORS: dict[str, str] = {
     "compute": "#4C78A8",
@@ -96,12 +103,21 @@ def group_ticks(groups: Sequence[tuple[int, int]]) -> tuple[list[float], list[st
     return ticks, labels
 
 
-def _draw_panel(ax: Axes, panel: GanttPanel) -> None:
+THIN_BAND_PX = 4.0
+"""A group's band thinner than this many pixels (in the PNG) is drawn without the gap between
+groups and without white micro-batch edges, which would otherwise cover it (1-rank groups at
+hundreds of GPUs): its colours stay readable, and its area stays its GPU-seconds."""
+
+
+def _draw_panel(ax: Axes, panel: GanttPanel, *, px_per_rank: float) -> None:
     tl = panel.timeline
     boxes: dict[str, list[list[tuple[float, float]]]] = {k: [] for k in COLORS}
     outlines: list[list[tuple[float, float]]] = []
+    edges: list[str] = []
     for g in tl.groups:
-        y0, y1 = g.first_rank + _PAD, g.first_rank + g.size - _PAD
+        thin = g.size * px_per_rank < THIN_BAND_PX
+        pad = 0.0 if thin else _PAD
+        y0, y1 = g.first_rank + pad, g.first_rank + g.size - pad
         for mb in g.micro_batches:
             x = mb.start_s
             for kind, width in (("compute", mb.compute_s), ("recompute", mb.recompute_s),
@@ -110,6 +126,7 @@ def _draw_panel(ax: Axes, panel: GanttPanel) -> None:
                     boxes[kind].append(_box(x, x + width, y0, y1))
                     x += width
             outlines.append(_box(mb.start_s, mb.end_s, y0, y1))
+            edges.append("none" if thin else "white")
         if tl.idle_s(g) > 0:
             boxes["idle"].append(_box(g.busy_s, tl.compute_makespan_s, y0, y1))
     if tl.grad_sync_s > 0:
@@ -119,7 +136,7 @@ def _draw_panel(ax: Axes, panel: GanttPanel) -> None:
             ax.add_collection(PolyCollection(polys, facecolors=COLORS[kind], edgecolors="none",
                                              gid=f"{panel.key}-{kind}",
                                              hatch="//" if kind == "idle" else None))
-    ax.add_collection(PolyCollection(outlines, facecolors="none", edgecolors="white", linewidths=0.8,
+    ax.add_collection(PolyCollection(outlines, facecolors="none", edgecolors=edges or "white", linewidths=0.8,
                                      gid=f"{panel.key}-microbatches"))
     ax.set_ylim(tl.num_ranks, 0)
     ticks, labels = group_ticks([(g.first_rank, g.size) for g in tl.groups])
@@ -152,8 +169,8 @@ def gantt_figure(panels: Sequence[GanttPanel], *, title: str) -> Figure:
     fig = Figure(figsize=(12.0, sum(heights) + 1.4), layout="constrained")
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False,
                         gridspec_kw={"height_ratios": heights})[:, 0]
-    for ax, panel in zip(axes, panels, strict=True):
-        _draw_panel(ax, panel)
+    for ax, panel, height in zip(axes, panels, heights, strict=True):
+        _draw_panel(ax, panel, px_per_rank=0.8 * height * PNG_DPI / max(panel.timeline.num_ranks, 1))
     longest = max(p.timeline.step_time_s for p in panels)
     axes[0].set_xlim(0, longest * 1.01 if longest > 0 else 1.0)
     axes[-1].set_xlabel("time from the start of the step (s)")
@@ -167,3 +184,29 @@ def gantt_figure(panels: Sequence[GanttPanel], *, title: str) -> Figure:
     fig.suptitle(title, x=0.01, ha="left", fontsize=11, fontweight="bold")
     fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=8, frameon=False)
     return fig
+
+
+def with_hover_titles(svg: bytes, *, key: str, titles: Sequence[str]) -> bytes:
+    """The SVG with ``titles[i]`` as the ``<title>`` of the ``i``-th micro-batch path of panel
+    ``key`` (hover text in a browser; the paths also take pointer events inside, not only on
+    their edge).
+
+    Raises:
+        ValueError: when the panel is missing or has another number of micro-batches.
+    """
+    text = svg.decode("utf-8")
+    start = text.find(f'<g id="{key}-microbatches">')
+    if start < 0:
+        raise ValueError(f"no micro-batch group {key!r} in the SVG")
+    end = text.find("</g>", start)
+    body = text[start:end]
+    paths = body.count("<path ")
+    if paths != len(titles):
+        raise ValueError(f"panel {key!r} has {paths} micro-batch paths, got {len(titles)} titles")
+    pieces = body.split("<path ")
+    out = [pieces[0]]
+    for piece, title in zip(pieces[1:], titles, strict=True):
+        closed = piece.rfind("/>")
+        out.append(f'<path pointer-events="all" {piece[:closed]}><title>{escape(title)}</title></path>'
+                   f"{piece[closed + 2:]}")
+    return (text[:start] + "".join(out) + text[end:]).encode("utf-8")

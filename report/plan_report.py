@@ -8,7 +8,7 @@ from planner.baseline_plan import rebuilt_matches
 from planner.plan import Plan
 from planner.timeline import step_timeline
 from report.figures import PlanPictureInput
-from report.gantt import GanttPanel, gantt_figure
+from report.gantt import GanttPanel, gantt_figure, group_label, with_hover_titles
 from report.render import ImageFormat, render
 
 
@@ -57,12 +57,39 @@ def plan_figure(data: PlanPictureInput) -> Figure:
     return gantt_figure(panels, title=title)
 
 
+MAX_TITLE_IDS = 8
+"""Sample ids a micro-batch's hover text lists before it says how many more."""
+
+
+def micro_batch_titles(plan: Plan) -> list[str]:
+    """Hover text of each micro-batch, in the order the Gantt chart draws them (groups by rank)."""
+    titles = []
+    for group in sorted(plan.groups, key=lambda g: g.first_rank):
+        for m, mb in enumerate(group.micro_batches):
+            ids = [ps.sample.id for ps in mb.samples]
+            shown = ", ".join(ids[:MAX_TITLE_IDS]) + (f" and {len(ids) - MAX_TITLE_IDS} more"
+                                                      if len(ids) > MAX_TITLE_IDS else "")
+            tokens = sum(ps.sample.tokens for ps in mb.samples)
+            peak_gib = mb.predicted_peak_mem_bytes / 2**30
+            titles.append(f"{group_label(group.first_rank, group.size)}, micro-batch {m}: "
+                          f"{fmt_s(mb.predicted_time_s)}, {len(ids)} samples, {tokens:,} tokens, peak "
+                          f"{peak_gib:.1f} GiB per rank; samples {shown}")
+    return titles
+
+
 def plan_image(data: PlanPictureInput, fmt: ImageFormat) -> bytes:
-    """The plan's Gantt chart as PNG or SVG bytes.
+    """The plan's Gantt chart as PNG or SVG bytes (in the SVG, each micro-batch has hover text:
+    its group, time, samples, tokens and peak memory).
 
     Raises:
         ValueError: for an unknown format, or a plan that the cost model does not describe.
     """
     # Build the timelines first, outside the render lock, so a bad input fails fast.
     step_timeline(data.plan, data.cost_model)
-    return render(lambda: plan_figure(data), fmt)
+    image = render(lambda: plan_figure(data), fmt)
+    if fmt != "svg":
+        return image
+    image = with_hover_titles(image, key="dcp", titles=micro_batch_titles(data.plan))
+    if data.baseline is not None:
+        image = with_hover_titles(image, key="baseline", titles=micro_batch_titles(data.baseline))
+    return image

@@ -36,6 +36,8 @@ def test_plan_report_from_a_workload_then_from_the_plan_file(tmp_path: Path) -> 
     assert (tmp_path / "a" / "gantt.png").read_bytes().startswith(b"\x89PNG")
     assert (tmp_path / "a" / "memory.png").read_bytes().startswith(b"\x89PNG")
     assert b"memory-activations-0" in (tmp_path / "a" / "memory.svg").read_bytes()
+    page = (tmp_path / "a" / "plan.html").read_text()
+    assert page.count("<svg") == 2 and "<title>" in page and "http" not in page.split("<svg", 1)[0]
     first = _title(tmp_path / "a" / "gantt.svg", "strongest baseline")
     assert first.startswith(f"strongest baseline {plan.solver.method if plan.solver.status == 'BASELINE' else ''}")
     code, out = _run("plan", str(tmp_path / "a" / "plan.json"), "-o", str(tmp_path / "b"))

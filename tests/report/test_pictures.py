@@ -120,3 +120,15 @@ def test_many_groups_share_labels_by_runs_of_one_size() -> None:
 def test_long_epochs_draw_a_sliding_mean_that_skips_missing_steps() -> None:
     assert rolling_window(100) == 1 and rolling_window(960) == 21
     assert rolling_mean([1.0, 2.0, float("nan"), 4.0, 5.0], 3) == [1.5, 1.5, 3.0, 4.5, 4.5]
+
+
+def test_svg_micro_batches_have_hover_text_with_their_samples(plans: list[tuple[Plan, PlanPictureInput]]) -> None:
+    plan, data = plans[0]
+    root = ET.fromstring(plan_image(data, "svg"))
+    group = next(g for g in root.iter(f"{SVG}g") if g.get("id") == "dcp-microbatches")
+    titles = ["".join(p.find(f"{SVG}title").itertext()) for p in group.iter(f"{SVG}path")]  # type: ignore[union-attr]
+    ordered = [mb for g in sorted(plan.groups, key=lambda g: g.first_rank) for mb in g.micro_batches]
+    assert len(titles) == len(ordered)
+    for title, mb in zip(titles, ordered, strict=True):
+        assert f"{len(mb.samples)} samples" in title and mb.samples[0].sample.id in title
+        assert f"{sum(ps.sample.tokens for ps in mb.samples):,} tokens" in title
