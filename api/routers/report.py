@@ -87,34 +87,44 @@ def report_cache(request: Request) -> ReportCache:
     return cache
 
 
-def _gantt_bytes(state: ServiceState, cache: ReportCache, epoch_id: str, step: int, fmt: ImageFormat,
-                 baseline: bool) -> bytes:
-    """A step's Gantt chart (runs on a worker thread; raises the route's HTTP errors)."""
+def _picture_input(state: ServiceState, record: EpochRecord, step: int, *, with_baseline: bool) -> PlanPictureInput:
+    """A stored step's plan, cost model and (optionally) strongest baseline, or the route's HTTP
+    error (404 for a step not stored, 409 for a cost model gone or changed)."""
+    try:
+        return step_picture_input(state.store, record, step, get_cost_model=state.registry.get,
+                                  with_baseline=with_baseline)
+    except StepNotStoredError as exc:
+        not_found(str(exc))
+    except KeyError as exc:
+        conflict(f"epoch {record.id!r} was planned with a cost model that is no longer registered "
+                 f"({exc.args[0]})")
+    except (CostModelChangedError, InvalidStoredCostModelError) as exc:
+        conflict(str(exc))
+    except ValueError as exc:
+        conflict(f"the strongest baseline of step {step} cannot be rebuilt: {exc}")
+
+
+def _stored_step(state: ServiceState, epoch_id: str, step: int) -> tuple[EpochRecord, str]:
+    """The epoch's record and the step's digest, or a 404 (Retry-After while the job runs)."""
     record = _record(state, epoch_id)
     found = state.store.get_plan(epoch_id, step)
     if found is None:
         _missing_step(record, step)  # raises a 404
         raise AssertionError("unreachable")
-    key = ("gantt", epoch_id, step, found[0], fmt, baseline)
+    return record, found[0]
+
+
+def _gantt_bytes(state: ServiceState, cache: ReportCache, epoch_id: str, step: int, fmt: ImageFormat,
+                 baseline: bool) -> bytes:
+    """A step's Gantt chart (runs on a worker thread; raises the route's HTTP errors)."""
+    record, digest = _stored_step(state, epoch_id, step)
 
     def make() -> bytes:
         from report.plan_report import plan_image  # matplotlib: imported on the first picture
 
-        try:
-            data = step_picture_input(state.store, record, step, get_cost_model=state.registry.get,
-                                      with_baseline=baseline)
-        except StepNotStoredError as exc:
-            not_found(str(exc))
-        except KeyError as exc:
-            conflict(f"epoch {epoch_id!r} was planned with a cost model that is no longer registered "
-                     f"({exc.args[0]})")
-        except (CostModelChangedError, InvalidStoredCostModelError) as exc:
-            conflict(str(exc))
-        except ValueError as exc:
-            conflict(f"the strongest baseline of step {step} cannot be rebuilt: {exc}")
-        return plan_image(data, fmt)
+        return plan_image(_picture_input(state, record, step, with_baseline=baseline), fmt)
 
-    return cache.get_or_render(key, make)
+    return cache.get_or_render(("gantt", epoch_id, step, digest, fmt, baseline), make)
 
 
 def _steps(state: ServiceState, cache: ReportCache, record: EpochRecord) -> list[StepFigures]:
@@ -181,11 +191,17 @@ def _epoch_route(fmt: ImageFormat) -> Callable[..., Any]:
     return chart
 
 
-for _fmt in ("svg", "png"):
+def _step_picture_route(path: str, endpoint: Callable[..., Any], *, name: str, summary: str,
+                        media_type: str) -> None:
+    """``GET /v1/epochs/{epoch_id}/steps/{step}/<path>``: a picture of a stored step."""
     router.add_api_route(
-        f"/{{epoch_id}}/steps/{{step}}/gantt.{_fmt}", _gantt_route(_fmt), methods=["GET"],  # type: ignore[arg-type]
-        response_class=Response, name=f"step_gantt_{_fmt}", summary=f"Step Gantt chart ({_fmt.upper()})",
-        responses={200: _content(MEDIA_TYPES[_fmt], "The chart."), 404: _NOT_FOUND, 409: _CONFLICT})
+        f"/{{epoch_id}}/steps/{{step}}/{path}", endpoint, methods=["GET"], response_class=Response, name=name,
+        summary=summary, responses={200: _content(media_type, "The chart."), 404: _NOT_FOUND, 409: _CONFLICT})
+
+
+for _fmt in ("svg", "png"):
+    _step_picture_route(f"gantt.{_fmt}", _gantt_route(_fmt), name=f"step_gantt_{_fmt}",
+                        summary=f"Step Gantt chart ({_fmt.upper()})", media_type=MEDIA_TYPES[_fmt])
     router.add_api_route(
         f"/{{epoch_id}}/report.{_fmt}", _epoch_route(_fmt), methods=["GET"],  # type: ignore[arg-type]
         response_class=Response, name=f"epoch_chart_{_fmt}", summary=f"Epoch chart ({_fmt.upper()})",
@@ -195,19 +211,8 @@ for _fmt in ("svg", "png"):
 
 def _step_input(state: ServiceState, epoch_id: str, step: int) -> PlanPictureInput:
     """A stored step's plan and cost model, or the route's HTTP error."""
-    record = _record(state, epoch_id)
-    if state.store.get_plan(epoch_id, step) is None:
-        _missing_step(record, step)  # raises a 404
-    try:
-        return step_picture_input(state.store, record, step, get_cost_model=state.registry.get,
-                                  with_baseline=False)
-    except StepNotStoredError as exc:
-        not_found(str(exc))
-    except KeyError as exc:
-        conflict(f"epoch {epoch_id!r} was planned with a cost model that is no longer registered "
-                 f"({exc.args[0]})")
-    except (CostModelChangedError, InvalidStoredCostModelError) as exc:
-        conflict(str(exc))
+    record, _ = _stored_step(state, epoch_id, step)
+    return _picture_input(state, record, step, with_baseline=False)
 
 
 def _measured_groups(state: ServiceState, epoch_id: str, step: int, digest: str) -> list[GroupMeasurement]:
@@ -260,10 +265,8 @@ def _memory_route(fmt: ImageFormat) -> Callable[..., Any]:
 
 
 for _fmt in ("svg", "png"):
-    router.add_api_route(
-        f"/{{epoch_id}}/steps/{{step}}/memory.{_fmt}", _memory_route(_fmt), methods=["GET"],  # type: ignore[arg-type]
-        response_class=Response, name=f"step_memory_{_fmt}", summary=f"Step memory chart ({_fmt.upper()})",
-        responses={200: _content(MEDIA_TYPES[_fmt], "The chart."), 404: _NOT_FOUND, 409: _CONFLICT})
+    _step_picture_route(f"memory.{_fmt}", _memory_route(_fmt), name=f"step_memory_{_fmt}",
+                        summary=f"Step memory chart ({_fmt.upper()})", media_type=MEDIA_TYPES[_fmt])
 
 
 @router.get("/{epoch_id}/steps/{step}/trace.json", response_class=Response, name="step_trace",
