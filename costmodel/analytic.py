@@ -35,6 +35,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from costmodel.model_terms import (
+    BF16_BYTES,
+    FP32_BYTES,
+    activation_bytes_per_token_layer,
+    alltoall_bytes_per_token_layer,
+    attention_flops_per_pair,
+    kv_head_bytes_per_token_layer,
+    linear_flops_per_token_layer,
+    num_params,
+    terms,
+    transient_bytes_per_token,
+    working_bytes_per_token,
+)
 from costmodel.schema import (
     ActivationCoefficients,
     CommCoefficients,
@@ -45,8 +58,10 @@ from costmodel.schema import (
 )
 from costmodel.specs import HardwareSpec, ModelSpec
 
-BF16_BYTES = 2
-FP32_BYTES = 4
+__all__ = ["BF16_BYTES", "FP32_BYTES", "AnalyticConfig", "activation_bytes_per_token_layer",
+           "alltoall_bytes_per_token_layer", "analytic_cost_model", "attention_flops_per_pair",
+           "linear_flops_per_token_layer", "linear_half_tokens", "num_params", "transient_bytes_per_token",
+           "working_bytes_per_token"]
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -74,6 +89,9 @@ class AnalyticConfig:
     backward runs twice as many."""
     kernels_per_layer_forward_2d: int = 48
     """Kernels in one forward call of a 2D layer (two blocks with modulation, cross-attention, MLP)."""
+    kernels_per_layer_forward_3d: int = 26
+    """Kernels in one forward call of a 3D DiT block (modulation, 3D rotary, self-attention,
+    cross-attention, MLP)."""
     hbm_efficiency: float = 0.8
     """Achieved share of the memory bandwidth (sets the dense parts' half-performance length [W09])."""
     attention_half_tokens: float = 512.0
@@ -91,112 +109,6 @@ class AnalyticConfig:
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise ValueError(f"{name} must be in (0, 1], got {value}")
-
-
-def num_params(model: ModelSpec) -> int:
-    """Parameters of the model (weights of linear layers, norms, embeddings).
-
-    1D (LLaMA): per layer ``h*(h + 2*h_kv) + h*h`` (attention) + ``3*h*f`` (SwiGLU) + ``2*h``
-    (norms); plus input and output embeddings ``2*V*h`` (untied).
-    2D (STDiT): per block self-attention ``4*h^2``, cross-attention ``4*h^2``, MLP ``2*h*f``;
-    two blocks (spatial, temporal) per layer.
-    """
-    h, f = model.hidden, model.ffn_hidden
-    if model.kind == "1d":
-        h_kv = h * model.kv_heads // model.num_heads
-        per_layer = h * (h + 2 * h_kv) + h * h + 3 * h * f + 2 * h
-        return model.num_layers * per_layer + 2 * model.vocab * h + h
-    per_block = 4 * h * h + 4 * h * h + 2 * h * f + 6 * h
-    return model.num_layers * 2 * per_block
-
-
-def linear_flops_per_token_layer(model: ModelSpec) -> float:
-    """Forward FLOPs per token per layer of the dense parts [N21: 2 FLOPs per MAC]."""
-    h, f = model.hidden, model.ffn_hidden
-    if model.kind == "1d":
-        h_kv = h * model.kv_heads // model.num_heads
-        mlp_macs = 3 * h * f if model.mlp_kind == "swiglu" else 2 * h * f
-        return 2.0 * (h * (h + 2 * h_kv) + h * h + mlp_macs)
-    # 2D layer = spatial block + temporal block, each: self-attn qkvo 4h^2, cross-attn q,o 2h^2,
-    # MLP 2hf MACs, plus cross-attention scores against the text tokens (2*T*h MACs per token).
-    mlp_macs = 3 * h * f if model.mlp_kind == "swiglu" else 2 * h * f
-    per_block = 4 * h * h + 2 * h * h + mlp_macs + 2 * model.cross_attention_tokens * h
-    return 2.0 * 2 * per_block
-
-
-def attention_flops_per_pair(model: ModelSpec) -> float:
-    """Forward attention FLOPs per (query, key) pair per layer: ``4*h``, half when causal [D23]."""
-    return (2.0 if model.causal else 4.0) * model.hidden
-
-
-def activation_bytes_per_token_layer(model: ModelSpec) -> tuple[float, float]:
-    """(none, full) activation bytes per token per layer [K22, adapted].
-
-    1D none: attention keeps norm input 2h, QKV input 2h, q 2h, k and v 2*h_kv each, output 2h
-    (``8h + 4h_kv``), softmax log-sum-exp ``4*heads``; the SwiGLU MLP keeps norm input 2h,
-    input 2h, gate, up, activation and product 2f each (``4h + 8f``).
-    2D none per block: self-attention ``12h`` as above, cross-attention (q input, q, output)
-    ``6h``, MLP ``4h + 4f`` (GELU: fc1 output and activation), adaLN modulations ``4h``;
-    two blocks per layer.
-    full: only the layer input, ``2h`` [K22 Sec. 5].
-    """
-    h, f = model.hidden, model.ffn_hidden
-    h_kv = h * model.kv_heads // model.num_heads
-    lse = FP32_BYTES * model.num_heads
-    if model.kind == "1d":
-        attn = BF16_BYTES * (4 * h + 2 * h_kv) + lse
-        mlp = BF16_BYTES * (2 * h + (4 * f if model.mlp_kind == "swiglu" else 2 * f))
-        none = attn + mlp
-    else:
-        attn = BF16_BYTES * (4 * h + 2 * h_kv) + lse
-        cross = BF16_BYTES * 3 * h + lse
-        mlp = BF16_BYTES * (2 * h + (4 * f if model.mlp_kind == "swiglu" else 2 * f))
-        modulate = BF16_BYTES * 2 * h
-        none = 2 * (attn + cross + mlp + modulate)
-    full = float(BF16_BYTES * h)
-    return float(none), full
-
-
-def transient_bytes_per_token(model: ModelSpec) -> float:
-    """Working set per token while one layer runs backward, beyond the kept activations.
-
-    The gradients of the layer's largest intermediates live at once: 1D SwiGLU gate, up and
-    product gradients ``3*2f`` and the fp32 q, k, v gradient accumulators of flash attention
-    ``4*(h + 2*h_kv)``; 2D GELU ``2*2f`` and the same attention accumulators.
-    """
-    h, f = model.hidden, model.ffn_hidden
-    h_kv = h * model.kv_heads // model.num_heads
-    mlp = BF16_BYTES * (3 if model.mlp_kind == "swiglu" else 2) * f
-    return float(mlp + FP32_BYTES * (h + 2 * h_kv))
-
-
-def working_bytes_per_token(model: ModelSpec) -> float:
-    """Per-token buffers outside the layers.
-
-    1D: bf16 logits and their fp32 copy for the loss (``6*V`` bytes); Ulysses send and receive
-    buffers for q, k, v (``2 * 3 * 2h``). 2D: the same communication buffers and the final
-    layer's input and output.
-    """
-    h = model.hidden
-    comm = 2.0 * 3 * BF16_BYTES * h
-    if model.kind == "1d":
-        return (BF16_BYTES + FP32_BYTES) * model.vocab + comm
-    return comm + 2.0 * BF16_BYTES * h
-
-
-def alltoall_bytes_per_token_layer(model: ModelSpec, *, dtype_bytes: int = BF16_BYTES) -> tuple[float, int]:
-    """(bytes per token, operations) of one pass of a layer's all-to-alls, as the executor runs them.
-
-    Each attention moves q, k, v in one fused operation (``h + 2*h_kv`` values per token) and
-    the output back in another (``h``): ``2h + 2*h_kv`` values per token in 2 operations
-    [J23]; a 2D layer has two self-attentions (spatial and temporal). Backward runs the same
-    operations reversed, a recompute runs them again.
-    """
-    h = model.hidden
-    h_kv = h * model.kv_heads // model.num_heads
-    per_attention = dtype_bytes * (2 * h + 2 * h_kv)
-    attentions = 1 if model.kind == "1d" else 2
-    return float(per_attention * attentions), 2 * attentions
 
 
 def linear_half_tokens(hardware: HardwareSpec, config: AnalyticConfig) -> float:
@@ -223,40 +135,19 @@ def analytic_cost_model(
     attn_rate = hardware.bf16_dense_flops * cfg.attention_flops_efficiency
     per_token_fwd = linear_flops_per_token_layer(model) / linear_rate
     per_pair_fwd = attention_flops_per_pair(model) / attn_rate
-    per_sample_fwd = 0.0
-    if model.kind == "2d" and model.cross_attention_tokens:
-        # K and V projections of the text tokens in both blocks: 2 * (2*T*h*h) MACs.
-        per_sample_fwd = 2 * 2.0 * 2 * model.cross_attention_tokens * model.hidden**2 / linear_rate
-    kernels = cfg.kernels_per_layer_forward_1d if model.kind == "1d" else cfg.kernels_per_layer_forward_2d
+    row = terms(model)
+    # Text keys/values (cross-attention) or the text stream and its pairs (joint attention).
+    per_sample_fwd = row.per_sample_flops(model) / linear_rate
+    kernels = {"1d": cfg.kernels_per_layer_forward_1d, "2d": cfg.kernels_per_layer_forward_2d,
+               "3d": cfg.kernels_per_layer_forward_3d}[model.kind]
     call_fwd = kernels * cfg.min_kernel_s
-    if model.kind == "1d":
-        fwd = LayerTimeTerms(per_token=per_token_fwd, per_attn_pair=per_pair_fwd, per_sample=per_sample_fwd,
-                             per_call=call_fwd)
-        bwd = LayerTimeTerms(
-            per_token=2 * per_token_fwd,
-            per_attn_pair=cfg.attention_bwd_over_fwd * per_pair_fwd,
-            per_sample=2 * per_sample_fwd,
-            per_call=2 * call_fwd,
-        )
-        # Embedding lookup is free; output head 2*h*V FLOPs forward, 2x backward [N21].
-        head_flops = 3 * 2.0 * model.hidden * model.vocab
-    else:
-        fwd = LayerTimeTerms(
-            per_token=per_token_fwd,
-            per_spatial_pair=per_pair_fwd,
-            per_temporal_pair=per_pair_fwd,
-            per_sample=per_sample_fwd,
-            per_call=call_fwd,
-        )
-        bwd = LayerTimeTerms(
-            per_token=2 * per_token_fwd,
-            per_spatial_pair=cfg.attention_bwd_over_fwd * per_pair_fwd,
-            per_temporal_pair=cfg.attention_bwd_over_fwd * per_pair_fwd,
-            per_sample=2 * per_sample_fwd,
-            per_call=2 * call_fwd,
-        )
-        # Patch embedding in and final projection out (latent 4 channels, 2x2 patches).
-        head_flops = 3 * 2.0 * 2 * model.hidden * 16
+    # Attention pairs: the whole sequence (1d, 3d) or spatial and temporal pairs (2d).
+    pair = {"per_spatial_pair": per_pair_fwd, "per_temporal_pair": per_pair_fwd} if model.kind == "2d" \
+        else {"per_attn_pair": per_pair_fwd}
+    fwd = LayerTimeTerms(per_token=per_token_fwd, per_sample=per_sample_fwd, per_call=call_fwd, **pair)
+    bwd = LayerTimeTerms(per_token=2 * per_token_fwd, per_sample=2 * per_sample_fwd, per_call=2 * call_fwd,
+                         **{k: cfg.attention_bwd_over_fwd * v for k, v in pair.items()})
+    head_flops = row.head_flops_per_token(model)
     compute = ComputeCoefficients(
         forward=fwd,
         backward=bwd,
@@ -272,6 +163,7 @@ def analytic_cost_model(
         working_bytes_per_token=working_bytes_per_token(model),
         fixed_working_bytes=cfg.fixed_working_bytes,
         transient_bytes_per_token=transient_bytes_per_token(model),
+        kv_head_bytes_per_token_layer=kv_head_bytes_per_token_layer(model),
     )
     a2a_bytes, a2a_ops = alltoall_bytes_per_token_layer(model)
     intra = hardware.nvlink_bytes_per_s_per_direction * cfg.nvlink_efficiency
@@ -279,6 +171,7 @@ def analytic_cost_model(
     comm = CommCoefficients(
         alltoall_bytes_per_token_layer=a2a_bytes,
         alltoall_ops_per_layer=a2a_ops,
+        alltoall_kv_head_bytes_per_token_layer=kv_head_bytes_per_token_layer(model),
         alltoall=[
             LinkFit(placement="intra", alpha_s=cfg.intra_alpha_s, bytes_per_s=intra),
             LinkFit(placement="inter", alpha_s=cfg.inter_alpha_s, bytes_per_s=inter),

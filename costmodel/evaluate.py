@@ -143,6 +143,11 @@ class CostModel:
         """True for spatial+temporal video models."""
         return self.file.model.kind == "2d"
 
+    def kv_replicas(self, group_size: int) -> int:
+        """Key/value heads a group adds by replication: ``max(0, d - kv_heads)`` (GQA past its
+        key/value heads: each rank gets the head its query heads use)."""
+        return max(0, group_size - self.file.model.kv_heads)
+
     def allowed_group_sizes(self, *, max_size: int | None = None) -> list[int]:
         """Group sizes the model's heads allow, up to ``max_size`` (default: world size)."""
         limit = self.cluster.num_gpus if max_size is None else min(max_size, self.cluster.num_gpus)
@@ -167,7 +172,9 @@ class CostModel:
         comm = self.file.comm
         nodes = self.default_nodes(group_size) if num_nodes is None else num_nodes
         alpha, per_byte = collective_cost(comm, "alltoall", group_size=group_size, num_nodes=nodes)
-        sent_per_token = float(wire_bytes("alltoall", comm.alltoall_bytes_per_token_layer, group_size))
+        bytes_per_token = (comm.alltoall_bytes_per_token_layer + comm.alltoall_kv_head_bytes_per_token_layer
+                           * self.kv_replicas(group_size))
+        sent_per_token = float(wire_bytes("alltoall", bytes_per_token, group_size))
         return comm.alltoall_ops_per_layer * alpha, sent_per_token * per_byte
 
     def sample_time_s(
@@ -297,7 +304,8 @@ class CostModel:
 
         ``s/d * (max(L-k, [k>0])*none + k*full + working + max(transient, head_transient))``
         (the head's and loss's backward runs first, on top of every kept layer; then each
-        layer's). Backward runs from the
+        layer's), with ``none`` grown by ``kv_head_bytes_per_token_layer`` per replicated key/value
+        head (:meth:`kv_replicas`). Backward runs from the
         last layer down: a checkpointed layer rematerialises its ``none`` activations only after
         the plain layers above it have freed theirs, so the rematerialised layer adds to the peak
         only when every layer is checkpointed (``k = L``, which is then dominated by ``k = L-1``).
@@ -309,7 +317,8 @@ class CostModel:
         a = self.file.activation
         layers = self.num_layers
         kept_none_layers = np.maximum(layers - k, np.where(k > 0, 1.0, 0.0))
-        per_token = (kept_none_layers * a.bytes_per_token_layer_none + k * a.bytes_per_token_layer_full
+        none = a.bytes_per_token_layer_none + a.kv_head_bytes_per_token_layer * self.kv_replicas(group_size)
+        per_token = (kept_none_layers * none + k * a.bytes_per_token_layer_full
                      + a.working_bytes_per_token
                      + max(a.transient_bytes_per_token, a.head_transient_bytes_per_token))
         return np.asarray(s / group_size * per_token, dtype=np.float64)

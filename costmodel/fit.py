@@ -37,6 +37,7 @@ from costmodel.fit_terms import (
     relative_nnls,
     split_indices,
 )
+from costmodel.model_terms import kv_head_bytes_per_token_layer
 from costmodel.presets import load_hardware
 from costmodel.profiling.format import Profile, ProfileHeader
 from costmodel.schema import (
@@ -239,6 +240,8 @@ def fit_profiles(profiles: Sequence[Profile], config: FitConfig | None = None) -
         head_transient_bytes_per_token=(head_transient_b or 0.0) * head_bytes_r,
         # a layer's weight-gradient buffers grow with its parameters, as its FLOPs per token do
         fixed_working_bytes_per_layer=per_layer_b * token_r,
+        # replicated key/value heads (groups past the KV heads): the analytic count at the dtype
+        kv_head_bytes_per_token_layer=kv_head_bytes_per_token_layer(model, dtype_bytes=header.dtype_bytes),
     )
     notes.append(f"fixed micro-batch cost {fixed_s + head_fixed_s:.3g} s (layers' stack and head) in "
                  "microbatch_overhead_s; fixed_working_bytes is the analytic default")
@@ -258,6 +261,7 @@ def fit_profiles(profiles: Sequence[Profile], config: FitConfig | None = None) -
     comm_coef = _comm_coefficients(links, cfg.comm_fallback_hardware or header.hardware, model, notes)
     comm_coef = comm_coef.model_copy(update={
         "alltoall_bytes_per_token_layer": a2a_bytes, "alltoall_ops_per_layer": a2a_ops,
+        "alltoall_kv_head_bytes_per_token_layer": kv_head_bytes_per_token_layer(model, dtype_bytes=header.dtype_bytes),
         "grad_bytes_per_param": float(header.dtype_bytes)})
     poor = {n: t.mape for n, t in terms.items() if t.mape > cfg.max_mape}
     if poor:

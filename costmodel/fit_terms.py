@@ -146,11 +146,16 @@ class ComputeFit:
     result: TermResult
 
 
+FULL_ATTENTION_KINDS = ("1d", "3d")
+"""Kinds whose attention runs over a sample's whole sequence (pairs ``s^2``, ``s = f*hw``); 2d
+attends spatially and temporally."""
+
+
 def _pair_columns(rec: ComputeRecord, kind: str, half: float) -> list[float]:
     d = rec.group_size
     cols: list[float] = []
-    if kind == "1d":
-        cols.append(sum(float(hw) ** 2 / d + half * hw for _, hw in rec.samples))
+    if kind in FULL_ATTENTION_KINDS:
+        cols.append(sum(float(f * hw) ** 2 / d + half * f * hw for f, hw in rec.samples))
     else:
         cols.append(sum(f * float(hw) ** 2 / d + half * hw for f, hw in rec.samples))
         cols.append(sum(hw * float(f) ** 2 / d + half * f for f, hw in rec.samples))
@@ -175,7 +180,7 @@ def _compute_rows(records: Sequence[ComputeRecord], kind: str, half: float, per_
 
 def _terms(part: FloatArray, kind: str, per_call: bool, moved: float) -> LayerTimeTerms:
     call = float(part[-1]) if per_call else 0.0
-    if kind == "1d":
+    if kind in FULL_ATTENTION_KINDS:
         return LayerTimeTerms(per_token=part[0], per_attn_pair=part[1], per_sample=part[2], per_call=call,
                               per_token_relayout=moved)
     return LayerTimeTerms(per_token=part[0], per_spatial_pair=part[1], per_temporal_pair=part[2],
@@ -188,7 +193,7 @@ def fit_compute(records: Sequence[ComputeRecord], kind: str, split: SplitConfig,
 
     Args:
         records: The compute records.
-        kind: ``1d`` or ``2d``.
+        kind: ``1d``, ``2d`` or ``3d`` (3d: whole-clip attention, as 1d over ``f*hw`` tokens).
         split: Hold-out split and timing statistic.
         attention_half_tokens: Fix the half-performance length instead of fitting it.
 

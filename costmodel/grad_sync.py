@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from costmodel.model_terms import inner, kv_inner, num_params
 from costmodel.specs import DDP_DEFAULT_BUCKET_BYTES, ClusterSpec, ModelSpec
 
 if TYPE_CHECKING:
@@ -63,13 +64,27 @@ def param_tensor_elements(model: ModelSpec) -> list[int]:
     last layer down: ``down f*h``, ``up h*f``, ``gate h*f``, norm ``h``, ``out h*h``, fused
     ``qkv h*(h + 2*h_kv)``, norm ``h``; the input embedding ``V*h`` last. 2D (STDiT), per block
     from the last down: ``fc2 f*h``, ``fc1 h*f``, cross-attention out ``h*h``, kv ``2*h*h`` and
-    q ``h*h``, self-attention out ``h*h`` and qkv ``3*h*h``, norms ``6*h``.
+    q ``h*h``, self-attention out ``h*h`` and qkv ``3*h*h``, norms ``6*h``. 3D (a DiT block, as
+    1D's attention widths): the un-patching projection, then per block from the last down ``fc2``,
+    ``fc1``, cross-attention (Wan) out, kv, q, self-attention out and qkv, norms and modulation
+    ``6*h``; the patch embedding last. Tied 1D embeddings are one tensor.
     """
     h, f = model.hidden, model.ffn_hidden
+    qkv, out = h * (inner(model) + 2 * kv_inner(model)), inner(model) * h
     if model.kind == "1d":
-        h_kv = h * model.kv_heads // model.num_heads
-        layer = [f * h, h * f, h * f, h, h * h, h * (h + 2 * h_kv), h]
-        return [model.vocab * h, h, *layer * model.num_layers, model.vocab * h]
+        layer = [f * h, h * f, h * f, h, out, qkv, h]
+        head = [] if model.tied_embeddings else [model.vocab * h]  # tied: one tensor, ready last
+        return [*head, h, *layer * model.num_layers, model.vocab * h]
+    if model.kind == "3d":
+        if model.joint_attention_tokens:  # MMDiT: single-stream blocks last, dual-stream first
+            stream = [f * h, h * f, out, qkv, 6 * h * h, 4 * h]
+            single, dual = model.num_layers - model.dual_stream_layers, model.dual_stream_layers
+            layers = [*stream * single, *stream * (2 * dual)]
+        else:
+            cross = [h * h, 2 * h * h, h * h] if model.cross_attention_tokens else []
+            layers = [f * h, h * f, *cross, out, qkv, 6 * h] * model.num_layers
+        outer = num_params(model) - sum(layers)  # patch embedding in and out
+        return [outer // 2, *layers, outer - outer // 2]
     block = [f * h, h * f, h * h, 2 * h * h, h * h, h * h, 3 * h * h, 6 * h]
     return block * (2 * model.num_layers)
 

@@ -137,14 +137,14 @@ def _text(f: _Fields, family: str, name: str) -> ModelSpec:
 
 
 def _video(f: _Fields, name: str, *, num_layers: int, heads: int, head_dim: int, ffn_hidden: int,
-           patch: tuple[int, int, int], cross_tokens: int = 0, joint_tokens: int = 0,
+           patch: tuple[int, int, int], cross_tokens: int = 0, joint_tokens: int = 0, dual_stream_layers: int = 0,
            attention: str | None = None) -> ModelSpec:
     channels = f.optional_int("out_channels") or f.integer("in_channels")
     return ModelSpec(name=name, kind="3d", num_layers=num_layers, hidden=heads * head_dim,
                      num_heads=heads, ffn_hidden=ffn_hidden, causal=False,
                      cross_attention_tokens=cross_tokens, joint_attention_tokens=joint_tokens,
-                     patch_size=patch, vae_stride=VIDEO_VAE_STRIDE, latent_channels=channels,
-                     attention=attention)
+                     dual_stream_layers=dual_stream_layers, patch_size=patch, vae_stride=VIDEO_VAE_STRIDE,
+                     latent_channels=channels, attention=attention)
 
 
 def _wan(f: _Fields, name: str) -> ModelSpec:
@@ -166,7 +166,7 @@ def _hunyuan(f: _Fields, name: str) -> ModelSpec:
     note = (f"{dual} dual-stream + {single} single-stream blocks; {HUNYUAN_TEXT_TOKENS} text tokens "
             "joined to every self-attention")
     return _video(f, name, num_layers=dual + single, heads=heads, head_dim=head_dim, ffn_hidden=int(ffn),
-                  patch=patch, joint_tokens=HUNYUAN_TEXT_TOKENS, attention=note)
+                  patch=patch, joint_tokens=HUNYUAN_TEXT_TOKENS, dual_stream_layers=dual, attention=note)
 
 
 VIDEO_CLASSES: dict[str, Callable[[_Fields, str], ModelSpec]] = {

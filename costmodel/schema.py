@@ -107,6 +107,12 @@ class ActivationCoefficients(_Frozen):
         description="Working memory of a micro-batch per layer of the model, whatever its tokens "
                     "(e.g. weight-gradient buffers of the backward); fitted from peaks.",
     )
+    kv_head_bytes_per_token_layer: float = Field(
+        default=0.0, ge=0,
+        description="Bytes one key/value head's k and v add per token per layer kept without "
+                    "checkpointing, for each head of replication in a group larger than the KV heads "
+                    "(each rank keeps the head of its query heads for the whole sequence).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ActivationCoefficients:
@@ -144,6 +150,12 @@ class CommCoefficients(_Frozen):
     )
     alltoall_ops_per_layer: int = Field(
         ge=0, description="All-to-all operations per call of a layer per pass (executor: 2 per attention)."
+    )
+    alltoall_kv_head_bytes_per_token_layer: float = Field(
+        default=0.0, ge=0,
+        description="Bytes one key/value head's k and v add per token to a pass of a layer's "
+                    "all-to-alls, for each head of replication in a group larger than the KV heads "
+                    "(each token's k and v go to d ranks instead of kv_heads).",
     )
     alltoall: list[LinkFit] = Field(min_length=1, description="All-to-all alpha-beta fits.")
     allreduce: list[LinkFit] = Field(min_length=1, description="All-reduce alpha-beta fits.")

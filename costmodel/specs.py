@@ -110,6 +110,9 @@ class ModelSpec(_Frozen):
     joint_attention_tokens: int = Field(
         default=0, ge=0, description="Text tokens joined to each clip's self-attention (3D MMDiT style)."
     )
+    dual_stream_layers: int = Field(
+        default=0, ge=0, description="Joint-attention (MMDiT) layers whose text tokens have weights "
+        "of their own (the first ones; the rest share one set, as HunyuanVideo's single-stream blocks).")
     patch_size: tuple[int, int, int] | None = Field(
         default=None, description="(t, h, w) patching of the latents (video); samples are in patches."
     )
@@ -131,6 +134,9 @@ class ModelSpec(_Frozen):
         if self.kind == "1d" and self.joint_attention_tokens:
             raise ValueError(f"joint_attention_tokens={self.joint_attention_tokens} is for video "
                              "models (kind 2d/3d), not kind '1d'")
+        if self.dual_stream_layers > self.num_layers or (self.dual_stream_layers and not self.joint_attention_tokens):
+            raise ValueError(f"dual_stream_layers={self.dual_stream_layers} needs joint_attention_tokens > 0 and "
+                             f"at most num_layers={self.num_layers}")
         for name in ("patch_size", "vae_stride"):
             value = getattr(self, name)
             if value is not None and any(v <= 0 for v in value):

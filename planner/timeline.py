@@ -113,7 +113,8 @@ class StepTimeline:
 def without_alltoall(cost_model: CostModel) -> CostModel:
     """The same cost model with every all-to-all removed (no latency term, no bytes)."""
     comm = cost_model.file.comm.model_copy(update={"alltoall_ops_per_layer": 0,
-                                                   "alltoall_bytes_per_token_layer": 0.0})
+                                                   "alltoall_bytes_per_token_layer": 0.0,
+                                                   "alltoall_kv_head_bytes_per_token_layer": 0.0})
     return CostModel(file=cost_model.file.model_copy(update={"comm": comm}), cluster=cost_model.cluster)
 
 

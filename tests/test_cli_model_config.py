@@ -61,8 +61,6 @@ def test_plan_from_a_config_and_its_errors() -> None:
     assert code == 2 and "not both" in output
 
 
-@pytest.mark.xfail(strict=False, reason="the 3d attention terms (all f*h*w tokens of a clip, quadratic) are "
-                                        "helper cost3d's part of issue 22 (costmodel/analytic.py, evaluate.py)")
 def test_cost_of_a_3d_model_is_quadratic_in_a_clips_tokens() -> None:
     result = runner.invoke(app, ["cost", "21x45x80", "42x45x80", "--model", "wan2.1-1.3b", "--cluster", "h200x64",
                                  "--json"])
