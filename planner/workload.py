@@ -61,7 +61,8 @@ class WorkloadSpec(_Frozen):
 
     schema_: Literal["dcp-workload/1"] = Field(alias="schema")
     name: str
-    kind: Literal["1d", "2d"]
+    kind: Literal["1d", "2d", "3d"]
+    """1d: token lengths from ``distribution``; 2d and 3d (video latents in patches): ``buckets``."""
     model: str
     description: str = ""
     buckets: list[Bucket] | None = None
@@ -69,8 +70,8 @@ class WorkloadSpec(_Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> WorkloadSpec:
-        if self.kind == "2d" and not self.buckets:
-            raise ValueError(f"2d workload {self.name!r} has no buckets")
+        if self.kind != "1d" and not self.buckets:
+            raise ValueError(f"{self.kind} workload {self.name!r} has no buckets")
         if self.kind == "1d" and self.distribution is None:
             raise ValueError(f"1d workload {self.name!r} has no distribution")
         if self.buckets and sum(b.weight for b in self.buckets) <= 0:
@@ -85,7 +86,7 @@ class WorkloadSpec(_Frozen):
     @property
     def max_sample(self) -> Sample:
         """The largest sample the workload can produce."""
-        if self.kind == "2d":
+        if self.kind != "1d":
             assert self.buckets is not None
             b = max(self.buckets, key=lambda b: b.frames * b.height * b.width)
             return Sample(id=f"{self.name}:max", frames=b.frames, height=b.height, width=b.width,
@@ -95,7 +96,7 @@ class WorkloadSpec(_Frozen):
 
 
 def _draw(spec: WorkloadSpec, rng: np.random.Generator, count: int) -> list[dict[str, int]]:
-    if spec.kind == "2d":
+    if spec.kind != "1d":
         assert spec.buckets is not None
         weights = np.array([b.weight for b in spec.buckets], dtype=np.float64)
         picks = rng.choice(len(spec.buckets), size=count, p=weights / weights.sum())
