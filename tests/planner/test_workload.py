@@ -68,3 +68,23 @@ def test_numeric_ids_are_kept_as_strings() -> None:
 def test_bad_batch_size_rejected() -> None:
     with pytest.raises(ValueError, match="num_samples must be positive, got 0"):
         sample_batch(WorkloadSpec.preset("video-short"), num_samples=0, seed=0)
+
+
+def test_every_workload_preset_draws_samples_of_its_models_kind() -> None:
+    from costmodel.presets import load_model, workload_names
+
+    for name in workload_names():
+        spec = WorkloadSpec.preset(name)
+        model = load_model(spec.model)
+        assert model.kind == spec.kind, name
+        batch = sample_batch(spec, num_samples=64, seed=0)
+        assert all((s.frames is None) == (spec.kind == "1d") for s in batch), name
+        assert max(s.tokens for s in batch) <= spec.max_sample.tokens
+
+
+def test_3d_presets_are_latents_of_public_resolutions() -> None:
+    # 4x8x8 VAE and 1x2x2 patches: 720p (720 x 1280 px) is 45 x 80 patches, 81 frames 21 latent frames.
+    spec = WorkloadSpec.preset("video3d-wan")
+    shapes = {(b.frames, b.height, b.width) for b in spec.buckets or []}
+    assert (21, 45, 80) in shapes and (1, 30, 52) in shapes and spec.max_sample.tokens == 21 * 45 * 80
+    assert WorkloadSpec.preset("video3d-long").max_sample.tokens == 31 * 68 * 120  # 1080p, 121 frames
