@@ -252,8 +252,8 @@ def _plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec, c
         # Work limits sized for 256 samples: fewer steps on larger batches, and the plain LP
         # instead of the MIP (0.05-0.1 s per solve at 256 distinct lengths, 0.3 s at 1024)
         # above 64 sample classes.
-        lp = partition_lp_bound(
-            table, lower_s=bound_value - table.grad_sync_s, upper_s=best_time - table.grad_sync_s,
+        lp = partition_lp_bound(  # its bracket comes from the problem, not from best_time
+            table, lower_s=bound_value - table.grad_sync_s,
             iterations=max(1, round(config.lp_bound_iterations * min(1.0, 256 / len(samples)))),
             integral_groups=config.lp_bound_integral and table.classes.num_classes <= 64,
             micro_batch_buckets=config.lp_bound_micro_batch_buckets,

@@ -241,36 +241,59 @@ def lp_feasible(table: CostTable, deadline_s: float, *, integral_groups: bool = 
     return bool(result.status != 2)  # 2: proven infeasible
 
 
-def partition_lp_bound(table: CostTable, *, lower_s: float, upper_s: float,
-                       iterations: int, integral_groups: bool = False,
-                       node_limit: int = NODE_LIMIT,
-                       micro_batch_buckets: int = MICRO_BATCH_BUCKETS) -> float:
+BRACKET_FIRST_STEP = 0.01
+"""The first probe above the known bound is ``lower * (1 + 0.01)``; each further one doubles the
+step (1.02, 1.04, 1.08, ...) until the LP is feasible."""
+
+BRACKET_MAX_FACTOR = 64.0
+"""Probing stops at ``lower * 64``: an LP still infeasible there returns that deadline, which a
+plan's step time then contradicts (``BoundError``) unless the plan is that slow."""
+
+
+def _feasible_bracket(feasible: Callable[[float], bool], lower_s: float) -> tuple[float, float]:
+    """``(lo, hi)`` with ``lo`` proven infeasible (or ``lower_s``) and ``hi`` feasible, found by
+    probing upward from ``lower_s`` alone: the bracket comes from the problem, never from a plan's
+    time (a bracket capped by the plan would turn an LP that is wrongly infeasible everywhere into
+    a bound equal to the plan, a gap of 0 that reveals nothing). ``hi`` is ``inf`` when nothing up
+    to :data:`BRACKET_MAX_FACTOR` times ``lower_s`` is feasible."""
+    lo, step = lower_s, BRACKET_FIRST_STEP
+    while step <= BRACKET_MAX_FACTOR:
+        probe = lower_s * (1 + step)
+        if feasible(probe):
+            return lo, probe
+        lo, step = probe, step * 2
+    return lo, float("inf")
+
+
+def partition_lp_bound(table: CostTable, *, lower_s: float, iterations: int, integral_groups: bool = False,
+                       node_limit: int = NODE_LIMIT, micro_batch_buckets: int = MICRO_BATCH_BUCKETS) -> float:
     """The partition LP bound on the compute makespan, at least ``lower_s``.
 
-    A bisection on the plain LP with one micro-batch bucket (the cheapest); with
-    ``integral_groups`` or ``micro_batch_buckets > 1``, then one on that finer problem above
-    the deadline where the coarse LP first turned feasible. The finer problem is infeasible
-    wherever the coarse LP is (merging a solution's buckets of each size gives a solution of
-    the coarse LP, and a MIP solution is an LP solution), so its threshold is at or above the
-    coarse one; where it is feasible there too, the coarse bound stands after one test.
+    First a bracket from the problem alone (:func:`_feasible_bracket`: probes at ``lower_s``
+    times 1.01, 1.02, 1.04, ... until the plain LP with one micro-batch bucket is feasible), then
+    a bisection in it; with ``integral_groups`` or ``micro_batch_buckets > 1``, the same on that
+    finer problem from where the coarse LP turned feasible. The finer problem is infeasible
+    wherever the coarse LP is (merging a solution's buckets of each size gives a solution of the
+    coarse LP, and a MIP solution is an LP solution), so its threshold is at or above the coarse
+    one. No plan's time enters: a bound above a plan's step time is a bug the caller sees
+    (``planner.planning.check_bound``).
 
     Args:
         table: Costs of the batch.
         lower_s: A known lower bound of the compute makespan (returned when the LP cannot
             raise it).
-        upper_s: A compute makespan some plan reaches (the LP is feasible there).
-        iterations: Bisection steps of each phase after the first test just above ``lower_s``.
+        iterations: Bisection steps of each phase once the bracket is found.
         integral_groups: Whole group counts (``lp_feasible``): tighter, several times the time.
         node_limit: Branch-and-bound nodes per MIP test (``lp_feasible``).
         micro_batch_buckets: ``M`` of the finer problem (``lp_feasible``; more is tighter
             and slower).
 
     Returns:
-        The largest deadline in ``[lower_s, upper_s)`` where the LP (or MIP) was proven
-        infeasible (less a 1e-9 relative margin), or ``lower_s``.
+        The largest deadline the LP (or MIP) was proven infeasible at (less a 1e-9 relative
+        margin), or ``lower_s``; the last deadline probed (about 40 times ``lower_s``) when none
+        up to there was feasible.
     """
-    probe = lower_s * (1 + 1e-3)
-    if not upper_s > probe or iterations <= 0:
+    if iterations <= 0 or not lower_s > 0:
         return lower_s
     inputs = LPInputs.of(table)
 
@@ -281,10 +304,22 @@ def partition_lp_bound(table: CostTable, *, lower_s: float, upper_s: float,
         return lp_feasible(table, deadline_s, integral_groups=integral_groups, inputs=inputs,
                            node_limit=node_limit, micro_batch_buckets=micro_batch_buckets)
 
-    lo, hi = (lower_s, probe) if coarse(probe) else _threshold(coarse, probe, upper_s, iterations)
+    probe = lower_s * (1 + 1e-3)
+    if coarse(probe):
+        lo, hi = lower_s, probe
+    else:
+        lo, hi = _feasible_bracket(coarse, probe)
+        if hi == float("inf"):
+            logger.warning("partition LP infeasible up to %.6g s (lower bound %.6g s)", lo, lower_s)
+            return lo
+        lo, hi = _threshold(coarse, lo, hi, iterations)
     if (integral_groups or micro_batch_buckets > 1) and not fine(hi):
-        lo, _ = _threshold(fine, hi, upper_s, iterations)
-    logger.debug("partition LP bound %.6f s (from %.6f s; plan %.6f s)", lo, lower_s, upper_s)
+        lo, top = _feasible_bracket(fine, hi)
+        if top == float("inf"):
+            logger.warning("partition MIP infeasible up to %.6g s (lower bound %.6g s)", lo, lower_s)
+            return lo
+        lo, _ = _threshold(fine, lo, top, iterations)
+    logger.debug("partition LP bound %.6f s (from %.6f s)", lo, lower_s)
     return max(lower_s, lo * (1 - 1e-9))  # margin for the solver's feasibility tolerance
 
 

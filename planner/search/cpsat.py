@@ -144,7 +144,10 @@ def build_exact_model(table: CostTable, placed: list[tuple[int, int]]) -> _Exact
         a1 = cm.activation_bytes(tokens, group_size=d, recompute_layers=min(1, k_top))
         al = cm.activation_bytes(tokens, group_size=d, recompute_layers=k_top)
         slope = (a1 - al) / max(k_top - 1, 1)  # bytes saved per further recomputed layer
-        jump = a1 + slope - a0  # act(k) = a0 + z*jump - k*slope for every k in 0..k_top
+        # act(k) = a0 + z*jump - k*slope for every k in 0..k_top. jump is 0 up to rounding when
+        # L >= 3 and negative (a1 < a0) when L = 2 (k_top = 1, slope 0): kept with its sign, and
+        # rounded up like every byte term so that what the model accepts fits.
+        jump = a1 + slope - a0
         # A used slot costs its fixed part with one policy throughout, plus one forward+backward
         # call per layer where its policies differ and one recompute call per recomputed layer.
         o = _to_units(cm.microbatch_fixed_s(group_size=d, num_nodes=nodes))
@@ -171,7 +174,7 @@ def build_exact_model(table: CostTable, placed: list[tuple[int, int]]) -> _Exact
                 zy = model.new_bool_var(f"zy[{i},{g},{m}]")
                 model.add_bool_and([var, z[i]]).only_enforce_if(zy)
                 model.add_bool_or([~var, ~z[i], zy])
-                mem_terms += [math.ceil(a0[i]) * var, math.ceil(max(jump[i], 0.0)) * zy,
+                mem_terms += [math.ceil(a0[i]) * var, math.ceil(jump[i]) * zy,
                               -math.floor(max(slope[i], 0.0)) * ky]
                 rec = (tl[i] - t0[i]) / max(layers, 1)
                 time_terms += [_to_units(t0[i]) * var, _to_units(rec) * ky]
