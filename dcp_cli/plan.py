@@ -198,7 +198,8 @@ def print_plan_tables(rows: list[dict[str, Any]], summary: dict[str, Any], *, ti
         ("gap", "plan s / lower bound - 1: how far the plan may be from the best possible "
                 "(all: mean over steps; --json has the bound in seconds)"),
         ("bound", "the tightest lower bound: longest, area, deadline-area, largest-choice, cpsat-optimal"),
-        ("status", "solver outcome: OPTIMAL, FEASIBLE, HEURISTIC, or BASELINE (a baseline was best)"),
+        ("status", "where the plan came from: OPTIMAL, FEASIBLE or HEURISTIC (the search), BASELINE "
+                   "(a baseline was best) or POLISHED_BASELINE (a baseline improved by the search)"),
         ("ms", "planning time, milliseconds (all: mean)"),
         ("groups", "SP group sizes, DxCOUNT (8x2 = two groups of 8 GPUs)"),
     ], out=out)

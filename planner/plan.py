@@ -20,9 +20,11 @@ from costmodel.specs import Sample
 
 PLAN_SCHEMA_VERSION = 1
 
-SolverStatus = Literal["OPTIMAL", "FEASIBLE", "HEURISTIC", "BASELINE"]
-"""OPTIMAL/FEASIBLE: CP-SAT's answer; HEURISTIC: the heuristic's plan was kept (CP-SAT found
-nothing better in time, or was not run); BASELINE: a baseline policy made the plan."""
+SolverStatus = Literal["OPTIMAL", "FEASIBLE", "HEURISTIC", "BASELINE", "POLISHED_BASELINE"]
+"""Where the plan came from. The search's own result: OPTIMAL/FEASIBLE (CP-SAT's answer) or
+HEURISTIC (the heuristic's plan, CP-SAT finding nothing better in time or not run). A baseline
+beat the search: BASELINE (its plan as it is; ``method`` names it) or POLISHED_BASELINE (its groups
+improved by the search's moves and policies; ``method`` is ``<baseline>+search``)."""
 
 
 class _Frozen(BaseModel):

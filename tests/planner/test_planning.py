@@ -54,6 +54,8 @@ def test_preset_plans_are_valid_and_found_by_the_planner(workload: str, cluster_
     assert plan.solver.status != "BASELINE", (plan.solver.method, plan.baselines_s)
     seeded = plan.solver.method.endswith("+search")
     assert seeded == ((cluster_name, workload) in BASELINE_WINS), plan.solver.method
+    # The status says where the plan came from: a polished baseline is not the search's result.
+    assert (plan.solver.status == "POLISHED_BASELINE") == seeded, plan.solver
 
 
 _shapes = st.one_of(
