@@ -102,6 +102,7 @@ class _MeteredSink:
         if self.metrics is not None:
             for r in results:
                 self.metrics.solver_latency_s.labels("epoch").observe(r.solve_time_s)
+                self.metrics.count_dropped_bounds(r.dropped_bounds, path="epoch")
         return new
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 _LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -31,6 +31,15 @@ class Metrics:
                                     ["epoch_id"], registry=self.registry)
         self.job_progress = Gauge("dcp_epoch_progress", "steps_done / steps_total per epoch job.",
                                   ["epoch_id"], registry=self.registry)
+        self.bound_errors = Counter(
+            "dcp_bound_errors", "Lower bounds found above a valid plan's step time and dropped (each a "
+            "planner bug, logged with the batch digest), by kind and path.", ["kind", "path"],
+            registry=self.registry)
+
+    def count_dropped_bounds(self, kinds: tuple[str, ...], *, path: str) -> None:
+        """Count the bounds a plan dropped (``StepResult.dropped_bounds``)."""
+        for kind in kinds:
+            self.bound_errors.labels(kind, path).inc()
 
     def render(self) -> bytes:
         """The text exposition format."""

@@ -107,6 +107,11 @@ class PlannerConfig:
     ``lp_bound_integral``), where on 8 steps of video-short 32 x 256 it cut the 1 s preset's
     mean / p95 gap from 1.86% / 3.85% to 1.26% / 2.95% for ~0.1 s CPU; as a plain LP it costs
     2-3x per solve at 250 classes for little (the offline benchmark takes the module's 3)."""
+    strict_bounds: bool = True
+    """A lower bound above the plan's own step time (a bug) raises ``BoundError``. False (the
+    service's jobs and plan requests, ``planner.epoch.plan_samples``): the bound is dropped, the
+    next valid one reported, the error logged with the batch's digest and its kind returned in
+    ``SearchStats.dropped_bounds`` (the service counts them in a metric)."""
     compute_baselines: bool = True
     """Compute the baselines (needed for the never-slower-than-a-baseline guarantee)."""
     polish_baseline: bool = True

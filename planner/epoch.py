@@ -174,6 +174,9 @@ class StepResult:
     """``bucket-sp4`` (the DCP paper's baseline) time / predicted time, when it was computed."""
     solve_time_s: float
     """Wall time of the planner call (not stored in the plan)."""
+    dropped_bounds: tuple[str, ...] = ()
+    """Lower bounds the planner found above the plan's time and dropped (bugs; the service
+    counts them)."""
     group_views: tuple[tuple[int, int, str], ...] = ()
     """Per group ``(first_rank, last_rank, view)``: the ``RankPlan`` JSON of its ranks without
     the ``rank`` field (see :func:`group_view_templates`); empty = derive when storing."""
@@ -252,7 +255,9 @@ def check_membership(plan: Plan, samples: Sequence[Sample], *, step: int | None)
 def plan_samples(samples: list[Sample], *, cluster: ClusterSpec, cost_model: CostModelFile,
                  options: Mapping[str, Any], step: int | None = None,
                  seed: int | None = None, with_group_views: bool = True) -> StepResult:
-    """Plan one batch and check it (runs in a worker process).
+    """Plan one batch and check it (runs in a worker process). A lower bound found above the
+    plan's step time is dropped, not raised (``PlannerConfig.strict_bounds``, unless ``options``
+    set it), and named in the result's ``dropped_bounds``.
 
     Args:
         samples: The global batch.
@@ -267,11 +272,13 @@ def plan_samples(samples: list[Sample], *, cluster: ClusterSpec, cost_model: Cos
         ValueError: from the planner (e.g. a sample that fits nowhere, named) or when the plan
             changed the batch.
     """
-    from planner.planning import plan_batch
+    from planner.planning import plan_batch_with_stats
 
-    config = build_config(options, seed=seed)
+    # A job or a request never fails on a wrong bound: it is dropped, logged and counted
+    # (PlannerConfig.strict_bounds); the options can still ask for strict bounds.
+    config = build_config({"strict_bounds": False, **options}, seed=seed)
     start = time.perf_counter()
-    plan = plan_batch(samples, cluster=cluster, cost_model=cost_model, config=config, step=step)
+    plan, stats = plan_batch_with_stats(samples, cluster=cluster, cost_model=cost_model, config=config, step=step)
     solve_time_s = time.perf_counter() - start
     check_membership(plan, samples, step=step)
     plan = canonical_step_plan(plan)
@@ -281,7 +288,7 @@ def plan_samples(samples: list[Sample], *, cluster: ClusterSpec, cost_model: Cos
     digest = hashlib.sha256(text.encode()).hexdigest()
     return StepResult(step=step, plan_json=text, digest=digest, gap=plan.gap,
                       predicted_step_time_s=plan.predicted_step_time_s, speedup_vs_bucket=speedup,
-                      solve_time_s=solve_time_s,
+                      solve_time_s=solve_time_s, dropped_bounds=stats.dropped_bounds,
                       group_views=tuple(group_view_templates(text, digest=digest))
                       if with_group_views else ())
 

@@ -12,6 +12,7 @@ its groups with the local search (or return it as is). Every returned plan passe
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Sequence
@@ -54,6 +55,30 @@ def check_bound(bound_s: float, kind: str, plan_step_time_s: float) -> None:
                    f"{plan_step_time_s:.9g} s of a valid plan: the bound is wrong")
         logger.error(message)
         raise BoundError(message)
+
+
+def batch_digest(samples: Sequence[Sample]) -> str:
+    """SHA-256 of the batch's ids and shapes in order: names a batch in logs (to replay it)."""
+    text = "\n".join(f"{s.id}:{s.tokens}:{s.frames}:{s.height}:{s.width}" for s in samples)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _valid_best(candidates: Sequence[tuple[str, float]], plan_step_time_s: float, *, samples: Sequence[Sample],
+                config: PlannerConfig, stats: SearchStats) -> tuple[float, str]:
+    """The largest of the ``(kind, seconds)`` bounds. A bound above the plan's step time raises
+    ``BoundError`` (``config.strict_bounds``), or is dropped: logged at ERROR with the batch's
+    digest, its kind added to ``stats.dropped_bounds``; the largest valid one is returned."""
+    best: tuple[float, str] = (0.0, "none")
+    for kind, value in candidates:
+        if value > plan_step_time_s * (1 + BOUND_REL_TOL):
+            if config.strict_bounds:
+                check_bound(value, kind, plan_step_time_s)
+            logger.error("lower bound %r = %.9g s exceeds the step time %.9g s of a valid plan: dropped "
+                         "(batch %s, %d samples)", kind, value, plan_step_time_s, batch_digest(samples), len(samples))
+            stats.dropped_bounds = (*stats.dropped_bounds, kind)
+        elif value >= best[0]:
+            best = (value, kind)
+    return best
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +161,9 @@ class SearchStats:
     """Step time of the fastest baseline (``naive`` included only if it is the fastest), if computed."""
     polished_from_s: float | None = None
     """When a baseline beat the search and polishing improved it: the baseline's step time."""
+    dropped_bounds: tuple[str, ...] = ()
+    """Kinds of the lower bounds found above the plan's step time and dropped
+    (``PlannerConfig.strict_bounds`` off; each is a bug, logged with the batch digest)."""
 
 
 def plan_batch(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: CostModelFile,
@@ -250,11 +278,13 @@ def _plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec, c
                 stats.polished_from_s = best_time
                 best_time, draft = t, polished
                 status, method = "POLISHED_BASELINE", f"{baseline_best[1]}+search"
-    bound_value, bound_kind = prep.bounds.best_s, prep.bounds.best_kind
-    if solver_bound is not None:
-        with_sync = solver_bound + table.grad_sync_s
-        if with_sync > bound_value:
-            bound_value, bound_kind = with_sync, "cpsat"
+    report = prep.bounds
+    # In tie order (a later one wins a tie): CP-SAT's only when strictly higher, then the most
+    # specific simple bound (BoundReport.best_kind's rule).
+    candidates = [("cpsat", solver_bound + table.grad_sync_s)] if solver_bound is not None else []
+    candidates += [("area", report.area_s), ("longest", report.longest_s),
+                   ("largest-choice", report.largest_choice_s), ("deadline-area", report.deadline_area_s)]
+    bound_value, bound_kind = _valid_best(candidates, best_time, samples=samples, config=config, stats=stats)
     if (config.lp_bound_iterations > 0 and status != "OPTIMAL"
             and best_time > bound_value * (1 + config.lp_bound_min_gap)):
         from planner.bounds.lp import partition_lp_bound  # imports scipy's LP solver
@@ -269,7 +299,8 @@ def _plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec, c
             micro_batch_buckets=config.lp_bound_micro_batch_buckets,
         ) + table.grad_sync_s
         if lp > bound_value:
-            bound_value, bound_kind = lp, "partition-lp"
+            bound_value, bound_kind = _valid_best([("partition-lp", lp), (bound_kind, bound_value)], best_time,
+                                                  samples=samples, config=config, stats=stats)
     if status == "OPTIMAL" and best_time > bound_value:
         bound_value, bound_kind = best_time, "cpsat-optimal"
     check_bound(bound_value, bound_kind, best_time)

@@ -82,6 +82,7 @@ async def create_plan(body: PlanRequest, state: State) -> Response:
         unprocessable(["body", "cluster"], "the plan's predicted times are not finite: check the "
                       "cluster's hardware figures and the cost model's coefficients")
     state.metrics.solver_latency_s.labels("sync").observe(result.solve_time_s)
+    state.metrics.count_dropped_bounds(result.dropped_bounds, path="sync")
     # The worker validated the plan and made its canonical JSON: send those bytes as they are.
     content = (f'{{"plan":{result.plan_json},"digest":"{result.digest}",'
                f'"gap":{json.dumps(result.gap)},"solve_time_s":{json.dumps(result.solve_time_s)}}}')

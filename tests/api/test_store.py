@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from pathlib import Path
 
@@ -133,3 +134,18 @@ def test_migration_from_v1_keeps_plans_and_serves_rank_views(tmp_path: Path) -> 
     with pytest.raises(ValueError, match="rank 8"):
         store.get_rank_view("old", 0, 8)
     assert store.get_rank_view("old", 1, 0) is None
+
+
+def test_dropped_bounds_are_counted_per_kind_and_path(tmp_path: Path) -> None:
+    from api.jobs import _MeteredSink
+    from api.metrics import Metrics
+
+    store = PlanStore.open(tmp_path / "m.sqlite")
+    store.create_epoch("e", spec={}, steps=[[Sample(id="a", tokens=1)]] * 2)
+    metrics = Metrics()
+    sink = _MeteredSink(store, "e", metrics)
+    dropped = dataclasses.replace(_result(0), dropped_bounds=("partition-lp", "cpsat"))
+    assert sink.write_steps([dropped, _result(1)]) == 2
+    text = metrics.render().decode()
+    assert 'dcp_bound_errors_total{kind="partition-lp",path="epoch"} 1.0' in text
+    assert 'dcp_bound_errors_total{kind="cpsat",path="epoch"} 1.0' in text

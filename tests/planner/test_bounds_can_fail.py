@@ -89,3 +89,28 @@ def test_a_wrong_cpsat_bound_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_bound_report_names_the_tightest() -> None:
     report = BoundReport(longest_s=1.0, area_s=2.0, deadline_area_s=3.0, largest_choice_s=2.5, compute_makespan_s=3.0)
     assert report.best_s == 3.0 and report.best_kind == "deadline-area"
+
+
+def test_a_job_drops_a_wrong_bound_and_says_so(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+                                                ) -> None:
+    """What the service's workers run (planner.epoch.plan_samples) keeps planning past a wrong
+    bound: the plan reports the next valid bound, the result names the dropped one, the log has
+    the batch digest; asked for strict bounds, it raises as the library does."""
+    import json
+
+    import planner.bounds.lp as lp
+    from planner.epoch import plan_samples
+    from planner.planning import batch_digest
+
+    monkeypatch.setattr(lp, "lp_feasible", lambda *args, **kwargs: False)
+    samples, cluster, file = _batch()
+    options = {"use_cpsat": False, "lp_bound_iterations": 6, "lp_bound_min_gap": 0.0}
+    with caplog.at_level("ERROR", logger="planner.planning"):
+        result = plan_samples(samples, cluster=cluster, cost_model=file, options=options)  # type: ignore[arg-type]
+    plan = json.loads(result.plan_json)
+    assert result.dropped_bounds == ("partition-lp",)
+    assert plan["lower_bound"]["kind"] != "partition-lp"
+    assert plan["lower_bound"]["value_s"] <= plan["predicted_step_time_s"]
+    assert batch_digest(samples) in caplog.text and "dropped" in caplog.text
+    with pytest.raises(BoundError):
+        plan_samples(samples, cluster=cluster, cost_model=file, options={**options, "strict_bounds": True})  # type: ignore[arg-type]
