@@ -128,11 +128,13 @@ def _check_groups(plan: Plan, cost_model: CostModel) -> list[str]:
     ranks = sorted(r for g in plan.groups for r in g.ranks)
     if ranks != list(range(plan.num_ranks)):
         problems.append("groups do not partition the ranks")
-    heads = cost_model.file.model.num_heads
+    model = cost_model.file.model
+    allowed = set(model.allowed_group_sizes(max_size=plan.num_ranks))
     for g in plan.groups:
-        if heads % g.size:
-            problems.append(f"group at rank {g.first_rank} has size {g.size}, "
-                            f"which does not divide num_heads={heads}")
+        if g.size not in allowed:
+            problems.append(f"group at rank {g.first_rank} has size {g.size}, which the heads do not allow "
+                            f"(num_heads={model.num_heads}, kv_heads={model.kv_heads}: a size divides the "
+                            "query heads and divides the key/value heads or is a multiple of them)")
         if g.size <= gpn and nodes_spanned(first_rank=g.first_rank, group_size=g.size,
                                            gpus_per_node=gpn) > 1:
             problems.append(f"group of size {g.size} at rank {g.first_rank} straddles nodes "

@@ -63,17 +63,20 @@ def register() -> str:
 
 
 def check_heads(config: Any, *, group_sizes: Iterable[int]) -> None:
-    """Check that every group size divides the key/value heads (Ulysses shards heads).
+    """Check every group size against the heads Ulysses shards: it divides the query heads, and
+    divides the key/value heads or is a multiple of them (past them each rank gets the key/value
+    head its query heads use, replicated: ``costmodel.specs.ModelSpec.allowed_group_sizes``).
 
     Raises:
-        ValueError: naming the heads and the sizes they do not divide.
+        ValueError: naming the heads and the sizes they do not allow.
     """
     heads = int(config.num_attention_heads)
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    bad = sorted(d for d in set(group_sizes) if kv_heads % d != 0)
+    bad = sorted(d for d in set(group_sizes) if heads % d or (kv_heads % d and d % kv_heads))
     if bad:
-        raise ValueError(f"num_key_value_heads={kv_heads} (num_attention_heads={heads}) is not divisible "
-                         f"by group sizes {bad}: allow only sizes that divide {kv_heads}")
+        raise ValueError(f"group sizes {bad} do not fit num_attention_heads={heads}, num_key_value_heads="
+                         f"{kv_heads}: a size must divide the query heads and divide the key/value heads or "
+                         "be a multiple of them")
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -215,20 +218,26 @@ def ulysses_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
                          f"{ctx.layout.local_tokens} local tokens (+{pad} padding)")
     tokens -= pad
     query, key, value = query[:, :, :tokens], key[:, :, :tokens], value[:, :, :tokens]
-    if kv_heads % d != 0 or heads % kv_heads != 0:
+    if heads % d or heads % kv_heads or (kv_heads % d and d % kv_heads):
         raise ValueError(f"{kv_heads} key/value heads ({heads} query heads) cannot be split over a group of {d}")
-    per_kv = heads // kv_heads
-    # (local, H_kv, per_kv + 2, Dh): each key/value head with its queries, one all-to-all.
-    fused = torch.cat([query[0].transpose(0, 1).reshape(tokens, kv_heads, per_kv, head_dim),
-                       key[0].transpose(0, 1)[:, :, None], value[0].transpose(0, 1)[:, :, None]], dim=2)
-    full = seq_to_head(fused.reshape(tokens, kv_heads, (per_kv + 2) * head_dim), ctx.layout, ctx.group)
-    total, kv_local = full.shape[0], kv_heads // d
-    full = full.view(total, kv_local, per_kv + 2, head_dim)
-    q = full[:, :, :per_kv].reshape(total, kv_local * per_kv, head_dim)
-    k = full[:, :, per_kv:per_kv + 1].expand(total, kv_local, per_kv, head_dim).reshape(q.shape)
-    v = full[:, :, per_kv + 1:].expand(total, kv_local, per_kv, head_dim).reshape(q.shape)
+    # Units of one key/value head and its queries: the key/value heads, or past them (d > H_kv)
+    # one per rank, each key/value head replicated to the d / H_kv ranks whose queries use it.
+    units = max(kv_heads, d)
+    per_unit = heads // units
+    kv = key[0].transpose(0, 1), value[0].transpose(0, 1)  # (local, H_kv, Dh)
+    if units > kv_heads:  # autograd sums the replicas' gradients back into each head
+        kv = kv[0].repeat_interleave(units // kv_heads, dim=1), kv[1].repeat_interleave(units // kv_heads, dim=1)
+    # (local, units, per_unit + 2, Dh): each key/value head with its queries, one all-to-all.
+    fused = torch.cat([query[0].transpose(0, 1).reshape(tokens, units, per_unit, head_dim),
+                       kv[0][:, :, None], kv[1][:, :, None]], dim=2)
+    full = seq_to_head(fused.reshape(tokens, units, (per_unit + 2) * head_dim), ctx.layout, ctx.group)
+    total, local_units = full.shape[0], units // d
+    full = full.view(total, local_units, per_unit + 2, head_dim)
+    q = full[:, :, :per_unit].reshape(total, local_units * per_unit, head_dim)
+    k = full[:, :, per_unit:per_unit + 1].expand(total, local_units, per_unit, head_dim).reshape(q.shape)
+    v = full[:, :, per_unit + 1:].expand(total, local_units, per_unit, head_dim).reshape(q.shape)
     o = packed_attention(q, k, v, samples=ctx.layout.samples, kind="causal_1d", scale=scaling)
-    local = head_to_seq(o.reshape(total, kv_local, per_kv * head_dim), ctx.layout, ctx.group)
+    local = head_to_seq(o.reshape(total, local_units, per_unit * head_dim), ctx.layout, ctx.group)
     local = local.reshape(tokens, heads, head_dim)
     if pad:
         local = torch.cat([local, local.new_zeros(pad, heads, head_dim)])

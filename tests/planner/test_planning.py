@@ -365,3 +365,26 @@ def test_bucketed_search_keeps_exact_per_sample_plans(workload: str) -> None:
         again = plan_batch(samples, cluster=cluster, cost_model=cmf, config=config,
                            reference_sample=spec.max_sample)
         assert again.content_digest() == plan.content_digest()
+
+
+def test_gqa_plans_use_groups_past_the_kv_heads_for_long_samples() -> None:
+    """Llama-3.1-8B (32 query heads, 8 KV heads) on 128k-token samples: groups of 16 and 32 (past
+    the KV heads, each rank a replicated KV head) are allowed, used, priced and valid."""
+    from costmodel.presets import load_model
+
+    model = load_model("llama-3.1-8b")
+    assert model.allowed_group_sizes(max_size=64) == [1, 2, 4, 8, 16, 32]
+    cluster = load_cluster("h200x64")
+    cmf = default_cost_model_file("llama-3.1-8b", "h200-sxm")
+    cm = CostModel(file=cmf, cluster=cluster)
+    samples = [Sample(id=f"long{i}", tokens=131072) for i in range(4)] + [
+        Sample(id=f"short{i}", tokens=2048) for i in range(120)]
+    plan = plan_batch(samples, cluster=cluster, cost_model=cmf, config=PlannerConfig(use_cpsat=False))
+    assert validate_plan(plan, samples, cost_model=cm) == []
+    long_groups = {g.size for g in plan.groups for mb in g.micro_batches for ps in mb.samples
+                   if ps.sample.id.startswith("long")}
+    assert max(long_groups) > 8, long_groups  # past the 8 KV heads
+    # Limited to the KV heads (the old rule), the same batch is slower.
+    capped = plan_batch(samples, cluster=cluster, cost_model=cmf,
+                        config=PlannerConfig(use_cpsat=False, max_group_size=8))
+    assert plan.predicted_step_time_s < capped.predicted_step_time_s

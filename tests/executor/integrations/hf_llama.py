@@ -21,21 +21,22 @@ from tests.executor.helpers import CONFIG, dataset_for
 NUM_LAYERS = CONFIG.num_layers  # the scenario plans' policies range over 0..3
 
 
-def llama_config() -> Any:
-    """The small Llama configuration (vocabulary of the synthetic data)."""
+def llama_config(*, kv_heads: int = 4) -> Any:
+    """The small Llama configuration (vocabulary of the synthetic data); ``kv_heads=2`` puts the
+    scenarios' groups of 4 past the key/value heads (each rank gets a replicated head)."""
     from transformers import LlamaConfig
 
     return LlamaConfig(vocab_size=CONFIG.vocab, hidden_size=32, intermediate_size=48,
-                       num_hidden_layers=NUM_LAYERS, num_attention_heads=8, num_key_value_heads=4,
+                       num_hidden_layers=NUM_LAYERS, num_attention_heads=8, num_key_value_heads=kv_heads,
                        max_position_embeddings=64, attention_dropout=0.0)
 
 
-def build(attn_implementation: str, *, dtype: torch.dtype, seed: int = 0) -> Any:
+def build(attn_implementation: str, *, dtype: torch.dtype, seed: int = 0, kv_heads: int = 4) -> Any:
     """A Llama with the given attention, deterministically initialised (same on every rank)."""
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM._from_config(copy.deepcopy(llama_config()),
+    model = LlamaForCausalLM._from_config(copy.deepcopy(llama_config(kv_heads=kv_heads)),
                                           attn_implementation=attn_implementation)
     return model.to(dtype)
 

@@ -33,6 +33,20 @@ def _llama(rank: int, results: dict[str, object]) -> None:
             results[f"llama{tag}_grad_{i}"] = hf_llama.grads(model)
 
 
+def _llama_gqa(rank: int, results: dict[str, object]) -> None:
+    """8 query heads over 2 key/value heads: the groups of 4 run past the key/value heads."""
+    from executor.integrations import hf_transformers as hf
+
+    registry = GroupRegistry(world_size=WORLD, rank=rank, group_sizes=[1, 2, 4])
+    executor = Executor(registry=registry)
+    model = hf_llama.build(hf.register(), dtype=torch.float64, kv_heads=2)
+    hf.prepare(model, group_sizes=registry.sizes)
+    for i, plan in enumerate(scenarios.plans_1d()):
+        model.zero_grad(set_to_none=True)
+        results[f"llama_gqa_loss_{i}"] = hf_llama.run_step(executor, model, plan)
+        results[f"llama_gqa_grad_{i}"] = hf_llama.grads(model)
+
+
 def _llama_fsdp2(rank: int, results: dict[str, object]) -> None:
     """The fp32 Llama under FSDP2 (per decoder layer, then the root): the sync users run."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -75,6 +89,7 @@ def worker(rank: int, port: int, out_dir: str) -> None:
     results: dict[str, object] = {}
     try:
         _llama(rank, results)
+        _llama_gqa(rank, results)
         _llama_fsdp2(rank, results)
         _latte(rank, results)
     except Exception:

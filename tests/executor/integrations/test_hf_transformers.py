@@ -78,9 +78,9 @@ def test_fp64_step_equals_the_plain_model(hf_world4: list[dict[str, object]], in
         assert worst <= 1e-10, f"rank {r}: {where} relative diff {worst:.2e}"
 
 
-def test_prepare_refuses_a_group_size_that_does_not_divide_the_kv_heads() -> None:
+def test_prepare_refuses_a_group_size_the_heads_do_not_allow() -> None:
     model = hf_llama.build(hf.register(), dtype=torch.float32)
-    with pytest.raises(ValueError, match=r"num_key_value_heads=4 .* group sizes \[3\]"):
+    with pytest.raises(ValueError, match=r"group sizes \[3\] .*num_key_value_heads=4"):
         hf.prepare(model, group_sizes=[1, 2, 3, 4])
 
 
@@ -95,3 +95,30 @@ def test_model_without_dcp_inputs_is_a_clear_error() -> None:
     hf.prepare(model, group_sizes=[1])
     with pytest.raises(ValueError, match="model_inputs"):
         model(input_ids=torch.zeros(1, 4, dtype=torch.long), use_cache=False)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_fp64_step_past_the_key_value_heads_equals_the_plain_model(hf_world4: list[dict[str, object]],
+                                                                   index: int) -> None:
+    """2 key/value heads, groups of 4: each rank of a 4-group gets the key/value head of its query
+    heads, replicated; the step is still the plain model's."""
+    plan = scenarios.plans_1d()[index]  # 2+1+1, 4 (past the 2 heads), 1+2+1
+    assert index != 1 or [g.size for g in plan.groups] == [4]
+    model = hf_llama.build("sdpa", dtype=torch.float64, kv_heads=2)
+    loss = hf_llama.reference_backward(model, plan, own_loss=False)
+    reference = hf_llama.grads(model)
+    shares = [float(res[f"llama_gqa_loss_{index}"]) for res in hf_world4]  # type: ignore[arg-type]
+    assert sum(shares) == pytest.approx(loss, rel=1e-12)
+    for r, res in enumerate(hf_world4):
+        worst, where = _worst_relative(res[f"llama_gqa_grad_{index}"], reference)  # type: ignore[arg-type]
+        assert worst <= 1e-10, f"rank {r}: {where} relative diff {worst:.2e}"
+
+
+def test_group_sizes_past_the_key_value_heads_are_allowed_when_they_divide() -> None:
+    config = hf_llama.llama_config(kv_heads=2)
+    hf.check_heads(config, group_sizes=[1, 2, 4, 8])  # 8 query heads, 2 KV heads: all fit
+    with pytest.raises(ValueError, match=r"group sizes \[3\]"):
+        hf.check_heads(config, group_sizes=[3])
+    with pytest.raises(ValueError, match=r"group sizes \[16\]"):
+        hf.check_heads(config, group_sizes=[16])  # past the query heads
