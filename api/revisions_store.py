@@ -179,27 +179,32 @@ class RevisionStore:
             frozen = -1 if row is None else int(row["frozen_through"])
             for r in results:
                 assert r.step is not None
-                old = conn.execute("SELECT gap, predicted_step_time_s, speedup_vs_bucket FROM plans "
-                                   "WHERE epoch_id=? AND step=?", (epoch_id, r.step)).fetchone()
+                old = conn.execute("SELECT gap, predicted_step_time_s, speedup_vs_bucket, speedup_vs_strongest "
+                                   "FROM plans WHERE epoch_id=? AND step=?", (epoch_id, r.step)).fetchone()
                 if r.step <= frozen or old is None:
                     left.append(r.step)
                     continue
                 conn.execute("UPDATE plans SET digest=?, plan=?, gap=?, predicted_step_time_s=?, "
-                             "speedup_vs_bucket=?, solve_time_s=? WHERE epoch_id=? AND step=?",
+                             "speedup_vs_bucket=?, solve_time_s=?, speedup_vs_strongest=? WHERE epoch_id=? AND step=?",
                              (r.digest, r.plan_json, r.gap, r.predicted_step_time_s, r.speedup_vs_bucket,
-                              r.solve_time_s, epoch_id, r.step))
+                              r.solve_time_s, r.speedup_vs_strongest, epoch_id, r.step))
                 conn.execute("DELETE FROM plan_groups WHERE epoch_id=? AND step=?", (epoch_id, r.step))
                 conn.executemany("INSERT INTO plan_groups(epoch_id, step, first_rank, last_rank, view) "
                                  "VALUES (?, ?, ?, ?, ?)",
                                  [(epoch_id, r.step, first, last, view) for first, last, view in r.group_views])
                 old_speedup = old["speedup_vs_bucket"]
                 new_speedup = r.speedup_vs_bucket
+                old_strong, new_strong = old["speedup_vs_strongest"], r.speedup_vs_strongest
                 conn.execute(
                     "UPDATE epochs SET sum_gap = sum_gap + ?, sum_step_time_s = sum_step_time_s + ?, "
-                    "sum_speedup = sum_speedup + ?, num_speedup = num_speedup + ? WHERE id=?",
+                    "sum_speedup = sum_speedup + ?, num_speedup = num_speedup + ?, "
+                    "sum_speedup_strongest = sum_speedup_strongest + ?, "
+                    "num_speedup_strongest = num_speedup_strongest + ? WHERE id=?",
                     (r.gap - old["gap"], r.predicted_step_time_s - old["predicted_step_time_s"],
                      (new_speedup or 0.0) - (old_speedup or 0.0),
-                     int(new_speedup is not None) - int(old_speedup is not None), epoch_id))
+                     int(new_speedup is not None) - int(old_speedup is not None),
+                     (new_strong or 0.0) - (old_strong or 0.0),
+                     int(new_strong is not None) - int(old_strong is not None), epoch_id))
                 conn.execute("INSERT OR REPLACE INTO step_revisions(epoch_id, step, rev, replanned_at) "
                              "VALUES (?, ?, ?, ?)", (epoch_id, r.step, rev, now))
                 replaced.append(r.step)

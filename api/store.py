@@ -222,16 +222,17 @@ class PlanStore:
         """
         with transaction(self._conn()) as conn:
             new = 0
-            sum_gap = sum_step_time_s = sum_speedup = 0.0
-            num_speedup = 0
+            sum_gap = sum_step_time_s = sum_speedup = sum_strongest = 0.0
+            num_speedup = num_strongest = 0
             for r in results:
                 if r.step is None:
                     raise ValueError("an epoch step result needs a step index")
                 cur = conn.execute(
                     "INSERT OR IGNORE INTO plans(epoch_id, step, digest, plan, gap, "
-                    "predicted_step_time_s, speedup_vs_bucket, solve_time_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    "predicted_step_time_s, speedup_vs_bucket, solve_time_s, speedup_vs_strongest) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (epoch_id, r.step, r.digest, r.plan_json, r.gap, r.predicted_step_time_s,
-                     r.speedup_vs_bucket, r.solve_time_s))
+                     r.speedup_vs_bucket, r.solve_time_s, r.speedup_vs_strongest))
                 if cur.rowcount:
                     new += 1
                     sum_gap += r.gap
@@ -239,6 +240,9 @@ class PlanStore:
                     if r.speedup_vs_bucket is not None:
                         sum_speedup += r.speedup_vs_bucket
                         num_speedup += 1
+                    if r.speedup_vs_strongest is not None:
+                        sum_strongest += r.speedup_vs_strongest
+                        num_strongest += 1
                     views = r.group_views or tuple(group_view_templates(r.plan_json, digest=r.digest))
                     conn.executemany(
                         "INSERT INTO plan_groups(epoch_id, step, first_rank, last_rank, view) "
@@ -246,8 +250,10 @@ class PlanStore:
                         [(epoch_id, r.step, first, last, view) for first, last, view in views])
             conn.execute("UPDATE epochs SET steps_done = steps_done + ?, sum_gap = sum_gap + ?, "
                          "sum_step_time_s = sum_step_time_s + ?, sum_speedup = sum_speedup + ?, "
-                         "num_speedup = num_speedup + ? WHERE id=?",
-                         (new, sum_gap, sum_step_time_s, sum_speedup, num_speedup, epoch_id))
+                         "num_speedup = num_speedup + ?, sum_speedup_strongest = sum_speedup_strongest + ?, "
+                         "num_speedup_strongest = num_speedup_strongest + ? WHERE id=?",
+                         (new, sum_gap, sum_step_time_s, sum_speedup, num_speedup, sum_strongest, num_strongest,
+                          epoch_id))
         return new
 
     def get_plan(self, epoch_id: str, step: int) -> tuple[str, str] | None:
@@ -313,15 +319,19 @@ class PlanStore:
         return {r["step"]: r["digest"] for r in rows}
 
     def summary(self, epoch_id: str) -> dict[str, float | None]:
-        """Mean gap, mean predicted speedup over bucket, and mean predicted step time
-        (None before the first step; from running sums, no scan of the plans)."""
+        """Mean gap, mean predicted speedup over the strongest baseline (the headline) and over
+        bucket-sp4 (the paper's), and mean predicted step time (None before the first step; from
+        running sums, no scan of the plans)."""
         row = self._conn().execute(
-            "SELECT steps_done, sum_gap, sum_step_time_s, sum_speedup, num_speedup FROM epochs "
-            "WHERE id=?", (epoch_id,)).fetchone()
+            "SELECT steps_done, sum_gap, sum_step_time_s, sum_speedup, num_speedup, sum_speedup_strongest, "
+            "num_speedup_strongest FROM epochs WHERE id=?", (epoch_id,)).fetchone()
         if row is None or row["steps_done"] == 0:
-            return {"mean_gap": None, "mean_speedup_vs_bucket": None, "mean_predicted_step_time_s": None}
+            return {"mean_gap": None, "mean_speedup_vs_strongest": None, "mean_speedup_vs_bucket": None,
+                    "mean_predicted_step_time_s": None}
         done = row["steps_done"]
         return {"mean_gap": row["sum_gap"] / done,
+                "mean_speedup_vs_strongest": (row["sum_speedup_strongest"] / row["num_speedup_strongest"]
+                                              if row["num_speedup_strongest"] else None),
                 "mean_speedup_vs_bucket": (row["sum_speedup"] / row["num_speedup"]
                                            if row["num_speedup"] else None),
                 "mean_predicted_step_time_s": row["sum_step_time_s"] / done}

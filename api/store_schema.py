@@ -18,7 +18,7 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-STORE_SCHEMA_VERSION = 7
+STORE_SCHEMA_VERSION = 8
 
 _MIGRATIONS: list[str] = [
     # 0 -> 1: initial schema.
@@ -173,6 +173,21 @@ _MIGRATIONS: list[str] = [
     # inputs store equal bytes; the dashboard shows how long each step took to plan).
     """
     ALTER TABLE plans ADD COLUMN solve_time_s REAL
+    """,
+    # 7 -> 8: the headline comparison, per step and as running sums: the strongest baseline's
+    # predicted time (naive excepted, planner.baselines.strongest) over the plan's; backfilled from
+    # each stored plan's baselines_s.
+    """
+    ALTER TABLE plans ADD COLUMN speedup_vs_strongest REAL;
+    ALTER TABLE epochs ADD COLUMN sum_speedup_strongest REAL NOT NULL DEFAULT 0;
+    ALTER TABLE epochs ADD COLUMN num_speedup_strongest INTEGER NOT NULL DEFAULT 0;
+    UPDATE plans SET speedup_vs_strongest = (
+        SELECT min(b.value) FROM json_each(plans.plan, '$.baselines_s') b WHERE b.key != 'naive'
+    ) / predicted_step_time_s WHERE predicted_step_time_s > 0;
+    UPDATE epochs SET
+        sum_speedup_strongest = (SELECT coalesce(sum(speedup_vs_strongest), 0) FROM plans
+                                 WHERE plans.epoch_id = epochs.id),
+        num_speedup_strongest = (SELECT count(speedup_vs_strongest) FROM plans WHERE plans.epoch_id = epochs.id)
     """,
 ]
 

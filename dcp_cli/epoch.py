@@ -201,11 +201,13 @@ def register(app: typer.Typer) -> None:
                                          new_steps, elapsed_s, new_steps / max(elapsed_s, 1e-9), runner)
         summary = store.summary(eid)
         store.close()
-        gap, speedup = summary["mean_gap"], summary["mean_speedup_vs_bucket"]
+        gap, strong, bucket = (summary["mean_gap"], summary["mean_speedup_vs_strongest"],
+                               summary["mean_speedup_vs_bucket"])
         typer.echo(f"epoch {final.id}: {final.state}, {final.steps_done}/{final.steps_total} steps in {out}"
                    + (f"; mean gap to the lower bound {fmt_pct(gap)}" if gap is not None else "")
-                   + (f", mean predicted speedup over bucket parallel {fmt_x(speedup)}"
-                      if speedup is not None else ""))
+                   + (f", mean predicted speedup over the strongest baseline {fmt_x(strong)}"
+                      if strong is not None else "")
+                   + (f" (over bucket-sp4, the DCP paper's baseline: {fmt_x(bucket)})" if bucket is not None else ""))
         if final.state == "failed":
             typer.echo(f"error: {final.error}", err=True)
             raise typer.Exit(1)

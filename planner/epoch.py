@@ -31,6 +31,7 @@ import numpy as np
 
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec, Sample
+from planner.baselines import strongest
 from planner.plan import Plan
 
 logger = logging.getLogger(__name__)
@@ -172,6 +173,9 @@ class StepResult:
     """Predicted step time."""
     speedup_vs_bucket: float | None
     """``bucket-sp4`` (the DCP paper's baseline) time / predicted time, when it was computed."""
+    speedup_vs_strongest: float | None = None
+    """The strongest baseline's time (``planner.baselines.strongest``: the fastest but naive) /
+    predicted time, when baselines were computed: the headline comparison."""
     solve_time_s: float
     """Wall time of the planner call (not stored in the plan)."""
     dropped_bounds: tuple[str, ...] = ()
@@ -285,9 +289,12 @@ def plan_samples(samples: list[Sample], *, cluster: ClusterSpec, cost_model: Cos
     text = plan.canonical_json()
     bucket = plan.baselines_s.get("bucket-sp4")
     speedup = bucket / plan.predicted_step_time_s if bucket and plan.predicted_step_time_s > 0 else None
+    best = strongest(plan.baselines_s)
+    vs_strongest = best[1] / plan.predicted_step_time_s if best and plan.predicted_step_time_s > 0 else None
     digest = hashlib.sha256(text.encode()).hexdigest()
     return StepResult(step=step, plan_json=text, digest=digest, gap=plan.gap,
                       predicted_step_time_s=plan.predicted_step_time_s, speedup_vs_bucket=speedup,
+                      speedup_vs_strongest=vs_strongest,
                       solve_time_s=solve_time_s, dropped_bounds=stats.dropped_bounds,
                       group_views=tuple(group_view_templates(text, digest=digest))
                       if with_group_views else ())

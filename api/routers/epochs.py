@@ -54,7 +54,8 @@ def _status(state: ServiceState, record: EpochRecord) -> EpochStatus:
         batch=spec["batch"], created_at=record.created_at, started_at=record.started_at,
         finished_at=record.finished_at, error=record.error, transient=record.transient,
         attempts=record.attempts,
-        summary=EpochSummary(mean_predicted_speedup_vs_bucket=summary["mean_speedup_vs_bucket"],
+        summary=EpochSummary(mean_predicted_speedup_vs_strongest=summary["mean_speedup_vs_strongest"],
+                             mean_predicted_speedup_vs_bucket=summary["mean_speedup_vs_bucket"],
                              mean_gap=summary["mean_gap"],
                              mean_predicted_step_time_s=summary["mean_predicted_step_time_s"]))
 

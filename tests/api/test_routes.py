@@ -169,6 +169,9 @@ def test_epoch_lifecycle(client: TestClient, settings: Settings) -> None:
     assert status["steps_done"] == 2 and status["progress"] == 1.0 and status["eta_s"] == 0.0
     assert status["summary"]["mean_gap"] >= 0
     assert status["summary"]["mean_predicted_speedup_vs_bucket"] >= 1.0
+    # The headline: against the strongest baseline (never above the weakest comparison).
+    assert 1.0 - 1e-9 <= status["summary"]["mean_predicted_speedup_vs_strongest"] <= (
+        status["summary"]["mean_predicted_speedup_vs_bucket"])
     seen: list[str] = []
     for step in range(2):
         data = client.get(f"/v1/epochs/e1/steps/{step}").json()

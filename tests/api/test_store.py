@@ -66,6 +66,7 @@ def test_steps_written_once(tmp_path: Path) -> None:
     assert store.get_plan("e", 1) is None
     assert [s for s, _, _ in store.get_plans("e", start=0, stop=4)] == [0, 2, 3]
     assert store.summary("e") == {"mean_gap": pytest.approx(0.1), "mean_speedup_vs_bucket": pytest.approx(1.5),
+                                  "mean_speedup_vs_strongest": None,  # the results name no strongest
                                   "mean_predicted_step_time_s": pytest.approx(1.0)}
     assert store.num_plans() == 3
 
@@ -123,8 +124,14 @@ def test_migration_from_v1_keeps_plans_and_serves_rank_views(tmp_path: Path) -> 
                      (plan.digest(), plan.canonical_json()))
     store = PlanStore.open(path)
     assert store.schema_version() == STORE_SCHEMA_VERSION
+    from planner.baselines import strongest
+
+    best = strongest(plan.baselines_s)
+    assert best is not None
     assert store.summary("old") == {"mean_gap": pytest.approx(0.1), "mean_speedup_vs_bucket": None,
-                                    "mean_predicted_step_time_s": pytest.approx(1.0)}  # backfilled
+                                    # backfilled from the stored plan's baselines at schema 8
+                                    "mean_speedup_vs_strongest": pytest.approx(best[1] / 1.0),
+                                    "mean_predicted_step_time_s": pytest.approx(1.0)}
     for rank in range(8):
         view = store.get_rank_view("old", 0, rank)
         assert view is not None
