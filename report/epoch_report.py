@@ -5,7 +5,7 @@ measurements, the prediction error of each measured step."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -40,9 +40,52 @@ def rolling_mean(values: Sequence[float], window: int) -> list[float]:
         return [float(v) for v in np.where(counts > 0, sums / counts, np.nan)]
 
 
+WEAK_FACTOR = 1.25
+"""A baseline whose mean speedup is more than this times the strongest baseline's goes to the
+secondary panel: the headline panel keeps the comparisons that are close (on a linear axis, so
+1.02x and 1.07x look as different as they are)."""
+
+
+def split_baselines(steps: Sequence[StepFigures]) -> tuple[list[str], list[str]]:
+    """``(strong, weak)`` baseline names: strongest first, then the baselines within
+    :data:`WEAK_FACTOR` of it (by mean speedup); the rest (and ``naive``) weak."""
+    summaries = summarise(steps)
+    by_name = {b.name: b.mean_speedup for b in summaries}
+    head = by_name.get(STRONGEST)
+    strong = [STRONGEST] if head is not None else []
+    weak = []
+    for b in summaries:
+        if b.name == STRONGEST:
+            continue
+        close = head is not None and b.mean_speedup <= head * WEAK_FACTOR and b.name not in NOT_HEADLINE
+        (strong if close else weak).append(b.name)
+    return strong, weak
+
+
+def _speedup_panel(ax: Axes, ordered: Sequence[StepFigures], names: Sequence[str], *, window: int,
+                   marker: str | None, title: str, colors: Iterator[str]) -> None:
+    x = [s.step for s in ordered]
+    for name in names:
+        ys = rolling_mean([s.speedups().get(name, math.nan) for s in ordered], window)
+        if name == STRONGEST:
+            ax.plot(x, ys, color="black", linewidth=2.2, marker=marker, markersize=4, zorder=3,
+                    label="strongest baseline (fastest but naive, per step)", gid="speedup-strongest")
+        else:
+            style = ":" if name in NOT_HEADLINE else "-"
+            ax.plot(x, ys, color=next(colors, "#888888"), linewidth=1.2, linestyle=style, marker=marker,
+                    markersize=3, label=name, gid=f"speedup-{name}")
+    ax.axhline(1.0, color="#888888", linewidth=0.8, linestyle="--")
+    ax.yaxis.set_major_formatter(lambda v, _: f"{v:.2f}x")
+    ax.set_ylabel("speedup: baseline time\n/ plan time")
+    ax.set_title(title + (f" (mean over a sliding window of {window} steps)" if window > 1 else ""), loc="left")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    ax.grid(axis="y", color="#DDDDDD", linewidth=0.5)
+
+
 def epoch_figure(steps: Sequence[StepFigures], *, title: str, errors: Sequence[StepError] = ()) -> Figure:
-    """Speedup over each baseline (top) and gap to the lower bound (middle) per step, and with
-    measurements the prediction error of each measured step (bottom).
+    """The predicted speedup over the strongest baseline and the baselines close to it (top,
+    linear axis), the gap to the lower bound, with measurements the prediction error of each
+    measured step, and the weak baselines' speedups (bottom panel, where there are any).
 
     Raises:
         ValueError: without a step.
@@ -52,32 +95,17 @@ def epoch_figure(steps: Sequence[StepFigures], *, title: str, errors: Sequence[S
     ordered = sorted(steps, key=lambda s: s.step)
     x = [s.step for s in ordered]
     marker = "o" if len(ordered) <= 64 else None
-    fig = Figure(figsize=(12.0, 9.5 if errors else 7.0), layout="constrained")
-    axes = fig.subplots(3 if errors else 2, 1, sharex=True,
-                        gridspec_kw={"height_ratios": [3, 2, 2] if errors else [3, 2]})
+    strong, weak = split_baselines(ordered)
+    rows = [3.0, 2.0] + ([2.0] if errors else []) + ([2.0] if weak else [])
+    fig = Figure(figsize=(12.0, 2.5 + 2.0 * len(rows)), layout="constrained")
+    axes = fig.subplots(len(rows), 1, sharex=True, gridspec_kw={"height_ratios": rows})
     top, bottom = axes[0], axes[1]
-    names = [b.name for b in summarise(ordered)]
     colors = iter(["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#E377C2",
                    "#9D755D", "#EECA3B", "#BAB0AC"])
     window = rolling_window(len(ordered))
-    for name in names:
-        ys = rolling_mean([s.speedups().get(name, math.nan) for s in ordered], window)
-        if name == STRONGEST:
-            top.plot(x, ys, color="black", alpha=0.35, linewidth=5.0, marker=marker, markersize=6, zorder=1,
-                     label="strongest baseline (fastest but naive, per step)", gid="speedup-strongest")
-        else:
-            style = ":" if name in NOT_HEADLINE else "-"
-            top.plot(x, ys, color=next(colors, "#888888"), linewidth=1.2, linestyle=style, marker=marker,
-                     markersize=3, label=name, gid=f"speedup-{name}")
-    top.axhline(1.0, color="#888888", linewidth=0.8, linestyle="--")
-    top.set_yscale("log")
-    top.yaxis.set_major_formatter(lambda v, _: f"{v:g}x")
-    top.yaxis.set_minor_formatter(lambda v, _: f"{v:g}x" if v in (0.5, 1.5, 2, 3, 4, 6) else "")
-    top.set_ylabel("speedup: baseline time / plan time\n(log scale)")
-    top.set_title("Predicted speedup of the plans over each baseline"
-                  + (f" (mean over a sliding window of {window} steps)" if window > 1 else ""), loc="left")
-    top.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
-    top.grid(axis="y", color="#DDDDDD", linewidth=0.5, which="both")
+    _speedup_panel(top, ordered, strong, window=window, marker=marker, colors=colors,
+                   title="Predicted speedup of the plans over the strongest baseline and those within "
+                         f"{WEAK_FACTOR:g}x of it")
     gaps = [100.0 * s.gap for s in ordered]
     if len(x) <= MAX_BARS:
         bars = bottom.bar(x, gaps, width=0.8 if len(x) > 1 else 0.4, color="#4C78A8")
@@ -93,6 +121,10 @@ def epoch_figure(steps: Sequence[StepFigures], *, title: str, errors: Sequence[S
     bottom.grid(axis="y", color="#DDDDDD", linewidth=0.5)
     if errors:
         _draw_errors(axes[2], errors)
+    if weak:
+        _speedup_panel(axes[-1], ordered, weak, window=window, marker=marker, colors=colors,
+                       title="Weak baselines (more than "
+                             f"{WEAK_FACTOR:g}x the strongest's speedup; the DCP paper compares with bucket-sp4)")
     if len(x) <= 20:
         bottom.set_xticks(x)
     fig.suptitle(title, x=0.01, ha="left", fontsize=11, fontweight="bold")

@@ -132,3 +132,19 @@ def test_svg_micro_batches_have_hover_text_with_their_samples(plans: list[tuple[
     for title, mb in zip(titles, ordered, strict=True):
         assert f"{len(mb.samples)} samples" in title and mb.samples[0].sample.id in title
         assert f"{sum(ps.sample.tokens for ps in mb.samples):,} tokens" in title
+
+
+def test_epoch_chart_puts_the_strongest_first_and_weak_baselines_apart() -> None:
+    from report.epoch_report import split_baselines
+
+    steps = [StepFigures(step=i, predicted_step_time_s=1.0, lower_bound_s=0.98, bound_kind="area", status="HEURISTIC",
+                         baselines_s={"static-best": 1.03 + 0.01 * i, "megatron-dyncp": 1.05, "bucket-sp4": 2.9,
+                                      "naive": 4.0})
+             for i in range(4)]
+    strong, weak = split_baselines(steps)
+    assert strong[0] == "strongest" and set(strong) == {"strongest", "static-best", "megatron-dyncp"}
+    assert set(weak) == {"bucket-sp4", "naive"}
+    svg = epoch_image(steps, title="t", fmt="svg").decode()
+    texts = " ".join("".join(t.itertext()) for t in ET.fromstring(svg).iter(f"{SVG}text"))
+    assert "Weak baselines" in texts and "over the strongest baseline" in texts
+    assert "1.04x" in texts or "1.02x" in texts  # a linear axis labels speedups near 1 in hundredths
