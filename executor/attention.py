@@ -3,7 +3,8 @@
 These kernels run on the head-sharded side of Ulysses: the whole packed sequence (sample after
 sample) for some heads. ``causal_1d`` is causal attention inside each sample; ``spatial_2d``
 attends among the tokens of one frame; ``temporal_2d`` attends among the frames at one spatial
-position. Each sample is a separate ``scaled_dot_product_attention`` call, so no mask ever
+position; ``full_3d`` attends among all frames x height x width tokens of a clip (non-causal, the
+3D video DiTs: Wan, HunyuanVideo). Each sample is a separate ``scaled_dot_product_attention`` call, so no mask ever
 lets one sample see another.
 """
 
@@ -16,7 +17,7 @@ import torch.nn.functional as F  # noqa: N812
 
 from executor.layout import SampleShape
 
-AttentionKind = Literal["causal_1d", "spatial_2d", "temporal_2d"]
+AttentionKind = Literal["causal_1d", "spatial_2d", "temporal_2d", "full_3d"]
 
 
 def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -29,7 +30,7 @@ def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         k: Keys, same shape.
         v: Values, same shape.
         samples: The samples of the packed sequence, in order.
-        kind: ``causal_1d``, ``spatial_2d`` or ``temporal_2d``.
+        kind: ``causal_1d``, ``spatial_2d``, ``temporal_2d`` or ``full_3d``.
         scale: Factor of ``q k^T`` (default ``1 / sqrt(head_dim)``).
 
     Returns:
@@ -50,11 +51,11 @@ def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 def _one_sample(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: SampleShape,
                 kind: AttentionKind, scale: float | None) -> torch.Tensor:
     tokens, heads, head_dim = q.shape
-    if kind == "causal_1d":
+    if kind in ("causal_1d", "full_3d"):
         # (T, h, Dh) -> (1, h, T, Dh): the 4-D layout the fused (flash) kernels take; 3-D inputs
         # fall back to the math kernel, which materialises the T x T scores.
         out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                                             v.transpose(0, 1)[None], is_causal=True, scale=scale)
+                                             v.transpose(0, 1)[None], is_causal=kind == "causal_1d", scale=scale)
         return out[0].transpose(0, 1)
     frames, spatial = shape.frames, shape.spatial
     if kind == "spatial_2d":

@@ -72,7 +72,7 @@ class SyntheticDataset(Dataset[dict[str, object]]):
 
         Args:
             samples: The manifest.
-            kind: ``1d`` (token ids and next-token targets) or ``2d`` (patches and targets).
+            kind: ``1d`` (token ids and next-token targets), ``2d`` or ``3d`` (patches and targets).
             vocab: Vocabulary size (1D).
             channels: Channels per patch (2D).
             seed: Data seed.
@@ -81,8 +81,8 @@ class SyntheticDataset(Dataset[dict[str, object]]):
         Raises:
             ValueError: for an unknown kind or duplicate sample ids.
         """
-        if kind not in ("1d", "2d"):
-            raise ValueError(f"kind must be '1d' or '2d', got {kind!r}")
+        if kind not in ("1d", "2d", "3d"):
+            raise ValueError(f"kind must be '1d', '2d' or '3d', got {kind!r}")
         self.samples = list(samples)
         self.index_of = {s.id: i for i, s in enumerate(self.samples)}
         if len(self.index_of) != len(self.samples):

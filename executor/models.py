@@ -1,4 +1,6 @@
-"""Small reference models that run under the executor: LLaMA-style 1D and STDiT-style 2D.
+"""Small reference models that run under the executor: LLaMA-style 1D, STDiT-style 2D and a
+full-3D-attention video DiT (Wan-style: one self-attention over a clip's frames x height x width
+tokens, cross-attention to text tokens, MLP).
 
 Both take the rank's local (sequence-sharded) tokens of one micro-batch, an
 :class:`~executor.context.SPContext` and one checkpoint policy per sample, and return local
@@ -10,7 +12,7 @@ A group of one rank with all samples is the plain single-process model.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -38,10 +40,12 @@ class ModelConfig:
     vocab: int = 64
     """Vocabulary (1D only)."""
     in_channels: int = 4
-    """Latent channels per patch, input and output (2D only)."""
+    """Latent channels per patch, input and output (2D and 3D)."""
+    text_tokens: int = 3
+    """Text tokens each 3D block cross-attends to (3D only)."""
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "hidden", "num_heads", "ffn_hidden", "vocab", "in_channels"):
+        for name in ("num_layers", "hidden", "num_heads", "ffn_hidden", "vocab", "in_channels", "text_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.hidden % self.num_heads != 0:
@@ -182,16 +186,17 @@ def _sincos(positions: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tens
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
 
-class STDiT2D(nn.Module):
-    """STDiT-style video latent model: patches in, per-patch prediction out (frame-major tokens)."""
+class VideoDiT(nn.Module):
+    """A video latent model: patches in, per-patch prediction out (frame-major tokens, frame and
+    in-frame position embedded by sin-cos), with ``num_layers`` layers made by ``make_layer``."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, make_layer: Callable[[ModelConfig], nn.Module]) -> None:
         super().__init__()
         if config.hidden % 2 != 0:
             raise ValueError(f"hidden={config.hidden} must be even for the sin-cos embedding")
         self.config = config
         self.embed = nn.Linear(config.in_channels, config.hidden)
-        self.layers = nn.ModuleList(STDiTLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(make_layer(config) for _ in range(config.num_layers))
         self.norm = nn.LayerNorm(config.hidden)
         self.head = nn.Linear(config.hidden, config.in_channels)
 
@@ -210,6 +215,68 @@ class STDiT2D(nn.Module):
     def token_losses(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Mean squared error over channels of every local token ``(local_tokens,)``."""
         return ((pred - target) ** 2).mean(dim=-1)
+
+
+class TextCrossAttention(nn.Module):
+    """Cross-attention of every local token to the block's text tokens: queries stay sequence-sharded,
+    the text's keys and values are whole on every rank, so it needs no communication.
+
+    The reference model's text is a learned sequence shared by all samples (the unconditional
+    caption of classifier-free-guidance training); per-sample captions run the same way in the
+    diffusers integrations (``executor.integrations.hf_diffusers.PerSampleCrossAttention``).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.head_dim = config.hidden // config.num_heads
+        self.text = nn.Parameter(torch.zeros(config.text_tokens, config.hidden))
+        self.q = nn.Linear(config.hidden, config.hidden, bias=False)
+        self.kv = nn.Linear(config.hidden, 2 * config.hidden, bias=False)
+        self.out = nn.Linear(config.hidden, config.hidden, bias=False)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """``(local_tokens, hidden)`` -> same shape."""
+        tokens = h.shape[0]
+        q = self.q(h).view(tokens, self.num_heads, self.head_dim).transpose(0, 1)[None]
+        k, v = self.kv(self.text).view(-1, self.num_heads, 2 * self.head_dim).split(self.head_dim, dim=-1)
+        o = F.scaled_dot_product_attention(q, k.transpose(0, 1)[None], v.transpose(0, 1)[None])
+        return self.out(o[0].transpose(0, 1).reshape(tokens, self.num_heads * self.head_dim))
+
+
+class DiT3DBlock(nn.Module):
+    """One 3D DiT block (the checkpoint unit): self-attention over each whole clip (``full_3d``,
+    Ulysses over the clip's tokens), cross-attention to the text, GELU MLP; pre-norm."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(config.hidden)
+        self.attn = SPAttention(config, "full_3d", rotary=False)
+        self.cross_norm = nn.LayerNorm(config.hidden)
+        self.cross = TextCrossAttention(config)
+        self.mlp_norm = nn.LayerNorm(config.hidden)
+        self.mlp = nn.Sequential(nn.Linear(config.hidden, config.ffn_hidden), nn.GELU(approximate="tanh"),
+                                 nn.Linear(config.ffn_hidden, config.hidden))
+
+    def forward(self, h: torch.Tensor, ctx: SPContext) -> torch.Tensor:
+        """One block on the local tokens."""
+        h = h + self.attn(self.attn_norm(h), ctx)
+        h = h + self.cross(self.cross_norm(h))
+        return h + self.mlp(self.mlp_norm(h))
+
+
+class STDiT2D(VideoDiT):
+    """STDiT-style video model: each layer a spatial then a temporal block (Open-Sora 1.x)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config, STDiTLayer)
+
+
+class DiT3D(VideoDiT):
+    """Full-3D-attention video model: each layer one :class:`DiT3DBlock` (Wan 2.x style)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config, DiT3DBlock)
 
 
 def init_weights(model: nn.Module, *, seed: int) -> None:

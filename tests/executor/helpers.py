@@ -16,7 +16,7 @@ from costmodel.specs import Sample
 from executor.context import SPContext
 from executor.data import SyntheticDataset
 from executor.layout import PackedLayout
-from executor.models import Llama1D, ModelConfig, STDiT2D, init_weights
+from executor.models import DiT3D, Llama1D, ModelConfig, STDiT2D, init_weights
 from executor.runtime import sample_shape, token_weights
 from planner.plan import (
     GroupPlan,
@@ -70,7 +70,7 @@ def make_plan(groups: Sequence[GroupSpec], *, num_ranks: int, step: int = 0,
 
 def build_model(kind: str, *, seed: int = 0, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
     """A reference model (fp64 by default), deterministically initialised."""
-    model = Llama1D(CONFIG) if kind == "1d" else STDiT2D(CONFIG)
+    model = {"1d": Llama1D, "2d": STDiT2D, "3d": DiT3D}[kind](CONFIG)
     model = model.to(dtype)
     init_weights(model, seed=seed)
     return model

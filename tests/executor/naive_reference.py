@@ -11,7 +11,9 @@ that loss with respect to a dict of parameter tensors) are what a planned step m
 Parameters are read by name from the state of a model of the same architecture (``Llama1D``:
 ``embed``, ``layers.i.{attn_norm, attn.qkv, attn.out, mlp_norm, mlp.gate, mlp.up, mlp.down}``,
 ``norm``, ``head``; ``STDiT2D``: ``embed``, ``layers.i.{spatial,temporal}.{attn_norm, attn.qkv,
-attn.out, mlp_norm, mlp.0, mlp.2}``, ``norm``, ``head``): the definitions below are the
+attn.out, mlp_norm, mlp.0, mlp.2}``, ``norm``, ``head``; ``DiT3D``: ``embed``, ``layers.i.{attn_norm,
+attn.qkv, attn.out, cross_norm, cross.text, cross.q, cross.kv, cross.out, mlp_norm, mlp.0, mlp.2}``,
+``norm``, ``head``): the definitions below are the
 architecture's, the numbers are the model's.
 """
 
@@ -182,6 +184,39 @@ def stdit_prediction(params: Params, patches: torch.Tensor, *, frames: int, num_
     return linear(h, params["head.weight"], params["head.bias"])
 
 
+# ----------------------------------------------------------------------------- 3D: whole-clip DiT
+def dit3d_prediction(params: Params, patches: torch.Tensor, *, frames: int, num_layers: int,
+                     num_heads: int) -> torch.Tensor:
+    """Per-patch prediction ``(n, channels)`` of one whole clip: per block, attention of every token
+    to every token of the clip, attention of every token to the block's text tokens, GELU MLP."""
+    n = patches.shape[0]
+    spatial = n // frames
+    hidden = params["embed.weight"].shape[0]
+    head_dim = hidden // num_heads
+    t = torch.arange(n)
+    h = (linear(patches, params["embed.weight"], params["embed.bias"])
+         + sincos(t % spatial, hidden, patches.dtype) + sincos(t // spatial, hidden, patches.dtype))
+    for i in range(num_layers):
+        p = f"layers.{i}."
+        x = layer_norm(h, params[p + "attn_norm.weight"], params[p + "attn_norm.bias"])
+        q, k, v = qkv_heads(x, params[p + "attn.qkv.weight"], num_heads)
+        o = attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), causal=False)
+        h = h + linear(o.transpose(0, 1).reshape(n, -1), params[p + "attn.out.weight"])
+        x = layer_norm(h, params[p + "cross_norm.weight"], params[p + "cross_norm.bias"])
+        text = params[p + "cross.text"]
+        qc = linear(x, params[p + "cross.q.weight"]).reshape(n, num_heads, head_dim).transpose(0, 1)
+        kv = linear(text, params[p + "cross.kv.weight"]).reshape(text.shape[0], num_heads, 2 * head_dim)
+        kc, vc = kv[..., :head_dim].transpose(0, 1), kv[..., head_dim:].transpose(0, 1)
+        scores = (qc @ kc.transpose(-1, -2)) / math.sqrt(head_dim)  # (heads, n, text)
+        oc = (softmax_rows(scores) @ vc).transpose(0, 1).reshape(n, -1)
+        h = h + linear(oc, params[p + "cross.out.weight"])
+        x = layer_norm(h, params[p + "mlp_norm.weight"], params[p + "mlp_norm.bias"])
+        x = gelu_tanh(linear(x, params[p + "mlp.0.weight"], params[p + "mlp.0.bias"]))
+        h = h + linear(x, params[p + "mlp.2.weight"], params[p + "mlp.2.bias"])
+    h = layer_norm(h, params["norm.weight"], params["norm.bias"])
+    return linear(h, params["head.weight"], params["head.bias"])
+
+
 # ----------------------------------------------------------------------------- the step
 def step_loss(params: Params, samples: Sequence[NaiveSample], *, kind: str, normalizer: str,
               num_layers: int, num_heads: int) -> torch.Tensor:
@@ -190,7 +225,7 @@ def step_loss(params: Params, samples: Sequence[NaiveSample], *, kind: str, norm
     Args:
         params: Parameter tensors by name.
         samples: Every sample of the step (any order).
-        kind: ``1d`` (cross-entropy) or ``2d`` (mean squared error over channels).
+        kind: ``1d`` (cross-entropy), ``2d`` or ``3d`` (mean squared error over channels).
         normalizer: ``tokens`` (mean over all tokens) or ``samples`` (mean of per-sample means).
         num_layers: Layers of the model.
         num_heads: Attention heads.
@@ -201,8 +236,8 @@ def step_loss(params: Params, samples: Sequence[NaiveSample], *, kind: str, norm
             logits = llama_logits(params, sample.inputs, num_layers=num_layers, num_heads=num_heads)
             per_sample.append(cross_entropy_per_token(logits, sample.targets))
         else:
-            pred = stdit_prediction(params, sample.inputs, frames=sample.frames, num_layers=num_layers,
-                                    num_heads=num_heads)
+            predict = dit3d_prediction if kind == "3d" else stdit_prediction
+            pred = predict(params, sample.inputs, frames=sample.frames, num_layers=num_layers, num_heads=num_heads)
             per_sample.append(((pred - sample.targets) ** 2).sum(dim=-1) / pred.shape[-1])
     if normalizer == "tokens":
         total_tokens = sum(int(t.shape[0]) for t in per_sample)

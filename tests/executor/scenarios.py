@@ -94,7 +94,7 @@ def worker(rank: int, port: int, out_dir: str) -> None:
     try:
         registry = GroupRegistry(world_size=WORLD, rank=rank, group_sizes=[1, 2, 4])
         executor = Executor(registry=registry)
-        for kind, plans in (("1d", plans_1d()), ("2d", plans_2d())):
+        for kind, plans in (("1d", plans_1d()), ("2d", plans_2d()), ("3d", plans_2d())):
             for i, plan in enumerate(plans):
                 model = build_model(kind)
                 results[f"loss_{kind}_{i}"] = run_step(executor, model, plan, kind)

@@ -27,7 +27,7 @@ from tests.executor.helpers import CONFIG, build_model, dataset_for, make_plan, 
 from tests.executor.naive_reference import NaiveSample, step_gradients
 
 REL_TOL_FP64 = 1e-10
-CASES = [("1d", 0), ("1d", 1), ("1d", 2), ("2d", 0), ("2d", 1)]
+CASES = [("1d", 0), ("1d", 1), ("1d", 2), ("2d", 0), ("2d", 1), ("3d", 0), ("3d", 1)]
 
 
 def _plan(kind: str, index: int) -> Plan:

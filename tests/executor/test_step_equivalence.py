@@ -23,14 +23,15 @@ def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
 
 
 def _reference_grads(kind: str, index: int) -> list[torch.Tensor]:
-    plans = scenarios.plans_1d() if kind == "1d" else scenarios.plans_2d()
+    plans = scenarios.plans_1d() if kind == "1d" else scenarios.plans_2d()  # 3d: the video plans
     model = build_model(kind)
     reference_backward(model, plans[index], kind)
     return [p.grad.detach().clone() for p in model.parameters()]  # type: ignore[union-attr]
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize(("kind", "index"), [("1d", 0), ("1d", 1), ("1d", 2), ("2d", 0), ("2d", 1)])
+@pytest.mark.parametrize(("kind", "index"), [("1d", 0), ("1d", 1), ("1d", 2), ("2d", 0), ("2d", 1), ("3d", 0),
+                                           ("3d", 1)])
 def test_gradient_equals_large_batch_step(results: list[dict[str, object]], kind: str, index: int
                                           ) -> None:
     reference = _reference_grads(kind, index)
@@ -41,7 +42,7 @@ def test_gradient_equals_large_batch_step(results: list[dict[str, object]], kind
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("kind", ["1d", "2d"])
+@pytest.mark.parametrize("kind", ["1d", "2d", "3d"])
 def test_fp32_gradient_within_relative_tolerance(results: list[dict[str, object]], kind: str) -> None:
     plans = scenarios.plans_1d() if kind == "1d" else scenarios.plans_2d()
     model = build_model(kind, dtype=torch.float32)
@@ -54,7 +55,7 @@ def test_fp32_gradient_within_relative_tolerance(results: list[dict[str, object]
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("kind", ["1d", "2d"])
+@pytest.mark.parametrize("kind", ["1d", "2d", "3d"])
 def test_optimizer_steps_match_single_process(results: list[dict[str, object]], kind: str) -> None:
     plans = scenarios.plans_1d() if kind == "1d" else scenarios.plans_2d()
     model = build_model(kind)
