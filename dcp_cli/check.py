@@ -50,7 +50,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("check-model")
     def check_model(
-        kind: str = typer.Option("1d", help="Reference model: 1d (LLaMA-style) or 2d (STDiT-style)."),
+        kind: str = typer.Option("1d", help="Reference model: 1d (LLaMA-style), 2d (STDiT-style) or 3d "
+                                            "(full-3D-attention DiT, Wan-style)."),
         world: int = typer.Option(2, help="gloo ranks (one thread each)."),
         layers: int = typer.Option(4, help="Layers of the reference model."),
         hidden: int = typer.Option(64, help="Hidden size."),
@@ -92,8 +93,8 @@ def register(app: typer.Typer) -> None:
                 tokens_max=tokens_max, memory_tokens=memory_tokens,
                 clock=clock,  # type: ignore[arg-type]
                 sweep_repeats=repeats, repeats=repeats, concurrent=concurrent)
-            if kind not in ("1d", "2d"):
-                raise ValueError(f"--kind {kind!r} is not 1d or 2d")
+            if kind not in ("1d", "2d", "3d"):
+                raise ValueError(f"--kind {kind!r} is not 1d, 2d or 3d")
             file = CostModelFile.load(cost_model) if cost_model is not None else None
         except (ValueError, OSError) as exc:
             fail(str(exc))

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from costmodel.specs import ModelSpec
-from executor.models import Llama1D, ModelConfig, STDiT2D, init_weights
+from executor.models import DiT3D, Llama1D, ModelConfig, STDiT2D, init_weights
 
 ProgressFn = Callable[[str], None]
 
@@ -20,8 +20,8 @@ ProgressFn = Callable[[str], None]
 class CheckConfig:
     """What the check runs."""
 
-    kind: Literal["1d", "2d"] = "1d"
-    """Reference model: LLaMA-style 1D or STDiT-style 2D."""
+    kind: Literal["1d", "2d", "3d"] = "1d"
+    """Reference model: LLaMA-style 1D, STDiT-style 2D or a full-3D-attention DiT."""
     world_size: int = 2
     """gloo ranks (one thread each; a 2-core machine runs 2 well)."""
     num_layers: int = 4
@@ -91,13 +91,14 @@ def reference_spec(config: CheckConfig) -> ModelSpec:
     return ModelSpec(name=f"ref-{config.kind}-h{config.hidden}-l{config.num_layers}", kind=config.kind,
                      num_layers=config.num_layers, hidden=config.hidden, num_heads=config.num_heads,
                      ffn_hidden=config.ffn_hidden, vocab=config.vocab if config.kind == "1d" else 0,
-                     causal=config.kind == "1d", mlp="swiglu" if config.kind == "1d" else "gelu")
+                     causal=config.kind == "1d", mlp="swiglu" if config.kind == "1d" else "gelu",
+                     cross_attention_tokens=config.model_config.text_tokens if config.kind == "3d" else 0)
 
 
 def build_reference_model(config: CheckConfig) -> nn.Module:
     """The executor's reference model, deterministically initialised (fp32)."""
     cfg = config.model_config
-    model: nn.Module = Llama1D(cfg) if config.kind == "1d" else STDiT2D(cfg)
+    model: nn.Module = {"1d": Llama1D, "2d": STDiT2D, "3d": DiT3D}[config.kind](cfg)
     init_weights(model, seed=config.seed)
     return model
 

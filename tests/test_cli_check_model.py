@@ -19,14 +19,14 @@ from dcp_cli.model_check import CheckConfig, ReferenceLayer, build_reference_mod
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", ["--concurrent", "--no-concurrent"])
-def test_check_model_runs_plans_and_predicts_peak_memory(tmp_path: Path, mode: str) -> None:
+@pytest.mark.parametrize(("kind", "mode"), [("1d", "--concurrent"), ("1d", "--no-concurrent"), ("3d", "--concurrent")])
+def test_check_model_runs_plans_and_predicts_peak_memory(tmp_path: Path, kind: str, mode: str) -> None:
     """Both ways of sharing the machine: ranks at once, or one-rank groups in turns (each
-    rank's rounds while the others wait at a barrier)."""
+    rank's rounds while the others wait at a barrier); and the full-3D-attention DiT."""
     out = tmp_path / "report.json"
     dcp = Path(sys.executable).with_name("dcp")
     done = subprocess.run(
-        [str(dcp), "check-model", "--kind", "1d", "--world", "2", "--layers", "3", "--steps", "1",
+        [str(dcp), "check-model", "--kind", kind, "--world", "2", "--layers", "3", "--steps", "1",
          "--samples", "5", "--tokens-min", "64", "--tokens-max", "400", "--memory-tokens", "200",
          "--repeats", "2", "--out", str(out), "--quiet", mode],
         capture_output=True, text=True, timeout=280)
@@ -50,7 +50,7 @@ def test_check_model_runs_plans_and_predicts_peak_memory(tmp_path: Path, mode: s
         assert abs(r["predicted_peak_bytes"] / r["peak_bytes"] - 1) < 0.10, r
     # Samples longer than the memory allows ran checkpointed or split over both ranks.
     assert any(max(r["policies"]) > 0 or r["group_size"] == 2 for r in rows)
-    assert report["cost_model"]["id"].startswith("fitted-ref-1d")
+    assert report["cost_model"]["id"].startswith(f"fitted-ref-{kind}")
 
 
 def test_emulated_group_runs_one_ranks_share() -> None:

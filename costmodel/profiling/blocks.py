@@ -162,12 +162,14 @@ class LlamaLayer(nn.Module):
 
 
 class _DiTBlock(nn.Module):
-    """adaLN-modulated self-attention (spatial or temporal), cross-attention, GELU MLP."""
+    """adaLN-modulated self-attention (spatial, temporal, or over the whole clip: ``full``),
+    cross-attention, GELU MLP."""
 
-    def __init__(self, spec: ModelSpec, *, temporal: bool) -> None:
+    def __init__(self, spec: ModelSpec, *, temporal: bool = False, full: bool = False) -> None:
         super().__init__()
         h = spec.hidden
         self.temporal = temporal
+        self.full = full
         self.num_heads = spec.num_heads
         self.head_dim = h // spec.num_heads
         self.modulation = nn.Linear(h, 6 * h)
@@ -186,7 +188,7 @@ class _DiTBlock(nn.Module):
         qkv = self.qkv(x).view(tokens, 3, nh, hd).transpose(1, 2).reshape(tokens, nh, 3 * hd)
         qkv = emulated_seq_to_head(qkv, [(frames, spatial)], group_size)
         heads = qkv.shape[1]
-        qkv = qkv.view(frames, spatial, heads, 3, hd)
+        qkv = qkv.view(1, frames * spatial, heads, 3, hd) if self.full else qkv.view(frames, spatial, heads, 3, hd)
         if self.temporal:  # attend across frames at each position: batch = positions
             qkv = qkv.transpose(0, 1)
         q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # (batch, heads, seq, hd)
@@ -234,6 +236,18 @@ class STDiTLayer(nn.Module):
         return self.temporal(spatial, samples, cond, text, group_size)
 
 
+class DiT3DLayer(nn.Module):
+    """One 3D DiT layer (Wan 2.x style): one block whose self-attention spans the whole clip."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.block = _DiTBlock(spec, full=True)
+
+    def forward(self, x: torch.Tensor, samples: Sequence[SampleShape], cond: torch.Tensor,
+                text: torch.Tensor, group_size: int = 1) -> torch.Tensor:
+        return self.block(x, samples, cond, text, group_size)
+
+
 class LlamaHead(nn.Module):
     """Embedding lookup, final norm, output projection and cross-entropy (1D)."""
 
@@ -267,7 +281,7 @@ def build_layers(spec: ModelSpec, num_layers: int, *, device: torch.device, dtyp
     """``num_layers`` layers of the model's kind, in ``dtype`` on ``device``."""
     if num_layers <= 0:
         raise ValueError(f"num_layers must be positive, got {num_layers}")
-    layer_cls = LlamaLayer if spec.kind == "1d" else STDiTLayer
+    layer_cls = {"1d": LlamaLayer, "2d": STDiTLayer, "3d": DiT3DLayer}[spec.kind]
     layers = nn.ModuleList([layer_cls(spec) for _ in range(num_layers)])
     return layers.to(device=device, dtype=dtype)
 

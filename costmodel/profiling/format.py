@@ -242,6 +242,9 @@ def narrowed(model: ModelSpec, *, num_layers: int, hidden: int | None = None, nu
         "vocab": model.vocab if vocab is None else vocab,
         "cross_attention_tokens": (model.cross_attention_tokens if cross_attention_tokens is None
                                    else cross_attention_tokens),
+        # a narrowed width has its own head size (the profiled blocks split hidden over the heads)
+        "head_dim": model.head_dim if hidden is None and num_heads is None else None,
+        "dual_stream_layers": min(model.dual_stream_layers, num_layers),
     }
     return ModelSpec.model_validate({**model.model_dump(), **update})
 

@@ -32,6 +32,7 @@ TINY = SweepConfig(tokens_min=64, tokens_max=512, num_sizes=4, packings=(2, 3), 
 SHAPES = {
     "llama-7b": {"hidden": 64, "num_heads": 4, "ffn_hidden": 172, "vocab": 512},
     "stdit3-xl": {"hidden": 64, "num_heads": 4, "ffn_hidden": 256, "cross_attention_tokens": 4},
+    "wan2.1-1.3b": {"hidden": 64, "num_heads": 4, "ffn_hidden": 256, "cross_attention_tokens": 4},
 }
 
 
@@ -56,7 +57,7 @@ def _profile(model_name: str, device: str = "cpu", dtype: str = "float32") -> Pr
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("model_name", ["llama-7b", "stdit3-xl"])
+@pytest.mark.parametrize("model_name", ["llama-7b", "stdit3-xl", "wan2.1-1.3b"])
 def test_cpu_profile_measures_and_fits(model_name: str) -> None:
     profile = _profile(model_name)
     assert profile.header.timer == "thread_time"
@@ -70,7 +71,7 @@ def test_cpu_profile_measures_and_fits(model_name: str) -> None:
             assert rec.activation_bytes == rec.num_tokens * rec.num_layers * full_bytes
     none_per_token = [r.activation_bytes / r.num_tokens for r in profile.compute
                       if r.recompute_layers == 0 and r.num_layers == 1]
-    if model_name == "llama-7b":  # exactly per token; 2D adds a little per sample (text K/V)
+    if model_name == "llama-7b":  # exactly per token; video adds a little per sample (text K/V)
         assert max(none_per_token) == min(none_per_token)
     else:
         assert max(none_per_token) / min(none_per_token) < 1.1
