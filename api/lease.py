@@ -31,8 +31,13 @@ class StoreLease:
     """The writer lease of a store (``acquire`` / ``release``; a context manager too)."""
 
     def __init__(self, store_path: Path) -> None:
-        self.path = lease_path(store_path)
+        # The file, not the name: a symlink (or a relative path) to the same store takes the same
+        # lease (api/lease.py's lock file beside the resolved store), and the store file itself is
+        # flocked too, so that a hard link to it is refused as well.
+        self.store = store_path.resolve()
+        self.path = lease_path(self.store)
         self._fh: IO[str] | None = None
+        self._store_fh: IO[bytes] | None = None
 
     def acquire(self) -> StoreLease:
         """Take the lease.
@@ -51,16 +56,33 @@ class StoreLease:
             raise StoreLockedError(
                 f"the plan store {self.path.with_suffix('')} is in use by another server (pid {holder}); "
                 "stop it, or give this one another --db") from None
+        # flock and SQLite's own (fcntl) locks are independent on Linux: this one only keeps a
+        # second server out. Opening in append mode creates an empty file SQLite takes as new.
+        store_fh = self.store.open("ab")
+        try:
+            fcntl.flock(store_fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            store_fh.close()
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+            fh.close()
+            raise StoreLockedError(
+                f"the plan store {self.store} is in use by another server (through another name for the "
+                "same file); stop it, or give this one another --db") from None
         fh.seek(0)
         fh.truncate()
         fh.write(str(os.getpid()))
         fh.flush()
-        self._fh = fh
+        self._fh, self._store_fh = fh, store_fh
         logger.info("writer lease on %s taken (pid %d)", self.path, os.getpid())
         return self
 
     def release(self) -> None:
         """Give the lease back (idempotent)."""
+        if self._store_fh is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._store_fh.fileno(), fcntl.LOCK_UN)
+            self._store_fh.close()
+            self._store_fh = None
         if self._fh is not None:
             with contextlib.suppress(OSError):
                 self._fh.seek(0)

@@ -21,12 +21,25 @@ def resolve_manifest_path(data_dir: Path, relative: str) -> Path:
         ValueError: when no such file exists.
     """
     root = data_dir.resolve()
-    candidate = (root / relative).resolve()
-    if not candidate.is_relative_to(root):
-        raise PathEscapeError(f"manifest_path {relative!r} is outside the data directory")
-    if not candidate.is_file():
-        raise ValueError(f"manifest_path {relative!r}: no such file in the data directory")
+    shown = _shown(relative)
+    try:
+        candidate = (root / relative).resolve()
+        if not candidate.is_relative_to(root):
+            raise PathEscapeError(f"manifest_path {shown} is outside the data directory")
+        if not candidate.is_file():
+            raise ValueError(f"manifest_path {shown}: no such file in the data directory")
+    except (OSError, RuntimeError) as exc:  # a name too long, a symlink loop, a NUL byte
+        raise ValueError(f"manifest_path {shown}: not a usable path ({type(exc).__name__})") from None
     return candidate
+
+
+MAX_SHOWN_PATH_CHARS = 80
+"""A path an error message names is cut to this many characters and printed escaped."""
+
+
+def _shown(path: str) -> str:
+    """A client's path as an error message may show it: escaped (``repr``), at most 80 characters."""
+    return repr(path[:MAX_SHOWN_PATH_CHARS] + ("..." if len(path) > MAX_SHOWN_PATH_CHARS else ""))
 
 
 def load_manifest(*, text: str | None, path: Path | None, max_samples: int) -> list[Sample]:
