@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -53,9 +54,10 @@ STORE_THREADS = 64
 
 
 def warm_worker() -> int:
-    """Import the planner in a pool worker (so the first plan does not pay for it)."""
-    import planner.planning  # noqa: F401
+    """Import everything a plan needs in a pool worker (so the first plan does not pay for it)."""
+    from api.pool import preload
 
+    preload()
     return os.getpid()
 
 
@@ -94,8 +96,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
         async def warm() -> None:
             loop = asyncio.get_running_loop()
-            pids = await asyncio.gather(*(loop.run_in_executor(executor, warm_worker)
-                                          for _ in range(settings.num_workers)))
+            for attempt in itertools.count(1):
+                try:
+                    pids = await asyncio.gather(*(loop.run_in_executor(executor, warm_worker)
+                                                  for _ in range(settings.num_workers)))
+                    break
+                except Exception as exc:  # a worker killed while starting: the pool is replaced
+                    logger.warning("solver pool failed to warm up (attempt %d: %s: %s); starting again", attempt,
+                                   type(exc).__name__, exc)
+                    await asyncio.sleep(min(0.2 * attempt, 2.0))
             state.ready = True
             # Long-lived start-up objects leave the collector's view: shorter GC pauses on the
             # request path.

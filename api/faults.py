@@ -66,6 +66,9 @@ def classify(exc: BaseException) -> Fault:
         return Fault(kind="store-io", message=f"disk error: {exc}", transient=True)
     if isinstance(exc, ClusterUnavailableError):
         return Fault(kind="cluster-unavailable", message=str(exc)[:500], transient=True)
+    if type(exc).__name__ == "DeadlineExceededError":  # api.pool's (no import: pool imports faults' users)
+        return Fault(kind="deadline", message=f"a step ran past its deadline ({exc}); a loaded host? retried "
+                     "with a larger margin", transient=True)
     if isinstance(exc, BrokenProcessPool):
         return Fault(kind="pool-broken", message="a solver worker died (killed or out of memory); "
                      "the pool was replaced", transient=True)

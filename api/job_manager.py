@@ -51,6 +51,11 @@ class RetryPolicy:
     deadline_margin_s: float | None = 1.0
     """Each step stops at the job's ``time_limit_s`` plus this (None: no deadline)."""
 
+    def margin_s(self, attempt: int) -> float | None:
+        """The deadline margin of retry ``attempt`` (0: the first run): doubled after each transient
+        failure, so a host too loaded for a step's deadline gets more room, not the same failure."""
+        return None if self.deadline_margin_s is None else self.deadline_margin_s * 2 ** min(attempt, 6)
+
     def backoff_s(self, attempt: int) -> float:
         """Wait before retry number ``attempt`` (1-based)."""
         return min(self.max_backoff_s, self.first_backoff_s * 2 ** max(attempt - 1, 0))
@@ -137,7 +142,7 @@ class JobManager:
                     stop_state=lambda: "queued" if self._shutdown.is_set() and not cancel.is_set()
                     else "cancelled",
                     on_written=on_written, metrics=self.metrics,
-                    deadline_margin_s=self.retry.deadline_margin_s, requeue_transient=True)
+                    deadline_margin_s=self.retry.margin_s(attempt), requeue_transient=True)
                 cause = final.error or "its end state could not be recorded"
                 # Queued after a passing fault, or still active in the store because recording the
                 # outcome failed too (a locked or full store): run again; a finished job returns

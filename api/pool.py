@@ -88,7 +88,29 @@ def init_worker(parent_pid: int, starts: Any = None, nice: int = 0) -> None:
     if nice > 0 and hasattr(os, "nice"):
         os.nice(nice)
     threading.Thread(target=_watch_parent, args=(parent_pid,), name="parent-watch", daemon=True).start()
-    import planner.planning  # noqa: F401  (the first task must not pay for the import)
+    preload()
+
+
+WORKER_MODULES = ("planner.planning", "planner.epoch", "planner.bounds.lp", "planner.search.cpsat",
+                  "planner.search.lns", "scipy.optimize", "ortools.sat.python.cp_model")
+"""What a worker imports before its first task: everything the planner imports lazily (OR-Tools,
+SciPy's MILP and what they pull in). A deadline alarm that lands inside a C extension's import
+leaves it half-initialised in ``sys.modules`` and breaks that worker for every later task
+(issue 24); imported here, before any alarm is armed, no task imports anything heavy."""
+
+
+def preload() -> None:
+    """Import :data:`WORKER_MODULES` (idempotent)."""
+    import importlib
+
+    for name in WORKER_MODULES:
+        importlib.import_module(name)
+
+
+def _exit_soon(delay_s: float = 0.05) -> None:
+    """Leave this worker shortly after the current task's error is sent back: the pool breaks and
+    the service replaces it (``SolverPool``) instead of keeping a worker whose imports broke."""
+    threading.Timer(delay_s, os._exit, args=(70,)).start()
 
 
 def run_with_deadline(token: int, deadline_s: float, fn: Callable[..., T], /, *args: Any,
@@ -114,6 +136,10 @@ def run_with_deadline(token: int, deadline_s: float, fn: Callable[..., T], /, *a
             signal.signal(signal.SIGALRM, previous)
     except _Alarm:
         raise DeadlineExceededError(f"stopped after its deadline of {deadline_s:.3g} s") from None
+    except ImportError:
+        logger.error("an import failed inside a solver task: this worker is replaced")
+        _exit_soon()
+        raise
 
 
 def make_executor(num_workers: int, *, starts: Any = None, nice: int = 0) -> ProcessPoolExecutor:
