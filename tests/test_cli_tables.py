@@ -54,6 +54,12 @@ def test_plan_tables_fit_80_columns_and_explain_baselines() -> None:
     for baseline in ("bucket-sp4", "static-best", "megatron-dyncp", "dcp-greedy", "strongest"):
         legend = result.output.rsplit("Columns:", 1)[1]
         assert any(line.startswith(f"{baseline} ") for line in legend.splitlines()), baseline
+    # The headline leads the baselines table: the strongest first, the paper's bucket-sp4 second.
+    table = result.output.split("Speedup over each baseline", 1)[1].split("Columns:", 1)[0]
+    rows = [line.split()[0] for line in table.splitlines() if line.strip() and "─" not in line]
+    assert rows[0] == "baseline", rows
+    rows = rows[1:]
+    assert rows[:2] == ["strongest", "bucket-sp4"], rows
 
 
 def test_cost_table_legend() -> None:
