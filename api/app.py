@@ -156,7 +156,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         service: ServiceState | None = getattr(app.state, "service", None)
         return None if service is None else service.recalibrator
 
-    app.add_middleware(RankViewFastPath, get_store=current_store, get_recalibrator=current_recalibrator)
+    app.add_middleware(RankViewFastPath, get_store=current_store, get_recalibrator=current_recalibrator,
+                       get_token=lambda: settings.auth_token)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
                            allow_methods=["GET", "POST", "DELETE"], allow_headers=["Authorization", "Content-Type"])

@@ -93,6 +93,16 @@ State = Annotated[ServiceState, Depends(get_state)]
 _bearer = HTTPBearer(auto_error=False, description="Required for writes when DCP_AUTH_TOKEN is set.")
 
 
+def bearer_matches(token: str | None, authorization: str | None) -> bool:
+    """Whether an ``Authorization`` header carries ``token`` (constant-time; True when no token is
+    configured)."""
+    if token is None:
+        return True
+    if not authorization or not authorization.lower().startswith("bearer "):
+        return False
+    return hmac.compare_digest(authorization[7:].strip().encode(), token.encode())
+
+
 async def require_writer(state: State,
                    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
                    ) -> None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from api.deps import bearer_matches
 from api.store import PlanStore
 
 if TYPE_CHECKING:
@@ -31,8 +32,10 @@ class RankViewFastPath:
     """Serves stored rank views directly; falls through for everything else."""
 
     def __init__(self, app: ASGIApp, *, get_store: Callable[[], PlanStore | None],
-                 get_recalibrator: Callable[[], Recalibrator | None] = lambda: None) -> None:
+                 get_recalibrator: Callable[[], Recalibrator | None] = lambda: None,
+                 get_token: Callable[[], str | None] = lambda: None) -> None:
         self.app = app
+        self.get_token = get_token
         self.get_store = get_store
         self.get_recalibrator = get_recalibrator
 
@@ -43,10 +46,14 @@ class RankViewFastPath:
             if match and store is not None:
                 epoch_id, step, rank = match.group(1), int(match.group(2)), int(match.group(3))
                 recalibrator = self.get_recalibrator()
-                # The first fetch of a step freezes it (never re-planned afterwards).
-                fetch = store.get_rank_view if recalibrator is None else recalibrator.revisions.fetch_rank_view
                 try:
-                    view = fetch(epoch_id, step, rank, fast=True)
+                    if recalibrator is None:
+                        view = store.get_rank_view(epoch_id, step, rank, fast=True)
+                    else:  # the first fetch of a step freezes it (never re-planned afterwards)
+                        headers = dict(scope.get("headers") or [])
+                        auth = headers.get(b"authorization", b"").decode("latin-1") or None
+                        view = recalibrator.revisions.fetch_rank_view(
+                            epoch_id, step, rank, fast=True, freeze=bearer_matches(self.get_token(), auth))
                 except (ValueError, sqlite3.Error):
                     view = None
                 if view is not None:

@@ -3,19 +3,21 @@
 * A revision ``id@rev`` (``rev >= 1``; ``id@0`` is the uploaded or embedded file) is written
   once and never changed, with the factors it applied to ``id@0`` and its fit quality.
 * Freezing: the first fetch of a step's rank view raises the epoch's ``frozen_through`` to that
-  step, committed *before* the view is read (:meth:`RevisionStore.fetch_rank_view`); a
-  re-planned step is written only when it is above ``frozen_through``, checked in the
-  transaction that writes it (:meth:`RevisionStore.replace_unfrozen`). SQLite serialises the
-  two, so a step any rank has fetched never changes. Steps at or below a fetched one are frozen
-  too (ranks fetch in order): more than needed, never less. Every epoch is tracked, whether it
-  follows revisions or not (so that turning ``follow`` on later is safe); a per-process cache
-  skips the write once a step is known frozen, so it costs one small write per step (not per
-  rank), without a disk sync.
+  step *in this process* (the writer lease makes it the only writer of the store) before the
+  view is served; a re-plan checks it under the same lock and commits holding it
+  (:meth:`RevisionStore.replace_unfrozen`), so a step any rank has fetched never changes. A fetch
+  writes nothing: a thread persists ``frozen_through`` every ``FLUSH_S`` (and at close), so a
+  locked or read-only store still serves stored steps, and a restart keeps what was flushed (a
+  kill -9 within ``FLUSH_S`` of a first fetch can let that step be re-planned after the restart;
+  the ranks' digest check then stops a rank holding the old plan). Steps at or below a fetched
+  one are frozen too (ranks fetch in order). With an auth token set, only a fetch that carries
+  it freezes (an anonymous read cannot block recalibration).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -27,6 +29,11 @@ from api.store import PlanStore
 from api.store_schema import ThreadConnections, connect, transaction
 from costmodel.schema import CostModelFile
 from planner.epoch import StepResult
+
+logger = logging.getLogger(__name__)
+
+FLUSH_S = 0.5
+"""How often the steps frozen by fetches are written to the store (and at close)."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -87,8 +94,12 @@ class RevisionStore:
     def __init__(self, store: PlanStore) -> None:
         self.store = store
         self._frozen: dict[str, int] = {}
+        self._persisted: dict[str, int] = {}
         self._lock = threading.Lock()
         self._conns = ThreadConnections()
+        self._closed = threading.Event()
+        self._flusher = threading.Thread(target=self._flush_loop, name="freeze-flush", daemon=True)
+        self._flusher.start()
 
     # ------------------------------------------------------------------ state
     def state(self, epoch_id: str) -> RecalibrationState:
@@ -96,10 +107,14 @@ class RevisionStore:
         row = self.store._conn().execute("SELECT * FROM epoch_recalibration WHERE epoch_id=?",
                                          (epoch_id,)).fetchone()
         if row is None:
-            return RecalibrationState(follow=False, every_steps=0, frozen_through=-1, steps_at_fit=0,
+            with self._lock:
+                frozen = self._frozen.get(epoch_id, -1)
+            return RecalibrationState(follow=False, every_steps=0, frozen_through=frozen, steps_at_fit=0,
                                       current_rev=0)
+        with self._lock:  # fetches not flushed yet count
+            frozen = max(int(row["frozen_through"]), self._frozen.get(epoch_id, -1))
         return RecalibrationState(follow=bool(row["follow"]), every_steps=row["every_steps"],
-                                  frozen_through=row["frozen_through"], steps_at_fit=row["steps_at_fit"],
+                                  frozen_through=frozen, steps_at_fit=row["steps_at_fit"],
                                   current_rev=row["current_rev"])
 
     def configure(self, epoch_id: str, *, follow: bool, every_steps: int) -> RecalibrationState:
@@ -132,35 +147,75 @@ class RevisionStore:
         return self._conns.get("fast" if fast else "slow", open_conn)
 
     def close(self) -> None:
-        """Close the freezing connections."""
+        """Persist what was frozen and close the connections."""
+        self._closed.set()
+        self._flusher.join(timeout=5.0)
+        self.flush()
         self._conns.close()
 
-    def fetch_rank_view(self, epoch_id: str, step: int, rank: int, *, fast: bool = False) -> str | None:
-        """``PlanStore.get_rank_view``, freezing a stored step first when it is served for the
-        first time (committed before the view is read: a re-plan committed earlier is what the
-        rank gets, one committed later sees the step frozen and leaves it).
+    def _flush_loop(self) -> None:
+        while not self._closed.wait(FLUSH_S):
+            try:
+                self.flush()
+            except sqlite3.Error as exc:  # a locked or read-only store: the next round tries again
+                logger.debug("frozen steps not persisted yet: %s", exc)
+
+    def flush(self) -> None:
+        """Write every epoch's ``frozen_through`` that moved since the last flush."""
+        with self._lock:
+            moved = {e: f for e, f in self._frozen.items() if f > self._persisted.get(e, -1)}
+        if not moved:
+            return
+        conn = self._freeze_conn(fast=False)
+        with transaction(conn):
+            for epoch_id, frozen in moved.items():
+                conn.execute("INSERT INTO epoch_recalibration(epoch_id, frozen_through) VALUES (?, ?) "
+                             "ON CONFLICT(epoch_id) DO UPDATE SET frozen_through="
+                             "max(frozen_through, excluded.frozen_through)", (epoch_id, frozen))
+        with self._lock:
+            for epoch_id, frozen in moved.items():
+                self._persisted[epoch_id] = max(self._persisted.get(epoch_id, -1), frozen)
+
+    def _stored_frozen(self, epoch_id: str, *, fast: bool) -> int:
+        row = self._freeze_conn(fast=fast).execute(
+            "SELECT frozen_through FROM epoch_recalibration WHERE epoch_id=?", (epoch_id,)).fetchone()
+        return -1 if row is None else int(row["frozen_through"])
+
+    def frozen_through(self, epoch_id: str) -> int:
+        """The highest step fetched (stored or in this process only), -1 when none."""
+        stored = self._stored_frozen(epoch_id, fast=False)
+        with self._lock:
+            return max(stored, self._frozen.get(epoch_id, -1))
+
+    def fetch_rank_view(self, epoch_id: str, step: int, rank: int, *, fast: bool = False,
+                        freeze: bool = True) -> str | None:
+        """``PlanStore.get_rank_view``, freezing a stored step (``freeze``) the first time it is
+        served: in memory, before the view is read again and returned, so a re-plan committed
+        earlier is what the rank gets and one not yet committed sees the step frozen.
 
         Raises:
             ValueError: when the step is stored but the rank is outside its world.
-            sqlite3.Error: a store locked by a writer (``fast``: at once; the route then retries
-                on a worker thread with the store's busy timeout).
+            sqlite3.Error: a store locked by a writer (``fast``: at once, and also when a re-plan
+                holds the freezing lock; the route then retries on a worker thread).
         """
+        view = self.store.get_rank_view(epoch_id, step, rank, fast=fast)
+        if view is None or not freeze:
+            return view
         with self._lock:
-            frozen = self._frozen.get(epoch_id)
-        if frozen is None or step > frozen:
-            conn = self._freeze_conn(fast=fast)
-            with transaction(conn):
-                row = conn.execute("SELECT frozen_through FROM epoch_recalibration WHERE epoch_id=?",
-                                   (epoch_id,)).fetchone()
-                frozen = -1 if row is None else int(row["frozen_through"])
-                if step > frozen and conn.execute("SELECT 1 FROM plans WHERE epoch_id=? AND step=?",
-                                                  (epoch_id, step)).fetchone():
-                    conn.execute("INSERT INTO epoch_recalibration(epoch_id, frozen_through) VALUES (?, ?) "
-                                 "ON CONFLICT(epoch_id) DO UPDATE SET frozen_through="
-                                 "max(frozen_through, excluded.frozen_through)", (epoch_id, step))
-                    frozen = step
-            with self._lock:
-                self._frozen[epoch_id] = max(self._frozen.get(epoch_id, -1), frozen)
+            known = self._frozen.get(epoch_id)
+        if known is not None and step <= known:
+            return view
+        stored = self._stored_frozen(epoch_id, fast=fast) if known is None else -1
+        if not self._lock.acquire(blocking=not fast):  # a re-plan is committing: not on the event loop
+            raise sqlite3.OperationalError("a re-plan holds the freezing lock; retry on a thread")
+        try:
+            before = max(self._frozen.get(epoch_id, -1), stored)
+            self._frozen[epoch_id] = max(before, step)
+        finally:
+            self._lock.release()
+        if step <= before:
+            return view
+        # First fetch of this step: read again, now that no re-plan of it can commit.
         return self.store.get_rank_view(epoch_id, step, rank, fast=fast)
 
     def replace_unfrozen(self, epoch_id: str, results: Sequence[StepResult], *, rev: int
@@ -173,10 +228,11 @@ class RevisionStore:
         replaced: list[int] = []
         left: list[int] = []
         now = time.time()
-        with transaction(self.store._conn()) as conn:
+        # Held through the commit: no first fetch can freeze a step between the check and the write.
+        with self._lock, transaction(self.store._conn()) as conn:
             row = conn.execute("SELECT frozen_through FROM epoch_recalibration WHERE epoch_id=?",
                                (epoch_id,)).fetchone()
-            frozen = -1 if row is None else int(row["frozen_through"])
+            frozen = max(-1 if row is None else int(row["frozen_through"]), self._frozen.get(epoch_id, -1))
             for r in results:
                 assert r.step is not None
                 old = conn.execute("SELECT gap, predicted_step_time_s, speedup_vs_bucket, speedup_vs_strongest "

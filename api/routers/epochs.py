@@ -6,9 +6,9 @@ import asyncio
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Response, status
+from fastapi import APIRouter, Path, Query, Request, Response, status
 
-from api.deps import ServiceState, State, Writer
+from api.deps import ServiceState, State, Writer, bearer_matches
 from api.errors import COMMON_RESPONSES, bad_request, conflict, not_found, unprocessable
 from api.jobs import prepare_epoch
 from api.manifests import PathEscapeError, load_manifest, resolve_manifest_path
@@ -210,15 +210,19 @@ async def get_step(epoch_id: EpochId, step: StepIndex, state: State) -> Response
                                             "planned yet (retry)."}})
 async def get_rank_step(epoch_id: EpochId, step: StepIndex,
                         rank: Annotated[int, Path(ge=0, lt=MAX_NUM_GPUS, description="Global rank.")],
-                        state: State) -> Response:
-    """Rank ``rank``'s part of one step (its group and micro-batches) with the plan digest."""
+                        state: State, request: Request) -> Response:
+    """Rank ``rank``'s part of one step (its group and micro-batches) with the plan digest. The
+    first fetch of a step freezes it (never re-planned by recalibration afterwards); with an auth
+    token set, only a fetch that carries the token freezes."""
+    freeze = bearer_matches(state.settings.auth_token, request.headers.get("authorization"))
 
     def read() -> Response:
         # The first fetch of a step freezes it (api.revisions_store): never re-planned afterwards.
-        fetch = (state.store.get_rank_view if state.recalibrator is None
-                 else state.recalibrator.revisions.fetch_rank_view)
         try:
-            view = fetch(epoch_id, step, rank)
+            if state.recalibrator is None:
+                view = state.store.get_rank_view(epoch_id, step, rank)
+            else:
+                view = state.recalibrator.revisions.fetch_rank_view(epoch_id, step, rank, freeze=freeze)
         except ValueError as exc:
             not_found(str(exc))
         if view is None:

@@ -31,7 +31,8 @@ def _epoch(client: TestClient, epoch_id: str, *, num_samples: int = 48) -> dict[
 
 
 def _view(client: TestClient, epoch_id: str, step: int, rank: int) -> RankPlan:
-    response = client.get(f"/v1/epochs/{epoch_id}/steps/{step}/ranks/{rank}")
+    """A rank's fetch (with the token: only those freeze the step)."""
+    response = client.get(f"/v1/epochs/{epoch_id}/steps/{step}/ranks/{rank}", headers=AUTH)
     assert response.status_code == 200, response.text
     return RankPlan.model_validate_json(response.content)
 

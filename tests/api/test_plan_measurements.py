@@ -80,7 +80,8 @@ def test_one_off_plan_measurements_give_a_revision_that_plans(client: TestClient
     while client.get("/v1/epochs/at-rev").json()["state"] != "done":
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    views = [client.get(f"/v1/epochs/at-rev/steps/{s}/ranks/{r}").json() for s in range(2) for r in range(8)]
+    views = [client.get(f"/v1/epochs/at-rev/steps/{s}/ranks/{r}", headers=AUTH).json()
+             for s in range(2) for r in range(8)]
     steps = [{"step": v["step"], "rank": v["rank"], "plan_digest": v["plan_digest"],
               "micro_batch_times_s": [mb["predicted_time_s"] for mb in v["group"]["micro_batches"]]}
              for v in views]

@@ -56,3 +56,30 @@ def test_fetched_steps_are_frozen_and_the_rest_replaced(tmp_path: Path) -> None:
     assert revisions.replace_unfrozen("e", replanned, rev=2) == ([], [2, 3, 4, 5])
     revisions.close()
     store.close()
+
+
+def test_a_fetch_writes_nothing_and_the_freeze_is_persisted_later(tmp_path: Path) -> None:
+    store = PlanStore.open(tmp_path / "w.sqlite")
+    steps = _steps()
+    store.create_epoch("e", spec={"cost_model_id": FILE.id}, steps=steps)
+    store.write_steps("e", [_plan(b, i, scale=1.0) for i, b in enumerate(steps)])
+    revisions = RevisionStore(store)
+
+    def stored() -> int:
+        row = store._conn().execute("SELECT frozen_through FROM epoch_recalibration WHERE epoch_id='e'").fetchone()
+        return -1 if row is None else int(row[0])
+
+    changes = store._conn().total_changes
+    assert revisions.fetch_rank_view("e", 2, 0, freeze=False) is not None
+    assert revisions.state("e").frozen_through == -1  # an anonymous read freezes nothing
+    assert revisions.fetch_rank_view("e", 2, 0) is not None
+    assert revisions.state("e").frozen_through == 2 and stored() == -1  # frozen in memory, not written
+    assert store._conn().total_changes == changes
+    # Re-plans see it at once; the store gets it from the flusher (or at close).
+    assert revisions.replace_unfrozen("e", [_plan(steps[2], 2, scale=3.0)], rev=1) == ([], [2])
+    revisions.close()
+    assert stored() == 2
+    again = RevisionStore(store)
+    assert again.state("e").frozen_through == 2  # a restart keeps it
+    again.close()
+    store.close()
