@@ -24,6 +24,7 @@ from costmodel.model_choice import check_samples_kind
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec, Sample
 from planner.epoch import BatchRule, CancelledError, StepResult, StepTask, build_config, make_steps, run_epoch
+from planner.fit_check import check_samples_fit
 
 logger = logging.getLogger(__name__)
 
@@ -51,13 +52,15 @@ def prepare_epoch(store: PlanStore, *, epoch_id: str, samples: Sequence[Sample],
 
     Raises:
         ValueError: invalid options, a cost model for other hardware, samples of the other kind
-            than the model (text vs video, naming the first), a sample longer than the token
-            budget, an empty manifest.
+            than the model (text vs video, naming the first), a sample that fits nowhere
+            (named, before anything is stored), a sample longer than the token budget, an
+            empty manifest.
         api.store.EpochExistsError: when the id is taken.
     """
-    build_config(options)
+    config = build_config(options)
     check_compatible(cost_model, cluster)
     check_samples_kind(samples, cost_model.model, source="manifest")
+    check_samples_fit(samples, cluster=cluster, cost_model=cost_model, config=config)
     steps = make_steps(samples, rule=rule, seed=seed)
     spec = {
         "batch": rule.as_dict(), "seed": seed, "cluster": cluster.model_dump(mode="json"),

@@ -9,6 +9,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from costmodel.model_config import model_spec_from_config
 from costmodel.schema import TermFit
 from costmodel.specs import ClusterSpec, HardwareSpec, Sample
+from planner.limits import (  # the limits the CLI applies too; the batch cap also bounds the
+    MAX_ID_CHARS,  # work of validating a request's list on the event loop
+    MAX_SAMPLE_DIM,
+    MAX_SAMPLE_TOKENS,
+    MAX_SAMPLES_PER_REQUEST,
+    MAX_SEED,
+)
 from planner.plan import Plan
 
 EPOCH_ID_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
@@ -20,19 +27,8 @@ _SAMPLES_EXAMPLE: list[Any] = [
 ]
 
 
-MAX_SAMPLES_PER_REQUEST = 16384
-"""Hard cap on the samples of one plan request (``DCP_MAX_SAMPLES_PER_BATCH`` may only lower it):
-the list is validated on the event loop, so its length bounds that work."""
-MAX_SAMPLE_TOKENS = 2**31 - 1
-"""Longest sample accepted (tokens, or frames x height x width)."""
-MAX_SAMPLE_DIM = 2**20
-"""Largest frames, height or width of a 2D sample."""
 MAX_NUM_GPUS = 65536
 """Largest world of an inline cluster spec."""
-MAX_ID_CHARS = 256
-"""Longest id or name in a request."""
-MAX_SEED = 2**31 - 1
-"""Largest seed (CP-SAT takes a 32-bit seed)."""
 MAX_TIME_LIMIT_S = 60.0
 """Largest per-plan wall-clock limit a request may ask for."""
 

@@ -13,6 +13,8 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from planner.limits import DEFAULT_MAX_SAMPLES_PER_BATCH, MAX_MANIFEST_SAMPLES, MAX_SAMPLES_PER_REQUEST
+
 
 def _default_workers() -> int:
     return max(1, (os.cpu_count() or 1))
@@ -40,10 +42,10 @@ class Settings(BaseSettings):
                     "instead of stalling steps. 0 leaves them at the server's priority.")
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0,
                                 description="Largest accepted request body; larger gets 413.")
-    max_samples_per_batch: int = Field(default=4096, gt=0, le=16384,
+    max_samples_per_batch: int = Field(default=DEFAULT_MAX_SAMPLES_PER_BATCH, gt=0, le=MAX_SAMPLES_PER_REQUEST,
                                        description="Most samples in one synchronous plan request "
-                                                   "(at most api.schemas.MAX_SAMPLES_PER_REQUEST).")
-    max_manifest_samples: int = Field(default=10_000_000, gt=0,
+                                                   "(at most planner.limits.MAX_SAMPLES_PER_REQUEST).")
+    max_manifest_samples: int = Field(default=MAX_MANIFEST_SAMPLES, gt=0,
                                       description="Most samples in one epoch manifest.")
     auth_token: str | None = Field(default=None,
                                    description="When set, every write needs 'Authorization: Bearer <token>'.")

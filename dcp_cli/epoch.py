@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sqlite3
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -84,7 +85,9 @@ def register(app: typer.Typer) -> None:
         from api.store import PlanStore
         from costmodel.presets import builtin_cost_model_files
         from costmodel.schema import CostModelFile
-        from planner.epoch import BatchRule
+        from planner.epoch import BatchRule, build_config
+        from planner.fit_check import check_samples_fit
+        from planner.limits import MAX_MANIFEST_SAMPLES, MAX_SAMPLES_PER_REQUEST
         from planner.workload import read_manifest
 
         if quiet:
@@ -97,12 +100,19 @@ def register(app: typer.Typer) -> None:
             spec = resolve_cluster(cluster)
         except ValueError as exc:
             fail(f"--cluster: {exc}")
+        _check_out(out)
+        if samples_per_step is not None and samples_per_step > MAX_SAMPLES_PER_REQUEST:
+            fail(f"--samples-per-step {samples_per_step:,} is over the service's limit of "
+                 f"{MAX_SAMPLES_PER_REQUEST:,} samples for one batch")
         try:
             samples = read_manifest(manifest)
         except ValueError as exc:
             fail(f"MANIFEST {exc}")
         if not samples:
             fail(f"MANIFEST {manifest} holds no samples")
+        if len(samples) > MAX_MANIFEST_SAMPLES:
+            fail(f"MANIFEST {manifest} holds {len(samples):,} samples, over the service's limit of "
+                 f"{MAX_MANIFEST_SAMPLES:,} for one manifest")
         options: dict[str, Any] = {"time_limit_s": time_limit_s}
         for item in option:
             key, sep, value = item.partition("=")
@@ -131,11 +141,22 @@ def register(app: typer.Typer) -> None:
                 fail(f"--cost-model {cost_model!r} is not an embedded cost model (embedded: "
                      f"{', '.join(sorted(embedded))}); for a fitted or uploaded one pass --cost-model-file")
             file = embedded.get(cost_model)
+        try:
+            config = build_config(options)
+        except ValueError as exc:
+            fail(f"--option: {exc}")
         if file is not None:
             _check_kind(samples, file, manifest)
+            try:  # a sample that fits nowhere stops here, not at its step after the store exists
+                check_samples_fit(samples, cluster=spec, cost_model=file, config=config)
+            except ValueError as exc:
+                fail(f"MANIFEST {manifest}: {exc}")
         # The cluster is reached before the store is opened: an unreachable one creates nothing.
         ray_executor = _ray_executor(ray_address, steps_per_task=ray_steps_per_task) if ray_address else None
-        store = PlanStore.open(out)
+        try:
+            store = PlanStore.open(out)
+        except sqlite3.DatabaseError as exc:
+            fail(f"--out {out} is not a usable SQLite store ({exc})")
         registry = CostModelRegistry(store)
         try:
             if derived is not None:
@@ -246,6 +267,25 @@ def _derived_cost_model(model: str | None, model_config: Path | None, *, named: 
     else:
         source = f"model {model}" if model is not None else f"model_config {model_config}"
     return analytic_cost_model(chosen, hardware), source
+
+
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _check_out(out: Path) -> None:
+    """Stop (exit 2) when ``--out`` names a directory or a file that is not a SQLite database
+    (an empty file is fine: SQLite makes it a new store)."""
+    if out.is_dir():
+        fail(f"--out {out} is a directory; give a SQLite file (created when absent)")
+    if out.exists():
+        try:
+            with out.open("rb") as fh:
+                head = fh.read(len(_SQLITE_HEADER))
+        except OSError as exc:
+            fail(f"--out {out} cannot be read ({exc.strerror})")
+        if head and head != _SQLITE_HEADER:
+            fail(f"--out {out} is not a SQLite file; give a new path or a store dcp epoch or "
+                 "dcp serve made")
 
 
 def _check_kind(samples: list[Sample], file: CostModelFile, manifest: Path, *, store: PlanStore | None = None

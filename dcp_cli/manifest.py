@@ -91,8 +91,10 @@ def register(app: typer.Typer) -> None:
         err = Console(stderr=True)
         try:
             if workload is not None:
+                from planner.limits import check_manifest_size
                 from planner.workload import WorkloadSpec, synthesize_manifest
 
+                check_manifest_size(num_samples, name="--num-samples")
                 samples = iter(synthesize_manifest(WorkloadSpec.preset(workload), num_samples=num_samples,
                                                    seed=seed))
                 what = f"workload {workload}"
@@ -113,7 +115,8 @@ def register(app: typer.Typer) -> None:
                         kind=kind.value if kind else None, scale=scale,  # type: ignore[arg-type]
                         split=split, id_prefix=id_prefix, on_skip=skipped.append if skip_invalid else None,
                         progress=update)
-                    stats = write_manifest_file(samples, out, overwrite=force)
+                    stats = write_manifest_file(samples, out, overwrite=force,
+                                                on_skip=skipped.append if skip_invalid else None)
         except ValueError as exc:
             fail(str(exc))
         if quiet:

@@ -126,7 +126,7 @@ def register(app: typer.Typer) -> None:
         steps: int = typer.Option(5, "--steps", "-k", min=1, help="Steps to plan."),
         seed: int = typer.Option(0, "--seed", "-s", help="Sampler and planner seed."),
         batch_size: int = typer.Option(256, "--batch-size", "-b", min=1,
-                                       help="Samples per global batch."),
+                                       help="Samples per global batch (at most 16,384, the service's limit)."),
         budget_ms: float = typer.Option(50.0, "--budget-ms", min=1.0,
                                         help="Planner budget per step (work limits scale)."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
@@ -135,9 +135,11 @@ def register(app: typer.Typer) -> None:
         """Plan K sampled batches; per step and in total: predicted step time of the plan and
         each baseline, speedups, gap to the lower bound, solver status and latency."""
         from costmodel.schema import CostModelFile
+        from planner.limits import check_batch_size
 
         model_spec = resolve_model(model, model_config)
         try:
+            check_batch_size(batch_size, name="--batch-size")
             file = None
             if cost_model is not None:
                 try:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from costmodel.specs import Sample
+from planner.limits import MAX_MANIFEST_SAMPLES, MAX_SAMPLE_TOKENS
 
 
 @dataclass(kw_only=True, slots=True)
@@ -37,14 +38,24 @@ class ManifestStats:
         self.token_counts.append(sample.tokens)
 
 
-def write_manifest_file(samples: Iterable[Sample], out: Path, *, overwrite: bool = False) -> ManifestStats:
+def write_manifest_file(samples: Iterable[Sample], out: Path, *, overwrite: bool = False,
+                        on_skip: Callable[[str], None] | None = None) -> ManifestStats:
     """Write ``samples`` as a JSON Lines manifest at ``out``.
 
     The file appears only when every sample was written; on any error nothing at ``out``
-    changes.
+    changes. The service's limits apply (``planner.limits``): a sample over
+    ``MAX_SAMPLE_TOKENS``, and at most ``MAX_MANIFEST_SAMPLES`` samples.
+
+    Args:
+        samples: The samples, in order.
+        out: The manifest file.
+        overwrite: Replace an existing ``out``.
+        on_skip: Called with the reason for each duplicate id or over-long sample, which is then
+            left out (``--skip-invalid``); without it such a sample is an error.
 
     Raises:
-        ValueError: for a duplicate id, no samples, or an existing ``out`` without ``overwrite``.
+        ValueError: for a duplicate id or over-long sample (without ``on_skip``), no samples,
+            too many samples, or an existing ``out`` without ``overwrite``.
     """
     if out.exists() and not overwrite:
         raise ValueError(f"--out {out} exists; pass --force to replace it")
@@ -55,9 +66,21 @@ def write_manifest_file(samples: Iterable[Sample], out: Path, *, overwrite: bool
     try:
         with tmp.open("w") as fh:
             for sample in samples:
+                problem = None
                 if sample.id in seen:
-                    raise ValueError(f"sample id {sample.id!r} appears twice; ids must be unique "
-                                     "(choose another --id-column, or none for row numbers)")
+                    problem = (f"sample id {sample.id!r} appears twice; ids must be unique "
+                               "(choose another --id-column, or none for row numbers)")
+                elif sample.tokens > MAX_SAMPLE_TOKENS:
+                    problem = (f"sample {sample.id!r} has {sample.tokens:,} tokens, over the limit of "
+                               f"{MAX_SAMPLE_TOKENS:,}")
+                if problem is not None:
+                    if on_skip is None:
+                        raise ValueError(problem)
+                    on_skip(problem)
+                    continue
+                if stats.num_samples >= MAX_MANIFEST_SAMPLES:
+                    raise ValueError(f"more than {MAX_MANIFEST_SAMPLES:,} samples (the service's limit "
+                                     "for one manifest)")
                 seen.add(sample.id)
                 fh.write(sample.model_dump_json(exclude_none=True) + "\n")
                 stats.add(sample)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from costmodel.evaluate import CostModel
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec, Sample
+from costmodel.units import fmt_bytes
 from planner.assemble import BatchArrays, Draft, PlanMeta, assemble_plan, draft_step_time_s
 from planner.baselines import baseline_drafts
 from planner.bounds.simple import BoundReport, lower_bounds
@@ -122,8 +123,8 @@ def prepare(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: Cost
                          f"max_group_size={config.max_group_size})")
     budget = cm.activation_budget_bytes()
     if budget <= 0:
-        raise ValueError(f"model states and working buffers need {cm.fixed_bytes():.6g} bytes per "
-                         f"rank, over the memory cap {cluster.memory_cap_bytes:.6g} bytes")
+        raise ValueError(f"model states and working buffers need {fmt_bytes(cm.fixed_bytes())} per "
+                         f"rank, over the memory cap {fmt_bytes(cluster.memory_cap_bytes)}")
     table = CostTable(cm, samples, sizes=sizes, memory_safety_fraction=config.memory_safety_fraction,
                       intra_policies=config.intra_policies and config.intra_search)
     if not table.fits_anywhere.all():
@@ -133,10 +134,10 @@ def prepare(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: Cost
         act = float(cm.activation_bytes(sample.tokens, group_size=biggest,
                                         recompute_layers=cm.num_layers))
         raise ValueError(
-            f"sample {sample.id!r} ({sample.tokens} tokens) fits nowhere: even on the largest "
-            f"allowed group ({biggest} ranks) with full checkpointing it needs {act:.6g} "
-            f"activation bytes per rank, over the limit of {table.budget_bytes:.6g} bytes "
-            f"(memory cap {cluster.memory_cap_bytes:.6g} minus {cm.fixed_bytes():.6g} fixed)")
+            f"sample {sample.id!r} ({sample.tokens:,} tokens) fits nowhere: even on the largest "
+            f"allowed group ({biggest} ranks) with full checkpointing it needs {fmt_bytes(act)} "
+            f"of activations per rank, over the limit of {fmt_bytes(table.budget_bytes)} "
+            f"(memory cap {fmt_bytes(cluster.memory_cap_bytes)} minus {fmt_bytes(cm.fixed_bytes())} fixed)")
     return Prepared(cost_model=cm, table=table, bounds=lower_bounds(table),
                     arrays=BatchArrays.of(samples))
 

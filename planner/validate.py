@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from costmodel.evaluate import CostModel, nodes_spanned
 from costmodel.specs import Sample
+from costmodel.units import fmt_bytes
 from planner.plan import Plan
 
 _REL_TOL = 1e-6
@@ -155,8 +156,9 @@ def _check_costs(plan: Plan, cost_model: CostModel) -> list[str]:
                     problems.append(f"{where}: sample {ps.sample.id!r} recomputes "
                                     f"{ps.recompute_layers} layers, outside [0, {layers}]")
             if span.peak_mem_bytes > cap * (1 + 1e-12):
-                problems.append(f"{where}, micro-batch {m}: peak {span.peak_mem_bytes:.6g} bytes "
-                                f"exceeds the cap {cap:.6g}")
+                problems.append(f"{where}, micro-batch {m}: peak {fmt_bytes(span.peak_mem_bytes)} "
+                                f"({span.peak_mem_bytes:,.0f} bytes) exceeds the cap {fmt_bytes(cap)} "
+                                f"({cap:,.0f} bytes)")
             if not _close(mb.predicted_time_s, span.end_s - span.start_s):
                 problems.append(f"{where}, micro-batch {m}: predicted {mb.predicted_time_s:.9g} s, "
                                 f"cost model {span.end_s - span.start_s:.9g} s")

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from costmodel.presets import load_workload_spec
 from costmodel.specs import Sample
+from planner.limits import MAX_SAMPLE_TOKENS
 
 
 class _Frozen(BaseModel):
@@ -144,6 +145,11 @@ def synthesize_manifest(spec: WorkloadSpec, *, num_samples: int, seed: int) -> l
 def parse_manifest_lines(lines: Iterable[str], *, source: str = "<manifest>") -> Iterator[Sample]:
     """Parse JSON Lines into samples; blank lines are skipped.
 
+    The one reading of a manifest line, for the CLI and the service alike: numbers must be JSON
+    integers (``"tokens": "12"`` and ``12.0`` are refused, as the API's plan requests refuse
+    them), an integer id becomes its decimal string, and a sample over
+    ``planner.limits.MAX_SAMPLE_TOKENS`` is refused.
+
     Raises:
         ValueError: naming the source, the line number and the reason; also for duplicate ids.
     """
@@ -159,11 +165,14 @@ def parse_manifest_lines(lines: Iterable[str], *, source: str = "<manifest>") ->
         if isinstance(record, dict) and "id" in record and not isinstance(record["id"], str):
             record["id"] = str(record["id"])
         try:
-            sample = Sample.model_validate(record)
+            sample = Sample.model_validate(record, strict=True)
         except ValidationError as exc:
             first = exc.errors()[0]
             field = ".".join(str(p) for p in first["loc"]) or "sample"
             raise ValueError(f"{source}:{number}: {field}: {first['msg']} (got {first.get('input')!r})") from None
+        if sample.tokens > MAX_SAMPLE_TOKENS:
+            raise ValueError(f"{source}:{number}: sample {sample.id[:80]!r} has {sample.tokens:,} tokens, "
+                             f"over the limit of {MAX_SAMPLE_TOKENS:,}")
         if sample.id in seen:
             raise ValueError(f"{source}:{number}: duplicate sample id {sample.id!r}")
         seen.add(sample.id)

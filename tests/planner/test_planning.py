@@ -171,7 +171,8 @@ def test_empty_batch_is_an_error() -> None:
 def test_a_sample_that_fits_nowhere_is_named() -> None:
     _, cluster, cmf, _ = _setup("text-longtail", "h200x8")
     samples = [Sample(id="ok", tokens=4096), Sample(id="monster", tokens=50_000_000)]
-    with pytest.raises(ValueError, match=r"'monster' \(50000000 tokens\) fits nowhere.*limit of"):
+    with pytest.raises(ValueError, match=r"'monster' \(50,000,000 tokens\) fits nowhere.*"
+                       r"needs \d+\.?\d* [GT]iB of activations.*limit of \d+\.?\d* GiB"):
         plan_batch(samples, cluster=cluster, cost_model=cmf)
 
 
