@@ -12,7 +12,7 @@ from executor.groups import GroupRegistry
 from executor.runtime import Executor
 from tests.executor import scenarios
 from tests.executor.helpers import init_gloo
-from tests.executor.integrations import hf_latte, hf_llama
+from tests.executor.integrations import hf_latte, hf_llama, hf_wan_model
 
 WORLD = 4
 
@@ -83,6 +83,19 @@ def _latte(rank: int, results: dict[str, object]) -> None:
         results[f"latte_grad_{i}"] = hf_llama.grads(model)
 
 
+def _wan(rank: int, results: dict[str, object]) -> None:
+    from executor.integrations import hf_wan
+
+    registry = GroupRegistry(world_size=WORLD, rank=rank, group_sizes=[1, 2, 4])
+    executor = Executor(registry=registry)
+    model = hf_wan_model.build()
+    hf_wan.prepare(model, group_sizes=registry.sizes)
+    for i, plan in enumerate(hf_wan_model.plans()):
+        model.zero_grad(set_to_none=True)
+        results[f"wan_loss_{i}"] = hf_wan_model.run_step(executor, model, plan)
+        results[f"wan_grad_{i}"] = hf_llama.grads(model)
+
+
 def worker(rank: int, port: int, out_dir: str) -> None:
     """Every integration scenario on one rank; results to ``out_dir/rank<r>.pt``."""
     init_gloo(rank, WORLD, port)
@@ -92,6 +105,7 @@ def worker(rank: int, port: int, out_dir: str) -> None:
         _llama_gqa(rank, results)
         _llama_fsdp2(rank, results)
         _latte(rank, results)
+        _wan(rank, results)
     except Exception:
         results["error"] = traceback.format_exc()
         raise

@@ -1,0 +1,262 @@
+"""DCP on an unmodified ``diffusers`` Wan 2.x video transformer (full 3D attention).
+
+``WanTransformer3DModel.forward`` patchifies one dense ``(B, C, F, H, W)`` batch of equal-shaped
+videos, so it cannot take a rank's shard of a packed micro-batch of differently shaped clips. The
+model's modules are used unchanged; what plugs in:
+
+- Attention processors (``Attention.set_processor``, diffusers' own mechanism): every block's
+  self-attention runs :class:`UlyssesWanSelfAttention` (q/k RMS norm across heads and the 3D
+  rotary embedding on the local tokens, one fused q/k/v all-to-all, attention over each whole
+  clip: ``full_3d``, and back); cross-attention runs :class:`PerSampleWanCrossAttention` (local
+  queries against their own sample's text keys and values, no communication).
+- :func:`forward`: the model's forward step for step (3D patch embedding, rotary tables, time and
+  text embedding, blocks, output modulation and projection) on the rank's local tokens as one
+  sequence, with the blocks' per-token modulation (the ``(B, T, 6, D)`` form Wan 2.2 uses), so each
+  token gets its own sample's timestep; each sample's checkpoint policy recomputes its first
+  ``k`` blocks.
+
+Usage (per micro-batch; ``videos``, ``timesteps``, ``texts`` of the micro-batch's samples)::
+
+    hf_wan.prepare(model, group_sizes=registry.sizes)
+    pred = hf_wan.forward(model, work, videos=videos, timesteps=timesteps, texts=texts)
+    work.loss(hf_wan.token_losses(pred, work.targets)).backward()
+
+Wan's ``FP32LayerNorm`` and block arithmetic run in fp32 whatever the model's dtype (the model's
+own choice), so a step equals the plain model's to fp32 rounding, not fp64's. Limits: text-to-video
+(no image conditioning), no attention masks.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from executor.attention import packed_attention
+from executor.checkpointing import validate_policies
+from executor.context import SPContext
+from executor.runtime import MicroBatchWork
+from executor.ulysses import head_to_seq, seq_to_head
+
+_CTX: contextvars.ContextVar[SPContext | None] = contextvars.ContextVar("dcp_wan_ctx", default=None)
+"""The micro-batch's SP context while a block runs (Wan's blocks pass no kwargs to processors)."""
+
+
+def _ctx(where: str) -> SPContext:
+    ctx = _CTX.get()
+    if ctx is None:
+        raise ValueError(f"{where}: DCP's Wan processors run inside hf_wan.forward(model, work, ...)")
+    return ctx
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Wan's rotary embedding (interleaved pairs) of ``(T, heads, Dh)`` with per-token tables
+    ``(T, 1, Dh)``: the same arithmetic as its processor's ``apply_rotary_emb``."""
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    cos, sin = cos[..., 0::2], sin[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x1 * sin + x2 * cos
+    return out.type_as(x)
+
+
+class UlyssesWanSelfAttention:
+    """A block's self-attention under Ulysses SP, over each whole clip."""
+
+    def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
+                 attention_mask: torch.Tensor | None = None, rotary_emb: Any = None) -> torch.Tensor:
+        ctx = _ctx("self-attention")
+        if attention_mask is not None or encoder_hidden_states is not None:
+            raise ValueError("DCP's Wan self-attention takes no mask and no encoder states")
+        x = hidden_states[0]  # (T, D): the local tokens (one padding token on a rank without any)
+        tokens, pad = x.shape[0], x.shape[0] - ctx.layout.local_tokens
+        heads = attn.heads
+        q = attn.norm_q(attn.to_q(x)).unflatten(-1, (heads, -1))
+        k = attn.norm_k(attn.to_k(x)).unflatten(-1, (heads, -1))
+        v = attn.to_v(x).unflatten(-1, (heads, -1))
+        cos, sin = rotary_emb
+        q, k = _rope(q, cos[0], sin[0]), _rope(k, cos[0], sin[0])
+        local = ctx.layout.local_tokens
+        head_dim = q.shape[-1]
+        fused = torch.cat([q[:local], k[:local], v[:local]], dim=-1)  # (T, H, 3*Dh): one all-to-all
+        full = seq_to_head(fused.contiguous(), ctx.layout, ctx.group)
+        fq, fk, fv = full.split(head_dim, dim=-1)
+        o = packed_attention(fq, fk, fv, samples=ctx.layout.samples, kind="full_3d")
+        out = head_to_seq(o.contiguous(), ctx.layout, ctx.group).flatten(1, 2)
+        if pad:
+            out = torch.cat([out, out.new_zeros(pad, out.shape[1])])
+        assert out.shape[0] == tokens
+        out = out.type_as(q)
+        return attn.to_out[1](attn.to_out[0](out))[None]
+
+
+class PerSampleWanCrossAttention:
+    """Cross-attention of every local token to its own sample's text (no communication)."""
+
+    def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
+                 attention_mask: torch.Tensor | None = None, rotary_emb: Any = None) -> torch.Tensor:
+        ctx = _ctx("cross-attention")
+        if encoder_hidden_states is None or attention_mask is not None or attn.add_k_proj is not None:
+            raise ValueError("DCP's Wan cross-attention needs the samples' text states, no mask, no image input")
+        x = hidden_states[0]
+        heads = attn.heads
+        q = attn.norm_q(attn.to_q(x)).unflatten(-1, (heads, -1))
+        k = attn.norm_k(attn.to_k(encoder_hidden_states)).unflatten(-1, (heads, -1))  # (S, L, H, Dh)
+        v = attn.to_v(encoder_hidden_states).unflatten(-1, (heads, -1))
+        sample_of = _token_samples(ctx, x.shape[0]).to(x.device)
+        out = torch.zeros_like(q)
+        for s in range(encoder_hidden_states.shape[0]):
+            rows = (sample_of == s).nonzero()[:, 0]
+            if rows.numel() == 0:
+                continue
+            o = F.scaled_dot_product_attention(q[rows].transpose(0, 1)[None], k[s].transpose(0, 1)[None],
+                                               v[s].transpose(0, 1)[None])
+            out = out.index_copy(0, rows, o[0].transpose(0, 1))
+        out = out.flatten(1, 2).type_as(q)
+        return attn.to_out[1](attn.to_out[0](out))[None]
+
+
+def _token_samples(ctx: SPContext, tokens: int) -> torch.Tensor:
+    """Sample index of every local token (a padding token counts as sample 0)."""
+    sample_of = ctx.layout.local_sample_index()
+    pad = tokens - sample_of.shape[0]
+    return torch.cat([sample_of, torch.zeros(pad, dtype=torch.long)]) if pad else sample_of
+
+
+def check_heads(model: nn.Module, *, group_sizes: Iterable[int]) -> None:
+    """Every group size must divide the attention heads (Ulysses shards heads).
+
+    Raises:
+        ValueError: naming the heads and the sizes they do not divide.
+    """
+    heads = int(model.config.num_attention_heads)  # type: ignore[attr-defined]
+    bad = sorted(d for d in set(group_sizes) if heads % d)
+    if bad:
+        raise ValueError(f"num_attention_heads={heads} is not divisible by group sizes {bad}")
+
+
+def prepare(model: nn.Module, *, group_sizes: Iterable[int]) -> nn.Module:
+    """Install DCP's processors on every block of a ``WanTransformer3DModel`` (in place).
+
+    Raises:
+        ValueError: for another model, image conditioning, or a size that does not divide the heads.
+    """
+    if not hasattr(model, "blocks") or not hasattr(model, "rope") or not hasattr(model, "condition_embedder"):
+        raise ValueError("hf_wan supports diffusers' WanTransformer3DModel")
+    if model.condition_embedder.image_embedder is not None:  # type: ignore[union-attr]
+        raise ValueError("image conditioning (Wan I2V) is not supported")
+    check_heads(model, group_sizes=group_sizes)
+    for block in model.blocks:  # type: ignore[union-attr]
+        block.attn1.set_processor(UlyssesWanSelfAttention())
+        block.attn2.set_processor(PerSampleWanCrossAttention())
+    return model
+
+
+def patchify(video: torch.Tensor, patch_size: Sequence[int]) -> torch.Tensor:
+    """``(C, F, H, W)`` -> ``(f*h*w, p_t*p_h*p_w*C)``, in the order of the model's unpatchify."""
+    channels, frames, height, width = video.shape
+    p_t, p_h, p_w = patch_size
+    f, h, w = frames // p_t, height // p_h, width // p_w
+    x = video.reshape(channels, f, p_t, h, p_h, w, p_w)
+    return x.permute(1, 3, 5, 2, 4, 6, 0).reshape(f * h * w, p_t * p_h * p_w * channels)
+
+
+def _embed(model: Any, videos: Sequence[torch.Tensor], ctx: SPContext
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Patch embedding and rotary tables of every sample, this rank's pieces ``(T, D)``, ``(T, 1, Dh)``."""
+    parts, cos_parts, sin_parts = [], [], []
+    for s, video in enumerate(videos):
+        tokens = model.patch_embedding(video[None]).flatten(2).transpose(1, 2)[0]
+        if tokens.shape[0] != ctx.layout.samples[s].tokens:
+            raise ValueError(f"sample {s}: {tokens.shape[0]} patches, the plan has {ctx.layout.samples[s].tokens}")
+        cos, sin = model.rope(video[None])  # (1, n, 1, Dh), the model's own tables
+        parts.append(ctx.layout.shard(tokens, s))
+        cos_parts.append(ctx.layout.shard(cos[0], s))
+        sin_parts.append(ctx.layout.shard(sin[0], s))
+    return torch.cat(parts), torch.cat(cos_parts), torch.cat(sin_parts)
+
+
+def forward(model: Any, work: MicroBatchWork, *, videos: Sequence[torch.Tensor], timesteps: torch.Tensor,
+            texts: torch.Tensor) -> torch.Tensor:
+    """The model's forward on this rank's tokens of a micro-batch.
+
+    Args:
+        model: A ``WanTransformer3DModel`` after :func:`prepare`.
+        work: The micro-batch (its ``ctx`` and ``recompute_layers``; ``inputs`` are not used).
+        videos: Each sample's latent video ``(C, F, H, W)``.
+        timesteps: Each sample's diffusion timestep ``(samples,)``.
+        texts: Each sample's text-encoder states ``(samples, L, text_dim)``.
+
+    Returns:
+        Per local token prediction ``(T, p_t*p_h*p_w*C_out)`` in the order of :func:`patchify`.
+    """
+    ctx = work.ctx
+    layout = ctx.layout
+    num_layers = len(model.blocks)
+    validate_policies(work.recompute_layers, num_layers=num_layers, num_samples=layout.num_samples)
+    h, cos, sin = _embed(model, videos, ctx)
+    temb, timestep_proj, text, _ = model.condition_embedder(timesteps, texts, None)
+    timestep_proj = timestep_proj.unflatten(1, (6, -1))  # (S, 6, D)
+
+    def block(index: int) -> Callable[..., torch.Tensor]:
+        def run(x: torch.Tensor, sub: SPContext, cos_t: torch.Tensor, sin_t: torch.Tensor, proj: torch.Tensor,
+                txt: torch.Tensor) -> torch.Tensor:
+            token = _CTX.set(sub)
+            try:
+                sample_of = _token_samples(sub, x.shape[0]).to(x.device)
+                temb_tok = proj.index_select(0, sample_of)[None]  # (1, T, 6, D): per-token modulation
+                out = model.blocks[index](x[None], txt, temb_tok, (cos_t[None], sin_t[None]))
+            finally:
+                _CTX.reset(token)
+            return out[0]
+
+        return run
+
+    for index in range(num_layers):
+        h = _run_block(block(index), h, cos, sin, ctx, (timestep_proj, text), work.recompute_layers, index)
+    h = h[:layout.local_tokens]
+    sample_of = layout.local_sample_index().to(h.device)
+    shift, scale = (model.scale_shift_table + temb.index_select(0, sample_of)[:, None]).chunk(2, dim=1)
+    h = (model.norm_out(h.float()) * (1 + scale[:, 0]) + shift[:, 0]).type_as(h)
+    return model.proj_out(h)
+
+
+def _run_block(fn: Callable[..., torch.Tensor], h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               ctx: SPContext, per_sample: tuple[torch.Tensor, ...], policies: Sequence[int], index: int
+               ) -> torch.Tensor:
+    """One block, checkpointed per sample (samples with and without recompute run apart)."""
+    flags = [k > index for k in policies]
+    groups = [[i for i, f in enumerate(flags) if f], [i for i, f in enumerate(flags) if not f]]
+    outs, all_rows = [], []
+    for recompute, samples in zip((True, False), groups, strict=True):
+        if not samples:
+            continue
+        whole = len(samples) == len(flags)
+        sub = ctx if whole else ctx.subset(samples)
+        rows = None if whole else ctx.layout.local_rows(samples).to(h.device)
+        x, c, s = (h, cos, sin) if rows is None else (h.index_select(0, rows), cos.index_select(0, rows),
+                                                      sin.index_select(0, rows))
+        if x.shape[0] == 0:  # no token of these samples here: one padding token for the all-to-alls
+            x = h.new_zeros((1, h.shape[1]))
+        if c.shape[0] < x.shape[0]:  # the padding token's rotary tables: the identity
+            c = torch.cat([c, c.new_ones((x.shape[0] - c.shape[0], *c.shape[1:]))])
+            s = torch.cat([s, s.new_zeros((x.shape[0] - s.shape[0], *s.shape[1:]))])
+        index_t = torch.tensor(samples, device=h.device)
+        args = (x, sub, c, s, *(t.index_select(0, index_t) for t in per_sample))
+        out = checkpoint(fn, *args, use_reentrant=False) if recompute and torch.is_grad_enabled() else fn(*args)
+        if rows is None:
+            return out
+        outs.append(out[:rows.numel()])
+        all_rows.append(rows)
+    order = torch.argsort(torch.cat(all_rows))
+    return torch.cat(outs).index_select(0, order)
+
+
+def token_losses(pred: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean squared error of every local token over its patch values ``(T,)``."""
+    return ((pred - targets) ** 2).mean(dim=-1)

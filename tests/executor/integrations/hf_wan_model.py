@@ -1,0 +1,111 @@
+"""The diffusers Wan of the integration tests: config, plans, data, reference step, rank step.
+
+A small random-initialised ``WanTransformer3DModel`` (4 heads of 8, 2 blocks, patch 1x2x2, text of
+3 tokens of 16 channels), built in the test, no download. The reference runs the plain model
+(diffusers' own processors and forward) on each whole clip in one process and sums the squared
+errors with the plan's normaliser.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import torch
+
+from executor.runtime import Executor
+from planner.plan import Plan
+from tests.executor.helpers import make_plan, s2d
+
+PATCH = (1, 2, 2)
+CHANNELS = 4
+NUM_LAYERS = 2
+TEXT_TOKENS, TEXT_DIM = 3, 16
+
+
+def build(*, dtype: torch.dtype = torch.float64, seed: int = 0) -> Any:
+    """The small Wan, deterministically initialised (same on every rank)."""
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(seed)
+    model = WanTransformer3DModel(patch_size=PATCH, num_attention_heads=4, attention_head_dim=8,
+                                  in_channels=CHANNELS, out_channels=CHANNELS, text_dim=TEXT_DIM, freq_dim=16,
+                                  ffn_dim=48, num_layers=NUM_LAYERS, rope_max_seq_len=32)
+    with torch.no_grad():  # the output projections start at zero in some configs: give them weight
+        for p in model.parameters():
+            if p.dim() > 1 and float(p.abs().max()) == 0.0:
+                p.normal_(0.0, 0.02)
+    return model.to(dtype)
+
+
+def plans() -> list[Plan]:
+    """Groups 2+1+1 (an idle rank) then 4 (a clip and a micro-batch shorter than the group), mixed
+    policies, token then sample normalisation."""
+    a = make_plan([
+        ([0, 1], [[(s2d("A", 3, 1, 3), 0), (s2d("B", 1, 2, 2), 2)], [(s2d("C", 2, 2, 1), 1)]]),
+        ([2], [[(s2d("D", 1, 1, 3), 2), (s2d("E", 3, 1, 1), 0)]]),
+        ([3], []),
+    ], num_ranks=4, step=0)
+    b = make_plan([
+        ([0, 1, 2, 3], [[(s2d("F", 3, 1, 5), 1), (s2d("G", 1, 1, 3), 2)], [(s2d("H", 2, 1, 1), 0)]]),
+    ], num_ranks=4, step=1, normalizer="samples")
+    return [a, b]
+
+
+def data(sample_id: str, frames: int, height: int, width: int) -> dict[str, torch.Tensor]:
+    """Deterministic latent video, target, timestep and text states of one sample (fp64)."""
+    seed = int.from_bytes(hashlib.sha256(sample_id.encode()).digest()[:7], "little")
+    gen = torch.Generator().manual_seed(seed)
+    shape = (CHANNELS, frames * PATCH[0], height * PATCH[1], width * PATCH[2])
+    return {"video": torch.randn(shape, generator=gen, dtype=torch.float64),
+            "target": torch.randn(shape, generator=gen, dtype=torch.float64),
+            "timestep": torch.randint(1000, (1,), generator=gen),
+            "text": torch.randn(TEXT_TOKENS, TEXT_DIM, generator=gen, dtype=torch.float64)}
+
+
+def _samples(plan: Plan) -> list[Any]:
+    return [ps.sample for g in plan.groups for mb in g.micro_batches for ps in mb.samples]
+
+
+def reference_backward(model: Any, plan: Plan) -> float:
+    """The plain model on each whole clip, the plan's normaliser by hand; gradients into ``model``."""
+    samples = _samples(plan)
+    values = PATCH[0] * PATCH[1] * PATCH[2] * CHANNELS
+    loss = torch.zeros((), dtype=torch.float64)
+    for sample in samples:
+        d = data(sample.id, sample.num_frames, sample.height, sample.width)
+        out = model(hidden_states=d["video"][None], timestep=d["timestep"],
+                    encoder_hidden_states=d["text"][None]).sample[0]
+        squared = ((out - d["target"]) ** 2).sum() / values
+        if plan.loss_normalizer.kind == "tokens":
+            loss = loss + squared / plan.loss_normalizer.total
+        else:
+            loss = loss + squared / (sample.tokens * len(samples))
+    loss.backward()
+    return float(loss.detach())
+
+
+def run_step(executor: Executor, model: Any, plan: Plan) -> float:
+    """One planned step of the DCP Wan on this rank (the lines a user's loop has); its loss share."""
+    from executor.integrations import hf_wan
+
+    by_id = {s.id: s for s in _samples(plan)}
+
+    def load(sample: Any) -> dict[str, object]:
+        d = data(sample.id, sample.num_frames, sample.height, sample.width)
+        patches = hf_wan.patchify(d["target"], PATCH)
+        return {"id": sample.id, "inputs": patches, "targets": patches, **d}
+
+    rank_plan = plan.rank_view(executor.rank)
+    executor.begin_step(rank_plan, step=plan.step or 0)
+    share = 0.0
+    for work in executor.micro_batches(rank_plan, load_sample=load):
+        items = [load(by_id[i]) for i in work.sample_ids]
+        pred = hf_wan.forward(model, work, videos=[it["video"] for it in items],  # type: ignore[misc]
+                              timesteps=torch.cat([it["timestep"] for it in items]),  # type: ignore[misc]
+                              texts=torch.stack([it["text"] for it in items]))  # type: ignore[misc]
+        loss = work.loss(hf_wan.token_losses(pred, work.targets))
+        loss.backward()
+        share += float(loss.detach())
+    executor.sync_gradients(model)
+    return share
