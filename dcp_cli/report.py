@@ -1,7 +1,7 @@
 """``dcp report plan`` and ``dcp report epoch``: pictures of a plan and of an epoch (PNG, SVG, HTML).
 
-Run ``dcp report plan --workload video-short --cluster h200x32 --out-dir report/`` for the
-Gantt chart of one sampled step beside the strongest baseline's, ``dcp report plan plan.json``
+Run ``dcp report plan --workload video-short --cluster h200x32`` (files in ``dcp-report/``) for the
+Gantt chart of one sampled step beside the strongest baseline's, ``dcp report plan dcp-report/plan.json``
 for a stored plan, and ``dcp report epoch plans.sqlite --epoch e0`` for an epoch's speedup and
 gap per step and its one-page HTML summary.
 """
@@ -28,8 +28,31 @@ app = typer.Typer(name="report", no_args_is_help=True,
                   help="Pictures: a plan's Gantt chart beside the strongest baseline's (PNG, SVG); an "
                        "epoch's speedup and gap per step and a one-page HTML summary.")
 
-OUT_DIR = typer.Option(Path("report"), "--out-dir", "-o", file_okay=False,
-                       help="Directory the files are written to (created; files in it replaced).")
+DEFAULT_OUT_DIR = Path("dcp-report")
+"""Where pictures go by default: ``dcp-report/`` in the working directory (not ``report/``, which
+from the repository root is the ``report`` source package)."""
+
+_SOURCE_PACKAGES = ("api", "bench", "costmodel", "dcp_cli", "executor", "ingest", "planner", "report")
+
+
+def _check_out_dir(out_dir: Path) -> Path:
+    """``out_dir``, or exit 2 when it lies inside one of this project's source packages."""
+    import importlib.util
+
+    target = out_dir.resolve()
+    for name in _SOURCE_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        locations = list(spec.submodule_search_locations or []) if spec is not None else []
+        for location in locations:
+            if target.is_relative_to(Path(location).resolve()):
+                fail(f"--out-dir {out_dir} is inside the source package {name!r} ({location}); "
+                     f"give a directory outside the source tree (default {DEFAULT_OUT_DIR}/)")
+    return out_dir
+
+
+OUT_DIR = typer.Option(DEFAULT_OUT_DIR, "--out-dir", "-o", file_okay=False, callback=_check_out_dir,
+                       help="Directory the files are written to (created; files in it replaced); "
+                            "not inside a source package.")
 
 
 def _write(out_dir: Path, name: str, data: bytes | str) -> Path:
@@ -160,14 +183,15 @@ def report_plan(
             reference = spec.max_sample
             plan = plan_batch(samples, cluster=cluster_spec, cost_model=file, config=config, step=step,
                               reference_sample=reference)
-            _write(out_dir, "plan.json", plan.model_dump_json(indent=1))
+            planned = _write(out_dir, "plan.json", plan.model_dump_json(indent=1))
             label = f"{workload}, step {step}"
         cost_model = CostModel(file=file, cluster=cluster_spec)
         base = (strongest_baseline_plan(plan, samples, cluster=cluster_spec, cost_model=file, config=config,
                                         reference_sample=reference) if baseline else None)
         data = PlanPictureInput(plan=plan, cost_model=cost_model, baseline=base, label=label)
         images = {fmt: plan_image(data, fmt) for fmt in ("png", "svg")}
-        written = [_write(out_dir, f"gantt.{fmt}", image) for fmt, image in images.items()]
+        written = [] if plan_file is not None else [planned]
+        written += [_write(out_dir, f"gantt.{fmt}", image) for fmt, image in images.items()]
         written += _memory_files(out_dir, plan, cost_model, label=label)
         from report.plan_html import plan_html
 

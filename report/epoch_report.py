@@ -53,7 +53,7 @@ def split_baselines(steps: Sequence[StepFigures]) -> tuple[list[str], list[str]]
     by_name = {b.name: b.mean_speedup for b in summaries}
     head = by_name.get(STRONGEST)
     strong = [STRONGEST] if head is not None else []
-    weak = []
+    weak: list[str] = []
     for b in summaries:
         if b.name == STRONGEST:
             continue

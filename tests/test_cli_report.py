@@ -32,6 +32,7 @@ def _title(svg: Path, prefix: str) -> str:
 def test_plan_report_from_a_workload_then_from_the_plan_file(tmp_path: Path) -> None:
     code, out = _run("plan", "-w", "text-longtail", "-c", "h200x8", "-b", "24", "-o", str(tmp_path / "a"))
     assert code == 0, out
+    assert str(tmp_path / "a" / "plan.json") in out  # the planned step is listed with the pictures
     plan = Plan.model_validate_json((tmp_path / "a" / "plan.json").read_text())
     assert (tmp_path / "a" / "gantt.png").read_bytes().startswith(b"\x89PNG")
     assert (tmp_path / "a" / "memory.png").read_bytes().startswith(b"\x89PNG")
@@ -101,3 +102,18 @@ def test_plan_report_writes_a_trace_with_one_track_per_rank(tmp_path: Path) -> N
     assert {e["tid"] for e in events if e["name"] == "thread_name"} == set(range(plan.num_ranks))
     assert sum(1 for e in events if e.get("cat") == "micro_batch") == sum(
         g.size * len(g.micro_batches) for g in plan.groups)
+
+
+def test_report_output_stays_out_of_the_source_packages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import report
+
+    package = Path(report.__file__).parent
+    before = sorted(p.name for p in package.iterdir())
+    code, out = _run("plan", "-w", "text-longtail", "-c", "h200x8", "-b", "8", "-o", str(package))
+    assert code == 2 and "is inside the source package 'report'" in out, out
+    code, out = _run("plan", "-w", "text-longtail", "-c", "h200x8", "-b", "8", "-o", str(package / "x"))
+    assert code == 2 and "outside the source tree" in out, out
+    assert sorted(p.name for p in package.iterdir()) == before
+    monkeypatch.chdir(tmp_path)  # the default is dcp-report/ in the working directory
+    code, out = _run("plan", "-w", "text-longtail", "-c", "h200x8", "-b", "8")
+    assert code == 0 and (tmp_path / "dcp-report" / "plan.json").is_file(), out
