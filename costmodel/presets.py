@@ -1,7 +1,7 @@
 """Presets shipped as data files: models, hardware, clusters, benchmark workloads.
 
-The JSON files under ``costmodel/presets/`` are copies of ``shared/workloads`` and ship with
-the wheel. Fitted cost models committed by the profiling stage live in
+The JSON files under ``costmodel/presets/`` are this project's model, hardware, cluster and
+workload presets and ship with the wheel. Fitted cost models committed by the profiling stage live in
 ``costmodel/presets/fitted/``.
 """
 

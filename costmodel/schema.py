@@ -1,4 +1,4 @@
-"""The cost-model file: fitted or analytic coefficients of the functional forms of DESIGN.md.
+"""The cost-model file: fitted or analytic coefficients of the functional forms of docs/cost-model.md.
 
 A leaf module. One file describes one model shape on one accelerator kind; the cluster
 (world size, nodes, sharding) is applied when the file is evaluated (``costmodel.evaluate``).

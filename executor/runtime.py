@@ -1,6 +1,6 @@
 """The per-rank step interpreter: agree on the plan, feed micro-batches, sync gradients once.
 
-Step semantics (DESIGN.md): every token's loss is weighted by ``1 / global token count`` (or,
+Step semantics (docs/design.md, docs/executor.md): every token's loss is weighted by ``1 / global token count`` (or,
 for sample normalisation, ``1 / (sample tokens * global sample count)``), each rank backwards
 the weighted sum over its own shard of every micro-batch (gradients accumulate in ``.grad``),
 and :meth:`Executor.sync_gradients` sums the gradients over the whole world in one

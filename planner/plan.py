@@ -99,7 +99,7 @@ class LossNormalizer(_Frozen):
 
 
 class Plan(_Frozen):
-    """One step's plan (DESIGN.md, 'Terms')."""
+    """One step's plan (docs/design.md, 'Terms')."""
 
     schema_version: int = Field(default=PLAN_SCHEMA_VERSION, description="Wire schema version.")
     step: int | None = Field(default=None, ge=0, description="Step index inside its epoch, if any.")

@@ -1,5 +1,5 @@
 """``plan_batch``: one step's plan, jointly choosing group sizes, placement, micro-batches and
-checkpoint policies (DESIGN.md, 'The optimisation').
+checkpoint policies (docs/design.md, 'The optimisation').
 
 Pipeline: check the input; tabulate costs per sample class and allowed size; compute the lower
 bounds; run the heuristic (candidate multisets, LPT, local search) and lay its groups out with

@@ -1,4 +1,4 @@
-"""Baselines under the same cost model and validator as the planner (DESIGN.md, 'Baselines').
+"""Baselines under the same cost model and validator as the planner (docs/design.md, 'Baselines').
 
 One file per baseline, registered here by the name ``Plan.baselines_s`` records:
 

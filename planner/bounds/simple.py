@@ -1,4 +1,4 @@
-"""Lower bounds of the step time (DESIGN.md, 'Lower bound').
+"""Lower bounds of the step time (docs/design.md, 'Lower bounds').
 
 Notation: ``t_i(d)`` is sample ``i``'s time on a group of size ``d`` under the cheapest policy
 that lets it fit a micro-batch on its own (any plan runs it with at least that policy, since
