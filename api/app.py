@@ -21,7 +21,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 
-from api.deps import ServiceState
+from api.deps import ServiceState, Writer
 from api.errors import install_error_handlers
 from api.fastpath import RankViewFastPath
 from api.job_manager import JobManager, RetryPolicy
@@ -142,6 +142,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
         static_url="/docs-assets",
         swagger_ui_parameters={"validatorUrl": None},
+        dependencies=[Writer],  # every route's token check (api.auth), documented in the OpenAPI document
     )
     app.state.metrics = Metrics()
     for router in (plans.router, epochs.router, report.router, cost_models.router, measurements.router,
@@ -157,12 +158,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return None if service is None else service.recalibrator
 
     app.add_middleware(RankViewFastPath, get_store=current_store, get_recalibrator=current_recalibrator,
-                       get_token=lambda: settings.auth_token)
+                       get_tokens=lambda: settings.tokens)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
                            allow_methods=["GET", "POST", "DELETE"], allow_headers=["Authorization", "Content-Type"])
     app.add_middleware(RequestGuardMiddleware, max_body_bytes=settings.max_body_bytes,
-                       body_read_timeout_s=settings.body_read_timeout_s, auth_token=settings.auth_token)
+                       body_read_timeout_s=settings.body_read_timeout_s, tokens=settings.tokens)
     install_error_handlers(app)
     app.add_middleware(LatencyMiddleware, metrics=app.state.metrics)
     return app

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -90,37 +89,34 @@ async def get_state(request: Request) -> ServiceState:
 
 State = Annotated[ServiceState, Depends(get_state)]
 
-_bearer = HTTPBearer(auto_error=False, description="Required for writes when DCP_AUTH_TOKEN is set.")
+_bearer = HTTPBearer(auto_error=False,
+                     description="With DCP_AUTH_TOKEN set: the write token for writes, it or DCP_READ_TOKEN "
+                                 "for reads (api/auth.py).")
 
 
-def bearer_matches(token: str | None, authorization: str | None) -> bool:
-    """Whether an ``Authorization`` header carries ``token`` (constant-time; True when no token is
-    configured)."""
-    if token is None:
-        return True
-    if not authorization or not authorization.lower().startswith("bearer "):
-        return False
-    return hmac.compare_digest(authorization[7:].strip().encode(), token.encode())
+async def require_token(request: Request, state: State,
+                        _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+                        ) -> None:
+    """Check the token a route needs (no-op when no token is configured): reads take the read or
+    the write token, writes the write token.
 
-
-async def require_writer(state: State,
-                   credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-                   ) -> None:
-    """Check the bearer token of a write (no-op when no token is configured).
-
-    ``api.limits.RequestGuardMiddleware`` already refused a write without the token before its
-    body was read; this dependency documents the scheme in the OpenAPI document and keeps the
-    check when the app runs without the guard.
+    ``api.limits.RequestGuardMiddleware`` already refused such a request before its body was
+    read; this dependency documents the scheme in the OpenAPI document and keeps the check when
+    the app runs without the guard.
 
     Raises:
-        HTTPException: 401 when the token is missing or wrong.
+        HTTPException: 401 when the token is missing or wrong (403: the read token on a write).
     """
-    token = state.settings.auth_token
-    if token is None:
+    tokens = state.settings.tokens
+    authorization = request.headers.get("authorization")
+    if tokens.allows(request.method, request.url.path, authorization):
         return
-    if credentials is None or not hmac.compare_digest(credentials.credentials.encode(), token.encode()):
-        raise HTTPException(status_code=status.HTTP_401_UNAUTHORIZED,
-                            detail="missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+    if tokens.can_read(authorization):
+        raise HTTPException(status_code=status.HTTP_403_FORBIDDEN,
+                            detail="the read token cannot write: use the write token (DCP_AUTH_TOKEN)")
+    raise HTTPException(status_code=status.HTTP_401_UNAUTHORIZED,
+                        detail="missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
 
-Writer = Depends(require_writer)
+Writer = Depends(require_token)
+"""A route's token check (kept under its old name: every route with a body is a write)."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.deps import bearer_matches
+from api.auth import Tokens
 from api.store import PlanStore
 
 if TYPE_CHECKING:
@@ -33,9 +33,9 @@ class RankViewFastPath:
 
     def __init__(self, app: ASGIApp, *, get_store: Callable[[], PlanStore | None],
                  get_recalibrator: Callable[[], Recalibrator | None] = lambda: None,
-                 get_token: Callable[[], str | None] = lambda: None) -> None:
+                 get_tokens: Callable[[], Tokens] = Tokens) -> None:
         self.app = app
-        self.get_token = get_token
+        self.get_tokens = get_tokens
         self.get_store = get_store
         self.get_recalibrator = get_recalibrator
 
@@ -51,9 +51,9 @@ class RankViewFastPath:
                         view = store.get_rank_view(epoch_id, step, rank, fast=True)
                     else:  # the first fetch of a step freezes it (never re-planned afterwards)
                         headers = dict(scope.get("headers") or [])
-                        auth = headers.get(b"authorization", b"").decode("latin-1") or None
-                        view = recalibrator.revisions.fetch_rank_view(
-                            epoch_id, step, rank, fast=True, freeze=bearer_matches(self.get_token(), auth))
+                        freeze = self.get_tokens().can_read(headers.get(b"authorization"))
+                        view = recalibrator.revisions.fetch_rank_view(epoch_id, step, rank, fast=True,
+                                                                      freeze=freeze)
                 except (ValueError, sqlite3.Error):
                     view = None
                 if view is not None:

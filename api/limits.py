@@ -2,8 +2,10 @@
 
 In this order, before any framework work:
 
-1. A write (POST, PUT, PATCH, DELETE) without the bearer token, when one is configured, gets
-   401 at once: an unauthenticated client never makes the service read, buffer or parse a body.
+1. With tokens configured (``api.auth``), a request without the token its route needs gets 401
+   (403 for a write with the read token) at once: an unauthenticated client never makes the
+   service read, buffer or parse a body, nor reads anything but health, metrics and the
+   dashboard's static page.
 2. A declared ``Content-Length`` over ``max_body_bytes`` gets 413 at once.
 3. The body is read in full with a deadline (``body_read_timeout_s``, 408 when a client sends
    too slowly) and a running size check (413 for chunked bodies over the limit, sent once up to
@@ -19,20 +21,16 @@ cannot mistake the unread bytes for its next request.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.auth import DOC_PREFIXES, Tokens
 from api.errors import error_response
 
 logger = logging.getLogger(__name__)
-
-WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-"""Methods that need the bearer token when one is configured."""
-
 
 async def send_json(send: Send, status: int, detail: object, *, close: bool = False,
                     headers: list[tuple[bytes, bytes]] | None = None) -> None:
@@ -57,17 +55,23 @@ class RequestGuardMiddleware:
     """Auth before body, body size and read deadline, and no unhandled exception on the wire."""
 
     def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_read_timeout_s: float,
-                 auth_token: str | None) -> None:
+                 tokens: Tokens) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.body_read_timeout_s = body_read_timeout_s
-        self._token = None if auth_token is None else f"Bearer {auth_token}".encode()
+        self.tokens = tokens
 
-    def _authorized(self, scope: Scope) -> bool:
-        if self._token is None:
-            return True
-        given = _header(scope, b"authorization") or b""
-        return hmac.compare_digest(given, self._token)
+    async def _refuse(self, scope: Scope, send: Send, *, close: bool) -> None:
+        """401 (or 403: the read token on a write) for a request without the token it needs."""
+        path: str = scope["path"]
+        authorization = _header(scope, b"authorization")
+        if self.tokens.can_read(authorization):
+            await send_json(send, 403, "the read token cannot write: use the write token (DCP_AUTH_TOKEN)",
+                            close=close)
+            return
+        challenge = b'Basic realm="dcp-planner"' if path.startswith(DOC_PREFIXES) else b"Bearer"
+        await send_json(send, 401, "missing or wrong bearer token", close=close,
+                        headers=[(b"www-authenticate", challenge)])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -99,9 +103,8 @@ class RequestGuardMiddleware:
         declared_raw = _header(scope, b"content-length")
         chunked = b"chunked" in (_header(scope, b"transfer-encoding") or b"").lower()
         has_body = chunked or (declared_raw is not None and declared_raw.strip() not in (b"", b"0"))
-        if method in WRITE_METHODS and not self._authorized(scope):
-            await send_json(send, 401, "missing or wrong bearer token", close=has_body,
-                            headers=[(b"www-authenticate", b"Bearer")])
+        if not self.tokens.allows(method, scope["path"], _header(scope, b"authorization")):
+            await self._refuse(scope, send, close=has_body)
             return None
         if declared_raw is not None:
             try:

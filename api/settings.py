@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from api.auth import Tokens
 from planner.limits import DEFAULT_MAX_SAMPLES_PER_BATCH, MAX_MANIFEST_SAMPLES, MAX_SAMPLES_PER_REQUEST
 
 
@@ -47,8 +48,14 @@ class Settings(BaseSettings):
                                                    "(at most planner.limits.MAX_SAMPLES_PER_REQUEST).")
     max_manifest_samples: int = Field(default=MAX_MANIFEST_SAMPLES, gt=0,
                                       description="Most samples in one epoch manifest.")
-    auth_token: str | None = Field(default=None,
-                                   description="When set, every write needs 'Authorization: Bearer <token>'.")
+    auth_token: str | None = Field(
+        default=None,
+        description="The write token. When set, every route but /healthz, /readyz, /metrics and the "
+                    "dashboard's static page needs 'Authorization: Bearer <token>' (this one, or "
+                    "read_token for reads); /docs also takes it as a Basic password (api/auth.py).")
+    read_token: str | None = Field(
+        default=None,
+        description="A read-only token (ranks, dashboards): GET and HEAD routes only. Needs auth_token.")
     cors_origins: list[str] = Field(default_factory=list,
                                     description="Origins allowed by CORS; empty = CORS off.")
     plan_time_limit_s: float = Field(
@@ -87,9 +94,23 @@ class Settings(BaseSettings):
                               description="Take the store's writer lease (<db>.lock): a second "
                                           "server on the same file refuses to start.")
 
-    @field_validator("auth_token")
+    @field_validator("auth_token", "read_token")
     @classmethod
     def _non_empty_token(cls, value: str | None) -> str | None:
         if value is not None and not value.strip():
             return None
         return value
+
+    @model_validator(mode="after")
+    def _read_token_needs_a_write_token(self) -> Settings:
+        if self.read_token is not None and self.auth_token is None:
+            raise ValueError("read_token is set but auth_token is not: set DCP_AUTH_TOKEN (the write "
+                             "token) too, or every write would be open")
+        if self.read_token is not None and self.read_token == self.auth_token:
+            raise ValueError("read_token equals auth_token: a read token must not be able to write")
+        return self
+
+    @property
+    def tokens(self) -> Tokens:
+        """The write and read tokens (``api.auth``)."""
+        return Tokens(write=self.auth_token, read=self.read_token)

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from dcp_cli.style import console, fail
 
-SECRET_FIELDS = ("auth_token",)
+SECRET_FIELDS = ("auth_token", "read_token")
 """Settings printed as set / not set, never their value."""
 
 app = typer.Typer(name="config", no_args_is_help=True,

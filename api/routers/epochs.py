@@ -8,7 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request, Response, status
 
-from api.deps import ServiceState, State, Writer, bearer_matches
+from api.deps import ServiceState, State, Writer
 from api.errors import COMMON_RESPONSES, bad_request, conflict, not_found, unprocessable
 from api.jobs import prepare_epoch
 from api.manifests import PathEscapeError, load_manifest, resolve_manifest_path
@@ -214,7 +214,7 @@ async def get_rank_step(epoch_id: EpochId, step: StepIndex,
     """Rank ``rank``'s part of one step (its group and micro-batches) with the plan digest. The
     first fetch of a step freezes it (never re-planned by recalibration afterwards); with an auth
     token set, only a fetch that carries the token freezes."""
-    freeze = bearer_matches(state.settings.auth_token, request.headers.get("authorization"))
+    freeze = state.settings.tokens.can_read(request.headers.get("authorization"))
 
     def read() -> Response:
         # The first fetch of a step freezes it (api.revisions_store): never re-planned afterwards.

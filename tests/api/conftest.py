@@ -43,9 +43,21 @@ def settings(tmp_path: Path) -> Settings:
                     auth_token=TOKEN, max_body_bytes=1_000_000, max_samples_per_batch=64)
 
 
+class ReadingClient(TestClient):
+    """A ``TestClient`` whose reads (GET, HEAD) carry the token unless they name an
+    ``Authorization`` header, as a rank's or a dashboard's do (every read needs one when a token
+    is set); writes carry it only when the test says so."""
+
+    def request(self, method: str, url: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        headers = dict(kwargs.pop("headers", None) or {})
+        if method.upper() in ("GET", "HEAD") and not any(k.lower() == "authorization" for k in headers):
+            headers.update(AUTH)
+        return super().request(method, url, headers=headers, **kwargs)
+
+
 @pytest.fixture
 def client(settings: Settings) -> Iterator[TestClient]:
-    with TestClient(create_app(settings)) as c:
+    with ReadingClient(create_app(settings)) as c:
         yield c
 
 

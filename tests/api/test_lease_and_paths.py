@@ -15,7 +15,7 @@ from api.faults import StoreLockedError
 from api.lease import StoreLease
 from api.settings import Settings
 
-from .conftest import AUTH, COST_MODEL, TOKEN
+from .conftest import AUTH, COST_MODEL, TOKEN, ReadingClient
 
 
 def test_a_symlink_or_a_hard_link_to_a_leased_store_is_refused(tmp_path: Path) -> None:
@@ -39,7 +39,7 @@ def client(tmp_path: Path) -> Iterator[TestClient]:
     (tmp_path / "data").mkdir()
     settings = Settings(db_path=tmp_path / "plans.sqlite", data_dir=tmp_path / "data", num_workers=1,
                         auth_token=TOKEN)
-    with TestClient(create_app(settings), raise_server_exceptions=False) as c:
+    with ReadingClient(create_app(settings), raise_server_exceptions=False) as c:
         yield c
 
 

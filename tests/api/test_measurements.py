@@ -13,7 +13,7 @@ from api.store import PlanStore
 from costmodel.schema import CostModelFile
 from planner.plan import Plan, RankPlan
 
-from .conftest import AUTH, COST_MODEL, FAST, bytes_truth, group_peak_bytes, manifest_lines
+from .conftest import AUTH, COST_MODEL, FAST, ReadingClient, bytes_truth, group_peak_bytes, manifest_lines
 
 
 def _epoch(client: TestClient, epoch_id: str, *, num_samples: int = 48) -> dict[str, Any]:
@@ -192,7 +192,7 @@ def test_an_upload_may_not_take_a_revision_name(client: TestClient) -> None:
 def test_revisions_frozen_steps_and_measurements_survive_a_restart(settings: Any) -> None:
     from api.app import create_app
 
-    with TestClient(create_app(settings)) as first:
+    with ReadingClient(create_app(settings)) as first:
         _epoch(first, "k1")
         views = [_view(first, "k1", s, r) for s in range(2) for r in range(8)]
         first.post("/v1/epochs/k1/recalibration", json={"follow": True, "every_steps": 2}, headers=AUTH)
@@ -200,7 +200,7 @@ def test_revisions_frozen_steps_and_measurements_survive_a_restart(settings: Any
                    headers=AUTH)
         before = _recalibrated(first, "k1")
         digests = {s: _plan(first, "k1", s)[1] for s in range(6)}
-    with TestClient(create_app(settings)) as second:
+    with ReadingClient(create_app(settings)) as second:
         after = second.get("/v1/epochs/k1/recalibration").json()
         assert after["revisions"] == before["revisions"] and after["frozen_through"] == 1
         assert after["current_ref"] == f"{COST_MODEL}@1" and after["measured_steps"] == 2

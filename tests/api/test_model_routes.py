@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from api.settings import Settings
 from api.store import PlanStore
-from tests.api.conftest import AUTH, COST_MODEL, FAST, manifest_lines
+from tests.api.conftest import AUTH, COST_MODEL, FAST, ReadingClient, manifest_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA31: dict[str, Any] = json.loads((ROOT / "examples/configs/llama-3.1-8b/config.json").read_text())
@@ -79,7 +79,7 @@ def test_epoch_under_a_model_config_survives_a_restart(settings: Settings) -> No
     renamed = {**LLAMA31, "vocab_size": 32000, "_name_or_path": "meta-llama/llama-3.1-8b"}  # not the preset
     body = {"manifest_jsonl": manifest_lines(24), "batch": {"samples_per_step": 12}, "cluster": "h200x8",
             "options": FAST}
-    with TestClient(create_app(settings)) as client:
+    with ReadingClient(create_app(settings)) as client:
         video = "".join(json.dumps(v) + "\n" for v in VIDEO)
         refused = client.post("/v1/epochs", json={**body, "epoch_id": "bad", "manifest_jsonl": video,
                                                   "model_config": LLAMA31}, headers=AUTH)
@@ -98,7 +98,7 @@ def test_epoch_under_a_model_config_survives_a_restart(settings: Settings) -> No
     store.close()
     assert record is not None
     assert record.spec["model"] == {"name": "llama-3.1-8b", "kind": "1d", "source": "model_config (llama-3.1-8b)"}
-    with TestClient(create_app(settings)) as client:  # a restarted service resolves the job's model
+    with ReadingClient(create_app(settings)) as client:  # a restarted service resolves the job's model
         found = client.get(f"/v1/cost-models/{cost_model_id}")
         assert found.status_code == 200, found.text
         assert found.json()["model"]["vocab"] == 32000

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.faults import ClusterUnavailableError, classify
@@ -37,7 +36,7 @@ from dcp_cli.net import free_port
 from planner.epoch import BatchRule
 from planner.workload import read_manifest
 
-from .conftest import AUTH, COST_MODEL, FAST, TOKEN, child_pids, manifest_lines
+from .conftest import AUTH, COST_MODEL, FAST, TOKEN, ReadingClient, child_pids, manifest_lines
 
 ray = pytest.importorskip("ray")
 
@@ -173,7 +172,7 @@ def test_service_plans_on_the_cluster_with_the_pool_digests(
             "batch": {"samples_per_step": SAMPLES_PER_STEP}, "seed": SEED, "cluster": "h200x8",
             "cost_model_id": COST_MODEL, "options": FAST}
     rates: list[float] = []
-    with TestClient(create_app(settings)) as client:
+    with ReadingClient(create_app(settings)) as client:
         created = client.post("/v1/epochs", json=body, headers=AUTH)
         assert created.status_code == 202, created.text
         deadline = time.monotonic() + 120

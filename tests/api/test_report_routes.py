@@ -21,7 +21,7 @@ from api.app import create_app
 from api.settings import Settings
 from planner.plan import Plan
 
-from .conftest import AUTH, COST_MODEL, FAST, TOKEN, manifest_lines
+from .conftest import AUTH, COST_MODEL, FAST, TOKEN, ReadingClient, manifest_lines
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -34,7 +34,7 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
     tmp: Path = tmp_path_factory.mktemp("report")
     (tmp / "data").mkdir()
     settings = Settings(db_path=tmp / "plans.sqlite", data_dir=tmp / "data", num_workers=1, auth_token=TOKEN)
-    with TestClient(create_app(settings)) as c:
+    with ReadingClient(create_app(settings)) as c:
         _epoch(c, "rep")
         yield c
 
