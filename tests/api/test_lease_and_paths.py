@@ -54,30 +54,3 @@ def test_no_manifest_path_string_gives_a_500_or_is_echoed_whole(client: TestClie
     assert path not in response.text or len(path) <= 80  # long paths are cut in messages
     assert "<script>" not in response.text or "'<script>" in response.text  # escaped as a repr
 
-
-def test_stored_steps_are_served_while_another_process_holds_the_store(client: TestClient, tmp_path: Path) -> None:
-    """Reads never write: a rank's first fetch of a step froze it with a SQLite write, so a locked
-    store gave every new step a 503 although its plan was stored."""
-    import time
-
-    from .conftest import manifest_lines
-    from .test_faults import hold_lock
-
-    body = {"epoch_id": "locked", "manifest_jsonl": manifest_lines(16), "batch": {"samples_per_step": 8},
-            "seed": 0, "cluster": "h200x8", "cost_model_id": COST_MODEL, "options": {"use_cpsat": False}}
-    assert client.post("/v1/epochs", json=body, headers=AUTH).status_code == 202
-    deadline = time.monotonic() + 60
-    while client.get("/v1/epochs/locked", headers=AUTH).json()["state"] != "done":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    holder = hold_lock(tmp_path / "plans.sqlite", 8.0)
-    try:
-        for step in range(2):
-            for rank in range(8):
-                got = client.get(f"/v1/epochs/locked/steps/{step}/ranks/{rank}", headers=AUTH)
-                assert got.status_code == 200, got.text
-    finally:
-        holder.kill()
-        holder.wait()
-    report = client.get("/v1/epochs/locked/recalibration", headers=AUTH).json()
-    assert report["frozen_through"] == 1  # the fetches froze steps 0 and 1 all the same
