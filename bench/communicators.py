@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from provenance import provenance  # bench/ (the script's folder) is on sys.path
 
 from executor.groups import GroupRegistry
 
@@ -115,7 +116,7 @@ def main() -> None:
           "s: creation time, max over ranks (wall); 1st coll: median first all-reduce per group and rank")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
-        "rows": rows, "sizes": args.sizes, "loadavg": os.getloadavg(), "cpus": os.cpu_count(),
+        **provenance(), "rows": rows, "sizes": args.sizes, "loadavg": os.getloadavg(), "cpus": os.cpu_count(),
         "torch": torch.__version__, "python": platform.python_version(), "backend": "gloo"}, indent=2) + "\n")
 
 

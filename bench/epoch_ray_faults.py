@@ -41,6 +41,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from provenance import provenance  # noqa: E402  (bench/, the script's folder, is on sys.path)
+
 from api.jobs import prepare_epoch, run_epoch_job  # noqa: E402
 from api.pool import make_executor  # noqa: E402
 from api.store import PlanStore  # noqa: E402
@@ -300,7 +302,7 @@ def main() -> None:
     out = ROOT / "bench/results/epoch_ray_faults.json"
     record = {"loadavg_start": load_start, "loadavg_end": os.getloadavg(), "steps": total,
               "samples_per_step": SAMPLES_PER_STEP, "options": OPTIONS, "cases": cases}
-    out.write_text(json.dumps(record, indent=1) + "\n")
+    out.write_text(json.dumps({**provenance(), **record}, indent=1) + "\n")
     logger.warning("wrote %s", out)
 
 

@@ -50,6 +50,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from provenance import provenance  # noqa: E402  (bench/, the script's folder, is on sys.path)
+
 from api.jobs import prepare_epoch, run_epoch_job  # noqa: E402
 from api.pool import make_executor  # noqa: E402
 from api.store import PlanStore  # noqa: E402
@@ -331,7 +333,7 @@ def main() -> None:
               "overheads, not measured: compute = steps*(step_cpu+worker_overhead)/workers, driver = "
               "steps*(driver_cpu_per_step+unpickle+store_write), wall ~ max(compute, driver) + last batch"}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    args.out.write_text(json.dumps({**provenance(), **record}, indent=1) + "\n")
     logger.info("wrote %s", args.out)
 
 

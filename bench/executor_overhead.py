@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from _service import free_port, start_service, stop_service
+from provenance import provenance  # bench/ (the script's folder) is on sys.path
 
 from costmodel.analytic import analytic_cost_model
 from costmodel.presets import load_cluster
@@ -193,7 +194,7 @@ def main() -> None:
           f"{synced['max_ms']:>10.3f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
-        "benchmark": "executor_overhead", "world_size": WORLD, "steps": args.steps,
+        **provenance(), "benchmark": "executor_overhead", "world_size": WORLD, "steps": args.steps,
         "samples_per_step": args.samples_per_step, "compute_ms": args.compute_ms,
         "loadavg": os.getloadavg(),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from provenance import provenance  # bench/ (the script's folder) is on sys.path
 
 from costmodel.evaluate import CostModel, policy_name
 from costmodel.fit import FitConfig, fit_profiles
@@ -282,7 +283,7 @@ def main() -> None:
                       f"{pred_b / 2**20:>10.2f}{agg['peak_bytes_mape']:>9.1%}")
     bar.stop()
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    out.write_text(json.dumps({**provenance(), **report}, indent=2))
     print(f"wrote {out}")
 
 

@@ -32,7 +32,8 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fuzz import _free_port
+from _service import free_port as _free_port
+from provenance import provenance  # bench/ (the script's folder) is on sys.path
 
 from dcp_cli.progress import progress_bar
 
@@ -332,8 +333,8 @@ def main() -> int:
         notes = str(r.get("error") or r.get("user_sees", ""))[:60]
         print(f"{name:<66} {r.get('identical_to_reference', '-')!s:>9} {r.get('recovery_s', '-')!s:>10}  {notes}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"steps": FAULT_STEPS, "reference_steps": len(reference), "cases": results},
-                                   indent=2) + "\n")
+    args.out.write_text(json.dumps({**provenance(), "steps": FAULT_STEPS, "reference_steps": len(reference),
+                                    "cases": results}, indent=2) + "\n")
     return 0 if all(r.get("identical_to_reference") for r in results.values()) else 1
 
 

@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 from _service import free_port, wait_ready  # bench/ (the script's folder) is on sys.path
 from prometheus_client.parser import text_string_to_metric_families
+from provenance import provenance  # bench/ (the script's folder) is on sys.path
 
 from dcp_cli.progress import progress_bar
 
@@ -167,7 +168,7 @@ def main() -> int:
               f"{r['test_cases'].get('failed', 0):>7d} {r['server_5xx']:>7d} {r['server_tracebacks']:>6d} "
               f"{r['elapsed_s']:>8.0f}  {r['requests_by_status']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"runs": runs}, indent=2) + "\n")
+    args.out.write_text(json.dumps({**provenance(), "runs": runs}, indent=2) + "\n")
     return 0 if all(r["passed"] for r in runs) else 1
 
 

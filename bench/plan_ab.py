@@ -85,7 +85,10 @@ def main() -> None:
     config = PlannerConfig() if args.budget_s is None else PlannerConfig.for_budget(args.budget_s)
     times = run_grid(workloads=args.workloads or workload_names(), clusters=args.clusters,
                      batches=args.batches, steps=args.steps, config=config)
-    args.out.write_text(json.dumps({"budget_s": args.budget_s, "predicted_step_time_s": times}, indent=1))
+    from provenance import provenance  # bench/, the script's folder, is on sys.path
+
+    args.out.write_text(json.dumps({**provenance(), "budget_s": args.budget_s, "predicted_step_time_s": times},
+                                   indent=1))
     if args.against is None:
         return
     old = json.loads(args.against.read_text())["predicted_step_time_s"]

@@ -169,7 +169,9 @@ def main() -> None:
     result["load_avg_end"] = os.getloadavg()
     print(f"load average {result['load_avg_start']} -> {result['load_avg_end']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    from provenance import provenance  # bench/, the script's folder, is on sys.path
+
+    args.out.write_text(json.dumps({**provenance(), **result}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

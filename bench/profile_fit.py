@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from provenance import provenance  # bench/ (the script's folder) is on sys.path
 
 from costmodel.fit import FitConfig, fit_profiles
 from costmodel.presets import load_model
@@ -163,7 +164,7 @@ def main() -> None:
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(payload, indent=1) + "\n")
+    args.out.write_text(json.dumps({**provenance(), **payload}, indent=1) + "\n")
     print(f"wrote {args.out}")
 
 

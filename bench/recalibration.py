@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from _service import free_port, start_service, stop_service
+from provenance import provenance  # bench/ (the script's folder) is on sys.path
 
 from costmodel.analytic import analytic_cost_model
 from costmodel.evaluate import CostModel
@@ -370,7 +371,7 @@ def main() -> None:
               f"the offline model's own micro-batch MAPE {sum(offline_err) / max(1, len(offline_err)):.1%}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
-        "benchmark": "recalibration", "world_size": args.world, "steps_a": args.steps_a,
+        **provenance(), "benchmark": "recalibration", "world_size": args.world, "steps_a": args.steps_a,
         "steps_b": args.steps_b, "samples_per_step": args.samples_per_step, "every_steps": args.every_steps,
         "start": args.start, "compute_factor": args.compute_factor, "alltoall_factor": args.alltoall_factor,
         "tight_tokens": args.tight_tokens, "service_nice": args.service_nice,

@@ -111,7 +111,9 @@ def main() -> None:
               "loadavg_end": os.getloadavg(), "cpus": os.cpu_count(), "target_s": TARGET_S,
               "slowest_wall_s": worst, "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    from provenance import provenance  # bench/, the script's folder, is on sys.path
+
+    args.out.write_text(json.dumps({**provenance(), **record}, indent=1) + "\n")
     logger.info("wrote %s", args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out)
 
 

@@ -37,3 +37,22 @@ def test_a_hand_edited_cell_is_caught() -> None:
     edited = text.replace(body, body.replace("%", "%%", 1), 1)
     assert tables.rewrite(edited) == tables.rewrite(text)  # regenerating restores it
     assert dict(tables.marked_tables(edited))[name] != tables.render(name)
+
+
+def test_benchmarks_record_their_commit() -> None:
+    """Every bench script that writes a JSON records the commit it ran at (``bench/provenance.py``
+    or its own ``git_commit``), so a table rendered from it can name the commit."""
+    import subprocess
+
+    texts = {p.name: p.read_text(encoding="utf-8") for p in (ROOT / "bench").glob("*.py")}
+    writers = {name: t for name, t in texts.items() if "write_text(json.dumps(" in t or "json.dump(" in t}
+    assert len(writers) >= 10
+    missing = [name for name, t in writers.items() if "git_commit" not in t and "provenance()" not in t]
+    assert not missing, f"bench scripts writing JSON without their commit: {missing}"
+    sys.path.insert(0, str(ROOT / "bench"))
+    from provenance import provenance
+
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True, capture_output=True,
+                          check=False).stdout.strip()
+    commit = provenance()["git_commit"]
+    assert commit is None if not head else commit.removesuffix("-dirty") == head
