@@ -28,11 +28,14 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(("script", "extra"), [("train_1d.py", []), ("train_2d.py", []),
-                                               ("train_hf_llama.py", ["--grad-sync", "fsdp2"])])
+                                               ("train_hf_llama.py", ["--grad-sync", "fsdp2"]),
+                                               ("train_hf_latte.py", []), ("train_hf_wan.py", [])])
 def test_example_trains_under_torchrun_with_served_plans(service: Service, script: str,
                                                          extra: list[str]) -> None:
     if script == "train_hf_llama.py":
         pytest.importorskip("transformers")
+    if script in ("train_hf_latte.py", "train_hf_wan.py"):
+        pytest.importorskip("diffusers")
     steps = 3
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4",
            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
