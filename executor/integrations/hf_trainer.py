@@ -15,7 +15,7 @@ changes, each at the ``Trainer``'s own extension point:
   :class:`executor.runtime.Executor`, then the step's gradient sum over the world (the ``Trainer``'s
   DDP with a SUM hook, FSDP2 with a divide factor of 1, or one all-reduce without either).
 
-Loss (DESIGN.md, step semantics; ``executor/runtime.py``): every trained target's cross-entropy is
+Loss (docs/design.md, 'Step semantics'; ``executor/runtime.py``): every trained target's cross-entropy is
 weighted by ``1 / (trained targets of the whole step)`` and the gradients are summed over the
 world, so a step equals the ``Trainer``'s own data-parallel step over the same global batch
 (which normalises by ``num_items_in_batch`` gathered over the devices). Labels of ``-100`` are
