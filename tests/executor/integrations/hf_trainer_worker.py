@@ -1,0 +1,178 @@
+"""What every rank of the Trainer equivalence test runs (one torchrun of 4 ranks for every check).
+
+Runs, on the documents of ``examples/data/hf_trainer_docs.jsonl`` with the example's tiny Llama
+in fp64:
+
+1. ``plain``: ``transformers.Trainer`` itself, data parallel (accelerate's DDP, sequential
+   sampling, right padding, the causal LM loss over ``num_items_in_batch`` gathered over the
+   processes) on the global batches of the service's plans (each step's samples split 2 per
+   rank). The loss is given as ``compute_loss_func``: the model's own casts the logits to fp32;
+   this is the same loss kept in fp64;
+2. ``dcp``: :class:`DCPTrainer` with the service's plans, checkpoints at steps 2 and 4;
+3. ``resumed``: a differently initialised model, resumed by the ``Trainer`` from ``checkpoint-2``;
+4. ``local``: :class:`DCPTrainer` with plans made in each rank by the planner library.
+
+Each run records its per-rank loss values and (rank 0) its final parameters into ``rank{r}.pt``.
+Usage: ``torchrun --nproc-per-node 4 hf_trainer_worker.py URL EPOCH_ID OUT_DIR``.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT))
+
+STEPS = 4
+SAMPLES_PER_STEP = 8
+SEED = 0
+
+
+def _model(seed: int) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         attention_dropout=0.0)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM._from_config(config, attn_implementation="sdpa").to(torch.float64)
+
+
+def _args(out: Path, **extra: Any) -> Any:
+    from transformers import TrainingArguments
+
+    base: dict[str, Any] = {"max_steps": STEPS, "learning_rate": 1e-2, "lr_scheduler_type": "linear",
+                            "logging_steps": 1, "use_cpu": True, "ddp_backend": "gloo", "report_to": [],
+                            "seed": SEED, "disable_tqdm": True, "save_strategy": "no", "max_grad_norm": 1.0}
+    return TrainingArguments(output_dir=str(out), **{**base, **extra})
+
+
+def _pad(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """Right padding: ids 0, labels -100, attention mask 0."""
+    width = max(len(r["input_ids"]) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        n = len(r["input_ids"])
+        ids[i, :n] = torch.tensor(r["input_ids"])
+        labels[i, :n] = ids[i, :n]
+        mask[i, :n] = 1
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def _causal_lm_loss_fp64(outputs: Any, labels: torch.Tensor, *, num_items_in_batch: Any = None) -> torch.Tensor:
+    """``transformers``' ``ForCausalLMLoss`` without its cast of the logits to fp32
+    (``transformers/loss/loss_utils.py``): shifted labels, summed cross-entropy over the targets
+    that are not -100, divided by the Trainer's ``num_items_in_batch``."""
+    logits = outputs.logits[:, :-1].reshape(-1, outputs.logits.shape[-1])
+    losses = torch.nn.functional.cross_entropy(logits, labels[:, 1:].reshape(-1), ignore_index=-100,
+                                               reduction="sum")
+    return losses / num_items_in_batch
+
+
+def _params(trainer: Any) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+
+
+def _plain(out: Path, docs: list[dict[str, Any]], batches: list[list[str]], world: int) -> dict[str, Any]:
+    from transformers import Trainer
+
+    class Recording(Trainer):
+        """The Trainer unchanged, its per-rank loss values kept in fp64."""
+
+        losses: ClassVar[list[float]] = []
+
+        def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+            loss = super().training_step(*args, **kwargs)
+            self.losses.append(float(loss))
+            return loss
+
+    by_id = {d["id"]: d for d in docs}
+    ordered = [by_id[i] for batch in batches for i in batch]  # step s = rows 8s..8s+7, 2 per rank
+    trainer = Recording(model=_model(SEED), args=_args(out / "plain", train_sampling_strategy="sequential",
+                                                       per_device_train_batch_size=SAMPLES_PER_STEP // world),
+                        train_dataset=ordered, data_collator=_pad, compute_loss_func=_causal_lm_loss_fp64)
+    trainer.train()
+    return {"losses": list(trainer.losses), "params": _params(trainer)}
+
+
+def _dcp(out: Path, docs: list[dict[str, Any]], plans: Any, *, seed: int = SEED,
+         resume: str | None = None, save: bool = False) -> dict[str, Any]:
+    from executor.integrations.hf_trainer import DCPTrainer
+
+    extra = {"save_strategy": "steps", "save_steps": 2} if save or resume else {}
+    trainer = DCPTrainer(model=_model(seed), args=_args(out, **extra), train_dataset=docs, plans=plans,
+                         id_column="id")
+    trainer.train(resume_from_checkpoint=resume)
+    return {"history": list(trainer.dcp_history), "params": _params(trainer),
+            "global_step": trainer.state.global_step,
+            "logged": [e["loss"] for e in trainer.state.log_history if "loss" in e]}
+
+
+def run(url: str, epoch_id: str, out: Path) -> dict[str, Any]:
+    """Every run of the module docstring on this rank."""
+    from train_hf_trainer import cluster_and_cost_model, load_documents, local_planner, start_service_epoch
+    from transformers import LlamaConfig
+
+    from executor.client import PlannerClient
+    from executor.integrations.hf_trainer_data import LocalPlans, ServicePlans, manifest
+
+    args = _args(out / "probe")
+    rank, world = args.process_index, args.world_size  # initialises torch.distributed (gloo)
+    docs = load_documents()
+    samples = manifest(docs, id_column="id")
+    config = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2)
+    cluster, cost_model = cluster_and_cost_model(config, world_size=world, memory_tokens=96)
+    client = PlannerClient(url)
+    start_service_epoch(client, epoch_id=epoch_id, samples=samples, cluster=cluster, cost_model=cost_model,
+                        samples_per_step=SAMPLES_PER_STEP, seed=SEED)
+    results: dict[str, Any] = {"rank": rank}
+    plans = [client.step_plan(epoch_id, s)[0] for s in range(STEPS)]
+    results["service_digests"] = [p.digest() for p in plans]
+    results["group_sizes"] = [[g.size for g in p.groups] for p in plans]
+    results["plain"] = _plain(out, docs, [sorted(p.sample_ids) for p in plans], world)
+
+    served = ServicePlans(client, epoch_id=epoch_id, rank=rank)
+    results["dcp"] = _dcp(out / "dcp", docs, served, save=True)
+    served.close()
+    again = ServicePlans(client, epoch_id=epoch_id, rank=rank)
+    results["resumed"] = _dcp(out / "dcp", docs, again, seed=SEED + 1,
+                              resume=str(out / "dcp" / "checkpoint-2"))
+    again.close()
+
+    plan_for_step, num_steps = local_planner(samples, cluster=cluster, cost_model=cost_model,
+                                             samples_per_step=SAMPLES_PER_STEP, seed=SEED)
+    results["local"] = _dcp(out / "local", docs, LocalPlans(plan_for_step, num_steps=num_steps, rank=rank))
+    client.close()
+    if rank != 0:
+        for key in ("plain", "dcp", "resumed", "local"):
+            results[key].pop("params")
+    return results
+
+
+def main() -> None:
+    """Run everything, write ``rank{r}.pt`` (an ``error`` entry when a run failed)."""
+    import os
+
+    torch.set_num_threads(1)
+    url, epoch_id, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        results = run(url, epoch_id, out)
+    except Exception:
+        results = {"error": traceback.format_exc()}
+        torch.save(results, out / f"rank{rank}.pt")
+        raise
+    torch.save(results, out / f"rank{rank}.pt")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""The Hugging Face Trainer under DCP plans equals the Trainer's own data-parallel run.
+
+One torchrun of 4 gloo ranks (``hf_trainer_worker.py``) against a real ``dcp serve``: the plain
+``Trainer`` (DDP) on the plans' global batches, :class:`DCPTrainer` with the service's plans
+(checkpoints at steps 2 and 4), the same resumed from ``checkpoint-2`` into a differently
+initialised model, and :class:`DCPTrainer` with plans made locally. fp64: losses and parameters
+after 4 optimizer steps (AdamW, linear schedule, gradient clipping) within 1e-8 relative.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from dcp_cli.net import free_port
+from tests.executor.service import Service
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+EPOCH = "hf-trainer-equivalence"
+TOLERANCE = 1e-8
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    tmp = tmp_path_factory.mktemp("hf_trainer_serve")
+    svc = Service(port=free_port(), db_path=tmp / "plans.sqlite", log_path=tmp / "serve.log")
+    svc.start()
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture(scope="module")
+def world4(service: Service, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    out = tmp_path_factory.mktemp("hf_trainer_world4")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), str(HERE / "hf_trainer_worker.py"), service.url, EPOCH, str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=280)
+    loaded = [torch.load(out / f"rank{r}.pt") for r in range(4) if (out / f"rank{r}.pt").exists()]
+    errors = [res["error"] for res in loaded if "error" in res]
+    assert done.returncode == 0 and len(loaded) == 4 and not errors, (
+        (errors[0] if errors else "") + done.stdout[-2000:] + done.stderr[-4000:])
+    return loaded
+
+
+def _step_losses(world4: list[dict[str, Any]], run: str) -> list[float]:
+    """The step losses of a DCP run: the ranks' shares summed."""
+    steps = [h["step"] for h in world4[0][run]["history"]]
+    return [sum(res[run]["history"][i]["loss_share"] for res in world4) for i in range(len(steps))]
+
+
+def _worst_relative(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> tuple[float, str]:
+    worst, where = 0.0, ""
+    for name, ref in want.items():
+        rel = float((got[name] - ref).abs().max()) / float(ref.abs().max())
+        if rel > worst:
+            worst, where = rel, name
+    return worst, where
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_plans_use_sequence_parallel_groups(world4: list[dict[str, Any]]) -> None:
+    sizes = world4[0]["group_sizes"]
+    assert any(max(s) > 1 for s in sizes), sizes  # otherwise Ulysses is not exercised
+    assert any(len(s) > 1 for s in sizes), sizes  # and several groups in one step
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_dcp_trainer_equals_the_trainers_data_parallel_run(world4: list[dict[str, Any]]) -> None:
+    world = len(world4)
+    plain = [sum(res["plain"]["losses"][s] for res in world4) / world for s in range(4)]
+    dcp = _step_losses(world4, "dcp")
+    assert [h["step"] for h in world4[0]["dcp"]["history"]] == [0, 1, 2, 3]
+    for s in range(4):
+        assert abs(dcp[s] - plain[s]) <= TOLERANCE * abs(plain[s]), (s, dcp[s], plain[s])
+    assert dcp[3] < dcp[0]  # it trains
+    worst, where = _worst_relative(world4[0]["dcp"]["params"], world4[0]["plain"]["params"])
+    assert worst <= TOLERANCE, f"{where}: relative difference {worst:.2e}"
+    # the Trainer's own logging reports the step loss (its fp32 mean over the processes)
+    assert world4[0]["dcp"]["logged"] == pytest.approx(plain, rel=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_resume_from_a_checkpoint_runs_the_same_steps_plans(world4: list[dict[str, Any]]) -> None:
+    for res in world4:
+        full = {h["step"]: h["plan_digest"] for h in res["dcp"]["history"]}
+        resumed = {h["step"]: h["plan_digest"] for h in res["resumed"]["history"]}
+        assert sorted(resumed) == [2, 3]
+        assert all(resumed[s] == full[s] for s in resumed)
+    assert world4[0]["resumed"]["global_step"] == 4
+    full_losses, resumed_losses = _step_losses(world4, "dcp")[2:], _step_losses(world4, "resumed")
+    assert resumed_losses == pytest.approx(full_losses, rel=TOLERANCE)
+    worst, where = _worst_relative(world4[0]["resumed"]["params"], world4[0]["plain"]["params"])
+    assert worst <= TOLERANCE, f"{where}: relative difference {worst:.2e}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_local_plans_are_the_services_and_train_alike(world4: list[dict[str, Any]]) -> None:
+    local = [h["plan_digest"] for h in world4[0]["local"]["history"]]
+    assert local == world4[0]["service_digests"]
+    worst, where = _worst_relative(world4[0]["local"]["params"], world4[0]["plain"]["params"])
+    assert worst <= TOLERANCE, f"{where}: relative difference {worst:.2e}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_measurements_reach_the_service(world4: list[dict[str, Any]], service: Service) -> None:
+    report = httpx.get(f"{service.url}/v1/epochs/{EPOCH}/recalibration", timeout=10).json()
+    assert report["measured_steps"] == 4, report
