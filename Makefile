@@ -22,6 +22,9 @@ $(VENV)/.run-installed: $(BIN)/python pyproject.toml
 # (tests/api/test_ray_runner.py; Ray adds ~25 s and ~280 MB to a clean install).
 $(VENV)/.test-installed: $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[torch,dev,hf,ray]'
+	# Megatron-Core's own scheduler for the megatron-dyncp parity test (tests/planner/test_megatron_parity.py):
+	# without its dependencies, so the pinned torch stays; the scheduler module needs only torch.
+	$(BIN)/python -m pip install -q --no-deps 'megatron-core==0.16.1'
 	touch $@ $(VENV)/.run-installed
 
 # Debian's headless Chromium for the dashboard's browser test (tests/api/test_dashboard_browser.py;
