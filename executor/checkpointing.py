@@ -71,3 +71,49 @@ def run_layers(layers: Sequence[Layer], h: torch.Tensor, ctx: SPContext, *,
         order = torch.argsort(torch.cat([rows_kept, rows_plain]))
         h = torch.cat([out_kept, out_plain]).index_select(0, order)
     return h
+
+
+def run_split_by_policy(fn: Callable[..., torch.Tensor], h: torch.Tensor, ctx: SPContext, *,
+                        per_sample: Sequence[torch.Tensor], per_token: Sequence[torch.Tensor] = (),
+                        policies: Sequence[int], index: int) -> torch.Tensor:
+    """Layer ``index`` of a model whose forward the integrations run themselves: the samples that
+    recompute it (policy ``k > index``) run as one checkpointed sub-batch, the others plain.
+
+    ``fn(x, sub_ctx, *per_token_rows, *per_sample_rows)`` runs the layer on local tokens ``x`` of
+    the samples of ``sub_ctx``; ``per_sample`` tensors have one row per sample, ``per_token`` one
+    row per local token (rotary tables), both cut to the sub-batch. A rank holding no token of a
+    sub-batch runs one padding token (per-token rows: the first row of each tensor's identity:
+    ones for the first, zeros for the others), so that it joins the layer's collectives.
+    """
+    flags = [k > index for k in policies]
+    groups = [[i for i, f in enumerate(flags) if f], [i for i, f in enumerate(flags) if not f]]
+    outs, all_rows = [], []
+    for recompute, samples in zip((True, False), groups, strict=True):
+        if not samples:
+            continue
+        whole = len(samples) == len(flags)
+        sub = ctx if whole else ctx.subset(samples)
+        rows = None if whole else ctx.layout.local_rows(samples).to(h.device)
+        x = h if rows is None else h.index_select(0, rows)
+        tok = [t if rows is None else t.index_select(0, rows) for t in per_token]
+        if x.shape[0] == 0:  # no token of these samples here: one padding token for the collectives
+            x = h.new_zeros((1, h.shape[1]))
+        tok = [_pad_rows(t, x.shape[0], one=j == 0) for j, t in enumerate(tok)]
+        index_t = torch.tensor(samples, device=h.device)
+        args = (x, sub, *tok, *(t.index_select(0, index_t) for t in per_sample))
+        out = checkpoint(fn, *args, use_reentrant=False) if recompute and torch.is_grad_enabled() else fn(*args)
+        if rows is None:
+            return out
+        outs.append(out[:rows.numel()])
+        all_rows.append(rows)
+    order = torch.argsort(torch.cat(all_rows))
+    return torch.cat(outs).index_select(0, order)
+
+
+def _pad_rows(t: torch.Tensor, rows: int, *, one: bool) -> torch.Tensor:
+    """``t`` grown to ``rows`` rows with ones (``one``) or zeros."""
+    missing = rows - t.shape[0]
+    if missing <= 0:
+        return t
+    fill = t.new_ones if one else t.new_zeros
+    return torch.cat([t, fill((missing, *t.shape[1:]))])

@@ -35,10 +35,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from executor.attention import AttentionKind, packed_attention
-from executor.checkpointing import validate_policies
+from executor.checkpointing import run_split_by_policy, validate_policies
 from executor.context import SPContext
 from executor.runtime import MicroBatchWork
 from executor.ulysses import head_to_seq, seq_to_head
@@ -223,37 +222,13 @@ def forward(model: Any, work: MicroBatchWork, *, videos: Sequence[torch.Tensor],
         return run
 
     for index in range(num_layers):
-        h = _run_layer(layer(index), h, ctx, cond[:2], work.recompute_layers, index)
+        h = run_split_by_policy(layer(index), h, ctx, per_sample=cond[:2], policies=work.recompute_layers,
+                                index=index)
     h = h[:layout.local_tokens]  # drop a padding token
     sample_of = layout.local_sample_index().to(h.device)
     shift, scale = (model.scale_shift_table[None] + embedded_t.index_select(0, sample_of)[:, None]).chunk(2, dim=1)
     h = model.norm_out(h[:, None]) * (1 + scale) + shift
     return model.proj_out(h)[:, 0]
-
-
-def _run_layer(fn: Callable[..., torch.Tensor], h: torch.Tensor, ctx: SPContext,
-               per_sample: tuple[torch.Tensor, ...], policies: Sequence[int], index: int) -> torch.Tensor:
-    """One (spatial, temporal) layer, checkpointed per sample (subsets run apart)."""
-    flags = [k > index for k in policies]
-    groups = [[i for i, f in enumerate(flags) if f], [i for i, f in enumerate(flags) if not f]]
-    outs, all_rows = [], []
-    for recompute, samples in zip((True, False), groups, strict=True):
-        if not samples:
-            continue
-        sub = ctx if len(samples) == len(flags) else ctx.subset(samples)
-        rows = ctx.layout.local_rows(samples).to(h.device) if sub is not ctx else None
-        x = h if rows is None else h.index_select(0, rows)
-        if x.shape[0] == 0:  # no token of these samples here: one padding token for the all-to-alls
-            x = h.new_zeros((1, h.shape[1]))
-        index_t = torch.tensor(samples, device=h.device)
-        args = (x, sub, *(t.index_select(0, index_t) for t in per_sample))
-        out = checkpoint(fn, *args, use_reentrant=False) if recompute and torch.is_grad_enabled() else fn(*args)
-        if rows is None:
-            return out
-        outs.append(out[:rows.numel()])
-        all_rows.append(rows)
-    order = torch.argsort(torch.cat(all_rows))
-    return torch.cat(outs).index_select(0, order)
 
 
 def patchify(video: torch.Tensor, patch_size: int) -> torch.Tensor:

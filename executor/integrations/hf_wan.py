@@ -35,10 +35,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from executor.attention import packed_attention
-from executor.checkpointing import validate_policies
+from executor.checkpointing import run_split_by_policy, validate_policies
 from executor.context import SPContext
 from executor.runtime import MicroBatchWork
 from executor.ulysses import head_to_seq, seq_to_head
@@ -218,43 +217,13 @@ def forward(model: Any, work: MicroBatchWork, *, videos: Sequence[torch.Tensor],
         return run
 
     for index in range(num_layers):
-        h = _run_block(block(index), h, cos, sin, ctx, (timestep_proj, text), work.recompute_layers, index)
+        h = run_split_by_policy(block(index), h, ctx, per_sample=(timestep_proj, text), per_token=(cos, sin),
+                                policies=work.recompute_layers, index=index)
     h = h[:layout.local_tokens]
     sample_of = layout.local_sample_index().to(h.device)
     shift, scale = (model.scale_shift_table + temb.index_select(0, sample_of)[:, None]).chunk(2, dim=1)
     h = (model.norm_out(h.float()) * (1 + scale[:, 0]) + shift[:, 0]).type_as(h)
     return model.proj_out(h)
-
-
-def _run_block(fn: Callable[..., torch.Tensor], h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               ctx: SPContext, per_sample: tuple[torch.Tensor, ...], policies: Sequence[int], index: int
-               ) -> torch.Tensor:
-    """One block, checkpointed per sample (samples with and without recompute run apart)."""
-    flags = [k > index for k in policies]
-    groups = [[i for i, f in enumerate(flags) if f], [i for i, f in enumerate(flags) if not f]]
-    outs, all_rows = [], []
-    for recompute, samples in zip((True, False), groups, strict=True):
-        if not samples:
-            continue
-        whole = len(samples) == len(flags)
-        sub = ctx if whole else ctx.subset(samples)
-        rows = None if whole else ctx.layout.local_rows(samples).to(h.device)
-        x, c, s = (h, cos, sin) if rows is None else (h.index_select(0, rows), cos.index_select(0, rows),
-                                                      sin.index_select(0, rows))
-        if x.shape[0] == 0:  # no token of these samples here: one padding token for the all-to-alls
-            x = h.new_zeros((1, h.shape[1]))
-        if c.shape[0] < x.shape[0]:  # the padding token's rotary tables: the identity
-            c = torch.cat([c, c.new_ones((x.shape[0] - c.shape[0], *c.shape[1:]))])
-            s = torch.cat([s, s.new_zeros((x.shape[0] - s.shape[0], *s.shape[1:]))])
-        index_t = torch.tensor(samples, device=h.device)
-        args = (x, sub, c, s, *(t.index_select(0, index_t) for t in per_sample))
-        out = checkpoint(fn, *args, use_reentrant=False) if recompute and torch.is_grad_enabled() else fn(*args)
-        if rows is None:
-            return out
-        outs.append(out[:rows.numel()])
-        all_rows.append(rows)
-    order = torch.argsort(torch.cat(all_rows))
-    return torch.cat(outs).index_select(0, order)
 
 
 def token_losses(pred: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
