@@ -142,13 +142,13 @@ def register(app: typer.Typer) -> None:
                      f"{', '.join(sorted(embedded))}); for a fitted or uploaded one pass --cost-model-file")
             file = embedded.get(cost_model)
         try:
-            config = build_config(options)
+            planner_config = build_config(options)
         except ValueError as exc:
             fail(f"--option: {exc}")
         if file is not None:
             _check_kind(samples, file, manifest)
             try:  # a sample that fits nowhere stops here, not at its step after the store exists
-                check_samples_fit(samples, cluster=spec, cost_model=file, config=config)
+                check_samples_fit(samples, cluster=spec, cost_model=file, config=planner_config)
             except ValueError as exc:
                 fail(f"MANIFEST {manifest}: {exc}")
         # The cluster is reached before the store is opened: an unreachable one creates nothing.
