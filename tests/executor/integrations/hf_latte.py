@@ -16,6 +16,7 @@ import torch
 from executor.runtime import Executor
 from planner.plan import Plan
 from tests.executor.helpers import make_plan, s2d
+from tests.executor.integrations import video_steps
 
 PATCH = 2
 CHANNELS = 4
@@ -58,49 +59,26 @@ def data(sample_id: str, frames: int, height: int, width: int) -> dict[str, torc
             "caption": torch.randn(3, 16, generator=gen, dtype=torch.float64)}
 
 
-def _samples(plan: Plan) -> list[Any]:
-    return [ps.sample for g in plan.groups for mb in g.micro_batches for ps in mb.samples]
-
-
 def reference_backward(model: Any, plan: Plan) -> float:
-    """The plain model on each whole video, the plan's normaliser by hand; gradients into ``model``."""
-    samples = _samples(plan)
-    values = PATCH * PATCH * CHANNELS
-    loss = torch.zeros((), dtype=torch.float64)
-    for sample in samples:
-        d = data(sample.id, sample.num_frames, sample.height, sample.width)
-        out = model(hidden_states=d["video"][None], timestep=d["timestep"],
-                    encoder_hidden_states=d["caption"][None]).sample[0]
-        squared = ((out - d["target"]) ** 2).sum() / values
-        if plan.loss_normalizer.kind == "tokens":
-            loss = loss + squared / plan.loss_normalizer.total
-        else:
-            loss = loss + squared / (sample.tokens * len(samples))
-    loss.backward()
-    return float(loss.detach())
+    """The plain model on each whole clip, the plan's normaliser by hand; gradients into ``model``."""
+    return video_steps.reference_backward(
+        model, plan, data=lambda s: data(s.id, s.num_frames, s.height, s.width), text_key="caption",
+        values=PATCH * PATCH * CHANNELS)
 
 
 def run_step(executor: Executor, model: Any, plan: Plan) -> float:
-    """One planned step of the DCP Latte on this rank; its loss share."""
+    """One planned step of the DCP model on this rank (the lines a user's loop has); its loss share."""
     from executor.integrations import hf_diffusers
-
-    by_id = {s.id: s for s in _samples(plan)}
 
     def load(sample: Any) -> dict[str, object]:
         d = data(sample.id, sample.num_frames, sample.height, sample.width)
         patches = hf_diffusers.patchify(d["target"], PATCH)
         return {"id": sample.id, "inputs": patches, "targets": patches, **d}
 
-    rank_plan = plan.rank_view(executor.rank)
-    executor.begin_step(rank_plan, step=plan.step or 0)
-    share = 0.0
-    for work in executor.micro_batches(rank_plan, load_sample=load):
-        items = [load(by_id[i]) for i in work.sample_ids]
-        pred = hf_diffusers.forward(model, work, videos=[it["video"] for it in items],  # type: ignore[misc]
-                                    timesteps=torch.cat([it["timestep"] for it in items]),  # type: ignore[misc]
-                                    captions=torch.stack([it["caption"] for it in items]))  # type: ignore[misc]
-        loss = work.loss(hf_diffusers.token_losses(pred, work.targets))
-        loss.backward()
-        share += float(loss.detach())
-    executor.sync_gradients(model)
-    return share
+    def forward(work: Any, items: list[dict[str, Any]]) -> torch.Tensor:
+        return hf_diffusers.forward(model, work, videos=[it["video"] for it in items],
+                             timesteps=torch.cat([it["timestep"] for it in items]),
+                             captions=torch.stack([it["caption"] for it in items]))
+
+    return video_steps.run_step(executor, model, plan, load=load, forward=forward,
+                                token_losses=hf_diffusers.token_losses)

@@ -1,0 +1,57 @@
+"""The two halves of a video-model integration test, shared by the diffusers models (Latte, Wan):
+the plain model on each whole clip with the plan's normaliser by hand, and one planned step of the
+DCP model on one rank."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from executor.runtime import Executor, MicroBatchWork
+from planner.plan import Plan
+
+
+def plan_samples(plan: Plan) -> list[Any]:
+    """Every sample of the plan, in group then micro-batch order."""
+    return [ps.sample for g in plan.groups for mb in g.micro_batches for ps in mb.samples]
+
+
+def reference_backward(model: Any, plan: Plan, *, data: Callable[[Any], dict[str, torch.Tensor]],
+                       text_key: str, values: int) -> float:
+    """The plain model on each whole clip (``data(sample)``: video, target, timestep, text states
+    under ``text_key``), squared errors over ``values`` per patch, the plan's normaliser by hand;
+    gradients into ``model``; the loss."""
+    samples = plan_samples(plan)
+    loss = torch.zeros((), dtype=torch.float64)
+    for sample in samples:
+        d = data(sample)
+        out = model(hidden_states=d["video"][None], timestep=d["timestep"],
+                    encoder_hidden_states=d[text_key][None]).sample[0]
+        squared = ((out - d["target"]) ** 2).sum() / values
+        if plan.loss_normalizer.kind == "tokens":
+            loss = loss + squared / plan.loss_normalizer.total
+        else:
+            loss = loss + squared / (sample.tokens * len(samples))
+    loss.backward()
+    return float(loss.detach())
+
+
+def run_step(executor: Executor, model: Any, plan: Plan, *, load: Callable[[Any], dict[str, object]],
+             forward: Callable[[MicroBatchWork, list[dict[str, object]]], torch.Tensor],
+             token_losses: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> float:
+    """One planned step of a DCP video model on this rank (the lines a user's loop has); its loss
+    share. ``load(sample)`` gives an item with ``inputs``/``targets`` patches and what ``forward``
+    needs; ``forward(work, items)`` runs the model on the micro-batch."""
+    by_id = {s.id: s for s in plan_samples(plan)}
+    rank_plan = plan.rank_view(executor.rank)
+    executor.begin_step(rank_plan, step=plan.step or 0)
+    share = 0.0
+    for work in executor.micro_batches(rank_plan, load_sample=load):
+        pred = forward(work, [load(by_id[i]) for i in work.sample_ids])
+        loss = work.loss(token_losses(pred, work.targets))
+        loss.backward()
+        share += float(loss.detach())
+    executor.sync_gradients(model)
+    return share
