@@ -115,6 +115,9 @@ class DCPTrainerMixin:
         """
         if args is not None:
             _check_args(args)
+            if getattr(args, "packing", False):  # TRL's SFTConfig: the plans pack the micro-batches
+                logger.info("DCP packs each micro-batch from the plan: the dataset is prepared unpacked")
+                args.packing = False
         super().__init__(model, args, *posargs, **kwargs)  # type: ignore[call-arg]
         trainer: Any = self
         _check_args(trainer.args)

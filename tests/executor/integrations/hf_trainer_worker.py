@@ -10,7 +10,9 @@ in fp64:
    this is the same loss kept in fp64;
 2. ``dcp``: :class:`DCPTrainer` with the service's plans, checkpoints at steps 2 and 4;
 3. ``resumed``: a differently initialised model, resumed by the ``Trainer`` from ``checkpoint-2``;
-4. ``local``: :class:`DCPTrainer` with plans made in each rank by the planner library.
+4. ``local``: :class:`DCPTrainer` with plans made in each rank by the planner library;
+5. ``sft`` (when ``trl`` is installed): TRL's ``SFTTrainer`` padding-free (each rank's batch packed
+   into one sequence, the same fp64 loss) and ``DCPSFTTrainer`` with ``packing=True``, 3 steps.
 
 Each run records its per-rank loss values and (rank 0) its final parameters into ``rank{r}.pt``.
 Usage: ``torchrun --nproc-per-node 4 hf_trainer_worker.py URL EPOCH_ID OUT_DIR``.
@@ -31,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 STEPS = 4
 SAMPLES_PER_STEP = 8
+SFT_STEPS = 3
 SEED = 0
 
 
@@ -116,6 +119,42 @@ def _dcp(out: Path, docs: list[dict[str, Any]], plans: Any, *, seed: int = SEED,
             "logged": [e["loss"] for e in trainer.state.log_history if "loss" in e]}
 
 
+def _sft_args(out: Path, *, packing: bool, padding_free: bool, **extra: Any) -> Any:
+    from trl import SFTConfig
+
+    base = _args(out).to_dict()
+    base.update({"max_steps": SFT_STEPS, "max_length": 1024, "packing": packing, "padding_free": padding_free,
+                 **extra})
+    return SFTConfig(**{k: v for k, v in base.items() if k not in ("hub_token", "push_to_hub_token")})
+
+
+def _sft(out: Path, docs: list[dict[str, Any]], batches: list[list[str]], plans: Any, world: int) -> dict[str, Any]:
+    """TRL's SFTTrainer, padding-free (each rank's batch packed into one sequence), and DCPSFTTrainer
+    with ``packing=True`` (the plans pack), on a ``datasets.Dataset`` of the same documents."""
+    from datasets import Dataset
+    from transformers import ByT5Tokenizer
+    from trl import SFTTrainer
+
+    from executor.integrations.hf_trainer import dcp_sft_trainer_class
+
+    tokenizer = ByT5Tokenizer()  # byte-level, no download: only its pad and eos tokens are used
+    by_id = {d["id"]: d for d in docs}
+    ordered = Dataset.from_list([by_id[i] for batch in batches[:SFT_STEPS] for i in batch])
+    plain = SFTTrainer(model=_model(SEED), args=_sft_args(out / "sft_plain", packing=False, padding_free=True,
+                                                          max_length=None,  # TRL: not enforced padding-free
+                                                          train_sampling_strategy="sequential",
+                                                          per_device_train_batch_size=SAMPLES_PER_STEP // world),
+                       train_dataset=ordered, processing_class=tokenizer, compute_loss_func=_causal_lm_loss_fp64)
+    plain.train()
+    dcp = dcp_sft_trainer_class()(model=_model(SEED), args=_sft_args(out / "sft_dcp", packing=True, padding_free=False),
+                                  train_dataset=Dataset.from_list(docs), processing_class=tokenizer, plans=plans,
+                                  id_column="id")
+    dcp.train()
+    return {"plain_params": _params(plain), "params": _params(dcp), "history": list(dcp.dcp_history),
+            "plain_logged": [e["loss"] for e in plain.state.log_history if "loss" in e],
+            "logged": [e["loss"] for e in dcp.state.log_history if "loss" in e]}
+
+
 def run(url: str, epoch_id: str, out: Path) -> dict[str, Any]:
     """Every run of the module docstring on this rank."""
     from train_hf_trainer import cluster_and_cost_model, load_documents, local_planner, start_service_epoch
@@ -151,10 +190,21 @@ def run(url: str, epoch_id: str, out: Path) -> dict[str, Any]:
     plan_for_step, num_steps = local_planner(samples, cluster=cluster, cost_model=cost_model,
                                              samples_per_step=SAMPLES_PER_STEP, seed=SEED)
     results["local"] = _dcp(out / "local", docs, LocalPlans(plan_for_step, num_steps=num_steps, rank=rank))
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        results["sft"] = None
+    else:
+        sft_plans = ServicePlans(client, epoch_id=epoch_id, rank=rank)
+        results["sft"] = _sft(out, docs, [sorted(p.sample_ids) for p in plans], sft_plans, world)
+        sft_plans.close()
     client.close()
     if rank != 0:
         for key in ("plain", "dcp", "resumed", "local"):
             results[key].pop("params")
+        if results["sft"] is not None:
+            results["sft"].pop("params")
+            results["sft"].pop("plain_params")
     return results
 
 

@@ -121,3 +121,17 @@ def test_local_plans_are_the_services_and_train_alike(world4: list[dict[str, Any
 def test_measurements_reach_the_service(world4: list[dict[str, Any]], service: Service) -> None:
     report = httpx.get(f"{service.url}/v1/epochs/{EPOCH}/recalibration", timeout=10).json()
     assert report["measured_steps"] == 4, report
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_dcp_sft_trainer_equals_trls_padding_free_run(world4: list[dict[str, Any]]) -> None:
+    sft = world4[0]["sft"]
+    if sft is None:
+        pytest.skip("trl is not installed (extra [trl])")
+    assert [h["step"] for h in sft["history"]] == [0, 1, 2]
+    worst, where = _worst_relative(sft["params"], sft["plain_params"])
+    assert worst <= TOLERANCE, f"{where}: relative difference {worst:.2e}"
+    assert sft["logged"] == pytest.approx(sft["plain_logged"], rel=1e-6)
+    # the Trainer's steps 0 and 1 (same data, same first learning rate; the schedules differ after: 3 vs 4 steps)
+    assert _step_losses(world4, "sft")[:2] == pytest.approx(_step_losses(world4, "dcp")[:2], rel=TOLERANCE)
