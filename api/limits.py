@@ -11,6 +11,10 @@ In this order, before any framework work:
    too slowly) and a running size check (413 for chunked bodies over the limit, sent once up to
    as much again has been read and dropped, so that the client gets the answer, not a reset),
    then replayed to the app, so routes never see a partial body.
+   Without a token (``api.auth``: anyone may write), one client (by address) has at most
+   ``max_bodies_per_client`` requests with a body in the service at once (429 after), so a few
+   large bodies, not 64, bound its memory; the body itself is counted before it is parsed
+   (``api.strictjson.MAX_BODY_VALUES``).
 4. Anything the app raises becomes a JSON error (``api.errors.error_response``: 503 for a
    busy, full or read-only store, 500 otherwise) with ``Connection: close``.
 
@@ -55,11 +59,13 @@ class RequestGuardMiddleware:
     """Auth before body, body size and read deadline, and no unhandled exception on the wire."""
 
     def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_read_timeout_s: float,
-                 tokens: Tokens) -> None:
+                 tokens: Tokens, max_bodies_per_client: int = 8) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.body_read_timeout_s = body_read_timeout_s
         self.tokens = tokens
+        self.max_bodies_per_client = max_bodies_per_client
+        self._bodies: dict[str, int] = {}
 
     async def _refuse(self, scope: Scope, send: Send, *, close: bool) -> None:
         """401 (or 403: the read token on a write) for a request without the token it needs."""
@@ -85,6 +91,14 @@ class RequestGuardMiddleware:
                 started = True
             await send(message)
 
+        client = self._limited_client(scope)
+        if client is not None:
+            if self._bodies.get(client, 0) >= self.max_bodies_per_client:
+                await send_json(send, 429, f"more than {self.max_bodies_per_client} requests with a body "
+                                "at once from this client (set DCP_AUTH_TOKEN to lift the limit)",
+                                close=True, headers=[(b"retry-after", b"1")])
+                return
+            self._bodies[client] = self._bodies.get(client, 0) + 1
         try:
             replay = await self._admit(scope, receive, send)
             if replay is not None:
@@ -96,6 +110,24 @@ class RequestGuardMiddleware:
                                  scope["path"][:200])
                 raise
             await send_json(send, status, detail, close=True, headers=headers)
+        finally:
+            if client is not None:
+                left = self._bodies[client] - 1
+                if left:
+                    self._bodies[client] = left
+                else:
+                    del self._bodies[client]
+
+    def _limited_client(self, scope: Scope) -> str | None:
+        """The client's address when its request has a body and no token is configured."""
+        if self.tokens.enabled or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            return None
+        length = _header(scope, b"content-length")
+        chunked = b"chunked" in (_header(scope, b"transfer-encoding") or b"").lower()
+        if not chunked and (length is None or length.strip() in (b"", b"0")):
+            return None
+        client = scope.get("client")
+        return str(client[0]) if client else "unknown"
 
     async def _admit(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
         """Check auth and read the body; the replaying receive, or None when answered here."""

@@ -68,6 +68,11 @@ class Settings(BaseSettings):
     resume_jobs: bool = Field(default=True,
                               description="Restart queued/running epoch jobs (and jobs that failed "
                                           "for a transient reason) found at start-up.")
+    max_bodies_per_client: int = Field(
+        default=8, ge=1,
+        description="Without auth_token: most requests with a body one client address has in the "
+                    "service at once (429 with Retry-After, which the rank client retries; 8: a "
+                    "node's ranks on one address); bounds the memory an anonymous client takes.")
     body_read_timeout_s: float = Field(default=30.0, gt=0,
                                        description="Longest time to receive a request body (408 after).")
     store_busy_timeout_s: float = Field(

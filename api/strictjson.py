@@ -32,6 +32,14 @@ MAX_CONTAINER_ITEMS = 16384
 """Most items of one array or object (``api.schemas.MAX_SAMPLES_PER_REQUEST``): a request model
 validates a list in full before it checks its length, on the event loop, so a longer list is
 refused here, on the parsing thread."""
+OBJECT_WEIGHT = 8
+"""What one object counts for against ``MAX_BODY_VALUES`` (a number counts 1): a parsed dict
+takes 64-600 bytes, a number 24-32."""
+MAX_BODY_VALUES = 72 * MAX_CONTAINER_ITEMS
+"""Most weighted values (numbers, and objects at ``OBJECT_WEIGHT``) in one body: 1,179,648, so
+that the largest legitimate bodies fit (16,384 samples; a measurement post of 256 steps of 4,096
+micro-batch times) and parsing stops, with a 413, as soon as a body passes it (tens of MB parsed
+at most, where a body of 1e6 samples was parsed whole, ~12x its size)."""
 INLINE_PARSE_BYTES = 64 * 1024
 """Bodies up to this size are parsed on the event loop (a thread hop costs more)."""
 MAX_ECHO_CHARS = 80
@@ -149,11 +157,42 @@ def _dispose(value: Any) -> None:
                 del chunk
 
 
+class _TooManyValuesError(Exception):
+    """Raised from a parse hook once a body passes ``MAX_BODY_VALUES``."""
+
+
+class _Counted:
+    """The parse hooks of one body, counting numbers and objects as they are made."""
+
+    __slots__ = ("left",)
+
+    def __init__(self) -> None:
+        self.left = MAX_BODY_VALUES
+
+    def _spend(self, cost: int) -> None:
+        self.left -= cost
+        if self.left < 0:
+            raise _TooManyValuesError
+
+    def parse_float(self, text: str) -> float | _Bad:
+        self._spend(1)
+        return _parse_float(text)
+
+    def parse_int(self, text: str) -> int | _Bad:
+        self._spend(1)
+        return _parse_int(text)
+
+    def object_pairs(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        self._spend(OBJECT_WEIGHT)
+        return dict(pairs)
+
+
 def strict_loads(body: bytes) -> Any:
     """Parse a JSON request body, rejecting what the service cannot represent.
 
     Raises:
-        HTTPException: 422 with ``detail=[{loc, msg, type}]`` naming the offending field.
+        HTTPException: 413 for a body of more than ``MAX_BODY_VALUES`` values (while parsing);
+            422 with ``detail=[{loc, msg, type}]`` naming the offending field.
     """
     try:
         text = body.decode("utf-8")
@@ -161,8 +200,13 @@ def strict_loads(body: bytes) -> Any:
         raise _invalid(["body"], f"body is not UTF-8 (byte {exc.start})", "json_invalid") from None
     with _gc_paused():
         try:
-            value = json.loads(text, parse_float=_parse_float, parse_int=_parse_int,
-                               parse_constant=_parse_constant)
+            hooks = _Counted()
+            value = json.loads(text, parse_float=hooks.parse_float, parse_int=hooks.parse_int,
+                               parse_constant=_parse_constant, object_pairs_hook=hooks.object_pairs)
+        except _TooManyValuesError:
+            raise HTTPException(status_code=status.HTTP_413_CONTENT_TOO_LARGE,
+                                detail=f"body holds more than {MAX_BODY_VALUES} JSON values (objects count "
+                                       f"{OBJECT_WEIGHT}); parsing stopped there") from None
         except json.JSONDecodeError as exc:
             raise _invalid(["body", exc.pos], f"JSON decode error: {exc.msg}", "json_invalid") from None
         except RecursionError:

@@ -154,7 +154,7 @@ def test_large_body_and_unauthenticated_body(server_factory: Any) -> None:
         poster.start()
         latencies = healthz_latencies_s(server.url, count=150)
         poster.join()
-        assert result["code"] == 422 and "samples" in result["text"], result
+        assert result["code"] == 413 and "values" in result["text"], result  # stopped while parsing
         measured.append((p99(latencies), p99(idle)))
         if p99(latencies) < FROZEN_BOUND_S + p99(idle):
             break
