@@ -50,7 +50,8 @@ _CONFLICT = {"description": "The epoch's cost model is no longer registered, or 
 
 
 def _content(media_type: str, what: str) -> dict[str, Any]:
-    schema = {"type": "string", "format": "binary"} if media_type == "image/png" else {"type": "string"}
+    schema: dict[str, str] = ({"type": "string", "format": "binary"} if media_type == "image/png"
+                              else {"type": "object"} if media_type == "application/json" else {"type": "string"})
     return {"description": what, "content": {media_type: {"schema": schema}}}
 
 
@@ -264,7 +265,8 @@ def _memory_route(fmt: ImageFormat) -> Callable[..., Any]:
     return memory
 
 
-for _fmt in ("svg", "png"):
+_MEMORY_FORMATS: tuple[ImageFormat, ...] = ("svg", "png")
+for _fmt in _MEMORY_FORMATS:
     _step_picture_route(f"memory.{_fmt}", _memory_route(_fmt), name=f"step_memory_{_fmt}",
                         summary=f"Step memory chart ({_fmt.upper()})", media_type=MEDIA_TYPES[_fmt])
 
