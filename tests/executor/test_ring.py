@@ -1,9 +1,11 @@
-"""Ring attention on gloo equals plain attention over each whole sample (fp64), forward and backward.
+"""Ring attention and Ulysses x ring on gloo equal plain attention over each whole sample (fp64),
+forward and backward.
 
-4 ranks, one ring of 4 and then two rings of 2; packed micro-batches of samples of uneven lengths
-(some shorter than the ring, so some ranks hold no token of them); causal (1D) and non-causal
-(3D video). The reference is per-sample softmax attention on the whole tensors in one process;
-the gradients of q, k and v reach the rank that owns each token through the reverse ring."""
+4 ranks: a ring of 4, two rings of 2, and a 2 x 2 group (Ulysses over ranks {0, 1} and {2, 3},
+rings over {0, 2} and {1, 3}); packed micro-batches of samples of uneven lengths (the zig-zag
+chunks are uneven too); causal (1D) and non-causal (3D video). The reference is per-sample
+softmax attention on the whole tensors in one process; the gradients of q, k and v reach the
+rank that owns each token through the reverse ring and the all-to-all's backward."""
 
 from __future__ import annotations
 
@@ -17,12 +19,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from dcp_cli.net import free_port
-from executor.layout import PackedLayout, SampleShape
+from executor.layout import SampleShape
+from executor.ring_layout import RingGroups, RingLayout
 from tests.executor.helpers import init_gloo
 
 WORLD = 4
-SAMPLES = (SampleShape(tokens=11, frames=1), SampleShape(tokens=3, frames=1), SampleShape(tokens=8, frames=2))
+SAMPLES = (SampleShape(tokens=11, frames=1), SampleShape(tokens=9, frames=1), SampleShape(tokens=8, frames=2))
 HEADS, HEAD_DIM = 2, 4
+LAYOUTS = ((1, 4), (1, 2), (2, 2))
+"""(u, r) of the groups checked: a ring of 4, rings of 2, Ulysses 2 x ring 2."""
 
 
 def _full_tensors(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -49,27 +54,37 @@ def _reference(causal: bool) -> tuple[torch.Tensor, ...]:
     return out.detach(), q.grad, k.grad, v.grad  # type: ignore[return-value]
 
 
-def _pieces(full: torch.Tensor, layout: PackedLayout) -> torch.Tensor:
+def _local(full: torch.Tensor, layout: RingLayout) -> torch.Tensor:
     offsets = layout.sample_offsets()
-    return torch.cat([full[offsets[s]:offsets[s + 1]][slice(*layout.piece_range(s))] for s in range(len(SAMPLES))])
+    return torch.cat([layout.shard(full[offsets[s]:offsets[s + 1]], s) for s in range(len(SAMPLES))])
+
+
+def _layout(u: int, r: int, rank: int) -> RingLayout:
+    return RingLayout(samples=SAMPLES, ulysses_degree=u, ring_degree=r, index_in_group=rank % (u * r))
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
-    from executor.ring import ring_attention
+    from executor.ring import ring_head_to_seq, ring_packed_attention, ring_seq_to_head
 
     init_gloo(rank, WORLD, port)
     results: dict[str, object] = {}
     try:
-        rings = {4: [dist.new_group([0, 1, 2, 3])], 2: [dist.new_group([0, 1]), dist.new_group([2, 3])]}
-        for size in (4, 2):
-            group = rings[size][rank // size]
-            layout = PackedLayout(samples=SAMPLES, group_size=size, index_in_group=rank % size)
-            for causal in (True, False):
-                q, k, v, g = (_pieces(t, layout) for t in _full_tensors(0))
+        whole = dist.new_group([0, 1, 2, 3])
+        pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        strided = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+        groups = {(1, 4): RingGroups(ulysses=None, ring=whole),
+                  (1, 2): RingGroups(ulysses=None, ring=pairs[rank // 2]),
+                  (2, 2): RingGroups(ulysses=pairs[rank // 2], ring=strided[rank % 2])}
+        for (u, r), group in groups.items():
+            layout = _layout(u, r, rank)
+            for kind in ("causal_1d", "full_3d"):
+                q, k, v, g = (_local(t, layout) for t in _full_tensors(0))
                 q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
-                out = ring_attention(q, k, v, layout=layout, group=group, causal=causal)
+                qh, kh, vh = (ring_seq_to_head(t, layout, group) for t in (q, k, v))
+                out = ring_head_to_seq(ring_packed_attention(qh, kh, vh, layout=layout, groups=group, kind=kind),
+                                       layout, group)
                 (out * g).sum().backward()
-                results[f"{size}_{causal}"] = (out.detach(), q.grad, k.grad, v.grad)
+                results[f"{u}x{r}_{kind}"] = (out.detach(), q.grad, k.grad, v.grad)
     except Exception:
         results["error"] = traceback.format_exc()
         raise
@@ -89,26 +104,62 @@ def ring_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, obj
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("size", [4, 2])
-@pytest.mark.parametrize("causal", [True, False])
-def test_ring_attention_equals_whole_sample_attention(ring_results: list[dict[str, object]], size: int,
-                                                      causal: bool) -> None:
-    want = _reference(causal)
+@pytest.mark.parametrize("u_r", LAYOUTS)
+@pytest.mark.parametrize("kind", ["causal_1d", "full_3d"])
+def test_ring_attention_equals_whole_sample_attention(ring_results: list[dict[str, object]],
+                                                      u_r: tuple[int, int], kind: str) -> None:
+    u, r = u_r
+    want = _reference(kind == "causal_1d")
     assert float(want[2].abs().max()) > 1e-3  # a real key gradient
     for rank, res in enumerate(ring_results):
-        layout = PackedLayout(samples=SAMPLES, group_size=size, index_in_group=rank % size)
-        got = res[f"{size}_{causal}"]
+        layout = _layout(u, r, rank)
+        got = res[f"{u}x{r}_{kind}"]
         assert isinstance(got, tuple)
         for name, g, w in zip(("out", "dq", "dk", "dv"), got, want, strict=True):
-            expected = _pieces(w, layout)
-            diff = float((g - expected).abs().max()) / float(w.abs().max())
-            assert diff <= 1e-12, f"rank {rank}, ring of {size}, causal={causal}: {name} differs by {diff:.2e}"
+            diff = float((g - _local(w, layout)).abs().max()) / float(w.abs().max())
+            assert diff <= 1e-12, f"rank {rank}, {u} x {r}, {kind}: {name} differs by {diff:.2e}"
 
 
-def test_a_ring_needs_its_process_group() -> None:
-    from executor.ring import ring_attention
+def test_zigzag_balances_causal_work() -> None:
+    """Every ring position of a causal sample gets the same number of (query, key) pairs up to one
+    chunk's rounding; contiguous pieces would give the last position 2r - 1 times the first's."""
+    tokens, r = 64, 4
+    layout = RingLayout(samples=(SampleShape(tokens=tokens),), ulysses_degree=1, ring_degree=r, index_in_group=0)
+    pairs = [int((layout.ring_table(j)[1] + 1).sum()) for j in range(r)]  # keys at or before each query
+    assert max(pairs) == min(pairs), pairs
+    contiguous = [sum(range(j * 16 + 1, j * 16 + 17)) for j in range(r)]
+    assert max(contiguous) / min(contiguous) > 5
 
-    layout = PackedLayout(samples=SAMPLES, group_size=2, index_in_group=0)
-    q = torch.zeros(layout.local_tokens, HEADS, HEAD_DIM)
+
+def test_ring_layout_covers_every_token_once() -> None:
+    for u, r in ((1, 2), (2, 2), (1, 4), (4, 2), (3, 2)):
+        seen: list[list[int]] = [[] for _ in SAMPLES]
+        for g in range(u * r):
+            layout = RingLayout(samples=SAMPLES, ulysses_degree=u, ring_degree=r, index_in_group=g)
+            positions = layout.local_positions()
+            assert positions.numel() == layout.local_tokens
+            cut = 0
+            for s in range(len(SAMPLES)):
+                seen[s] += positions[cut:cut + layout.pieces[s][g]].tolist()
+                cut += layout.pieces[s][g]
+        assert [sorted(p) for p in seen] == [list(range(s.tokens)) for s in SAMPLES], (u, r)
+
+
+def test_bad_layouts_name_the_value() -> None:
+    with pytest.raises(ValueError, match="ulysses_degree=3 x ring_degree=2 does not multiply to the group size 4"):
+        from executor.ring_layout import check_layout_degrees
+        check_layout_degrees(group_size=4, ulysses_degree=3, ring_degree=2)
+    with pytest.raises(ValueError, match="sample 1 has 3 tokens, fewer than the 8 chunks"):
+        RingLayout(samples=(SampleShape(tokens=9), SampleShape(tokens=3)), ulysses_degree=1, ring_degree=4,
+                   index_in_group=0)
+
+
+def test_a_ring_needs_its_process_group_and_a_whole_sample_kind() -> None:
+    from executor.ring import ring_attention, ring_packed_attention
+
+    layout = _layout(1, 2, 0)
+    q = torch.zeros(layout.ring_tokens(0), HEADS, HEAD_DIM)
     with pytest.raises(ValueError, match="needs a process group"):
         ring_attention(q, q, q, layout=layout, group=None, causal=True)
+    with pytest.raises(ValueError, match="'spatial_2d' cannot run on a ring"):
+        ring_packed_attention(q, q, q, layout=layout, groups=RingGroups(ulysses=None, ring=None), kind="spatial_2d")

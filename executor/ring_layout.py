@@ -1,0 +1,225 @@
+"""Where each token lives in a group that splits attention as Ulysses x ring (issue 25).
+
+A group of ``d = u x r`` ranks: group rank ``g`` is ring position ``j = g // u`` and Ulysses
+position ``i = g % u``, so each Ulysses subgroup is ``u`` consecutive ranks (inside a node where
+the group allows it) and each ring links the ranks of one Ulysses position across the ``r``
+rank-sets. Every sample is cut into ``2r`` chunks (``piece_sizes(tokens, 2r)``); ring position
+``j`` owns chunks ``j`` and ``2r-1-j`` (the zig-zag layout of public ring implementations, e.g.
+zhuzilin/ring-flash-attention and Megatron-Core's context parallelism), so under a causal mask
+every ring position does the same attention work: an early chunk with few keys before it is
+paired with its mirror, which has many. The two chunks, in position order, form the ring
+position's *sub-sample*; inside the ``u`` ranks of a ring position the sub-sample is cut into
+``u`` contiguous pieces as :class:`executor.layout.PackedLayout` cuts a whole sample, and
+Ulysses (:mod:`executor.ulysses`) swaps those pieces for heads, unchanged.
+
+:class:`RingLayout` answers the questions the executor and the models ask a ``PackedLayout``
+(pieces per rank, local positions and rows, shards, subsets), so token weights, per-sample
+checkpointing and position embeddings run as they do for Ulysses groups.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from executor.layout import PackedLayout, SampleShape, piece_sizes
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class RingGroups:
+    """The two process groups a rank of a ``u x r`` group uses (``None`` for a degree of one)."""
+
+    ulysses: dist.ProcessGroup | None
+    """The ``u`` ranks of this rank's ring position (the all-to-alls)."""
+    ring: dist.ProcessGroup | None
+    """The ``r`` ranks of this rank's Ulysses position (the key/value hops)."""
+
+
+def check_layout_degrees(*, group_size: int, ulysses_degree: int, ring_degree: int) -> None:
+    """Check that a layout's degrees are positive and multiply to the group size.
+
+    Raises:
+        ValueError: naming the degrees and the group size.
+    """
+    if ulysses_degree < 1 or ring_degree < 1 or ulysses_degree * ring_degree != group_size:
+        raise ValueError(f"attention layout ulysses_degree={ulysses_degree} x ring_degree={ring_degree} "
+                         f"does not multiply to the group size {group_size}")
+
+
+def check_ring_chunks(tokens: Sequence[int], *, ring_degree: int, where: str = "") -> None:
+    """Check that every sample can be cut into the ``2 x ring_degree`` zig-zag chunks.
+
+    Raises:
+        ValueError: naming the sample, its tokens, the ring degree (and ``where``, e.g. the group).
+    """
+    if ring_degree <= 1:
+        return
+    for s, t in enumerate(tokens):
+        if t < 2 * ring_degree:
+            raise ValueError(f"{where}sample {s} has {t} tokens, fewer than the {2 * ring_degree} chunks "
+                             f"(2 x ring_degree={ring_degree}) a ring of {ring_degree} cuts every sample into")
+
+
+@functools.lru_cache(maxsize=4096)
+def _sub_positions(tokens: int, ring_degree: int, ring_index: int) -> torch.Tensor:
+    """Positions (ascending) of the two zig-zag chunks ring position ``ring_index`` owns."""
+    sizes = piece_sizes(tokens, 2 * ring_degree)
+    starts = [0]
+    for size in sizes:
+        starts.append(starts[-1] + size)
+    first, mirror = ring_index, 2 * ring_degree - 1 - ring_index
+    return torch.cat([torch.arange(starts[first], starts[first + 1]),
+                      torch.arange(starts[mirror], starts[mirror + 1])])
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class RingLayout:
+    """Token placement of one micro-batch (or some of its samples) on one rank of a ``u x r`` group."""
+
+    samples: tuple[SampleShape, ...]
+    """The samples, in micro-batch order."""
+    ulysses_degree: int
+    """``u``: ranks that swap sequence for heads (divides the query heads)."""
+    ring_degree: int
+    """``r``: rank-sets the key/value blocks travel around."""
+    index_in_group: int
+    """This rank's position in its group, ``0..u*r-1``."""
+    pieces: tuple[tuple[int, ...], ...] = field(init=False)
+    """``pieces[s][g]``: tokens of sample ``s`` held by group rank ``g``."""
+
+    def __post_init__(self) -> None:
+        if not self.samples:
+            raise ValueError("a layout needs at least one sample")
+        size = self.ulysses_degree * self.ring_degree
+        check_layout_degrees(group_size=size, ulysses_degree=self.ulysses_degree, ring_degree=self.ring_degree)
+        if not 0 <= self.index_in_group < size:
+            raise ValueError(f"index_in_group={self.index_in_group} outside group of {size}")
+        check_ring_chunks([s.tokens for s in self.samples], ring_degree=self.ring_degree)
+        u, r = self.ulysses_degree, self.ring_degree
+        object.__setattr__(self, "pieces", tuple(
+            tuple(p for j in range(r) for p in piece_sizes(self.sub_tokens(s, j), u))
+            for s in range(len(self.samples))))
+
+    # ------------------------------------------------------------ sizes
+    @property
+    def group_size(self) -> int:
+        """``d = u x r``."""
+        return self.ulysses_degree * self.ring_degree
+
+    @property
+    def ring_index(self) -> int:
+        """This rank's ring position ``j``."""
+        return self.index_in_group // self.ulysses_degree
+
+    @property
+    def ulysses_index(self) -> int:
+        """This rank's position ``i`` inside its Ulysses subgroup."""
+        return self.index_in_group % self.ulysses_degree
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in the layout."""
+        return len(self.samples)
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens of all samples."""
+        return sum(s.tokens for s in self.samples)
+
+    def rank_tokens(self, rank: int) -> int:
+        """Tokens group rank ``rank`` holds in sequence-sharded form."""
+        return sum(p[rank] for p in self.pieces)
+
+    @property
+    def local_tokens(self) -> int:
+        """Tokens this rank holds in sequence-sharded form."""
+        return self.rank_tokens(self.index_in_group)
+
+    def sub_tokens(self, sample: int, ring_index: int) -> int:
+        """Tokens of sample ``sample`` that ring position ``ring_index`` owns (its two chunks)."""
+        return int(_sub_positions(self.samples[sample].tokens, self.ring_degree, ring_index).numel())
+
+    def sample_offsets(self) -> list[int]:
+        """Start of each sample in the packed full sequence, plus the total at the end."""
+        offsets = [0]
+        for s in self.samples:
+            offsets.append(offsets[-1] + s.tokens)
+        return offsets
+
+    # ---------------------------------------------- the Ulysses and ring views
+    def ulysses_layout(self) -> PackedLayout:
+        """The Ulysses layout inside this rank's ring position: its sub-samples over ``u`` ranks."""
+        return _ulysses_layout(self)
+
+    def ring_tokens(self, ring_index: int) -> int:
+        """Tokens of ring position ``ring_index``'s packed sub-samples (one key/value block)."""
+        return sum(self.sub_tokens(s, ring_index) for s in range(self.num_samples))
+
+    def ring_table(self, ring_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample index and position in its sample of every token of ring position ``ring_index``'s
+        packed sub-samples (the head-sharded sequence after the Ulysses swap)."""
+        return _ring_table(self, ring_index)
+
+    def packed_positions(self) -> torch.Tensor:
+        """Position in its sample of every token of this rank's packed sub-samples (for rotary
+        embeddings on the head-sharded side)."""
+        return self.ring_table(self.ring_index)[1]
+
+    # ------------------------------------------------------- local tokens
+    def _local_piece(self, sample: int) -> torch.Tensor:
+        positions = _sub_positions(self.samples[sample].tokens, self.ring_degree, self.ring_index)
+        sizes = piece_sizes(int(positions.numel()), self.ulysses_degree)
+        start = sum(sizes[: self.ulysses_index])
+        return positions[start:start + sizes[self.ulysses_index]]
+
+    def local_positions(self) -> torch.Tensor:
+        """Position inside its sample of every local token (local order)."""
+        return torch.cat([self._local_piece(s) for s in range(self.num_samples)])
+
+    def local_spatial(self) -> torch.Tensor:
+        """Tokens per frame of the sample of every local token (local order)."""
+        return torch.cat([torch.full((self.pieces[s][self.index_in_group],), shape.spatial, dtype=torch.long)
+                          for s, shape in enumerate(self.samples)])
+
+    def local_sample_index(self) -> torch.Tensor:
+        """Index of the sample of every local token (local order)."""
+        return torch.cat([torch.full((self.pieces[s][self.index_in_group],), s, dtype=torch.long)
+                          for s in range(self.num_samples)])
+
+    def local_rows(self, sample_indices: Sequence[int]) -> torch.Tensor:
+        """Rows of the local tensor that hold the given samples' pieces (in the given order)."""
+        starts = [0]
+        for s in range(self.num_samples):
+            starts.append(starts[-1] + self.pieces[s][self.index_in_group])
+        parts = [torch.arange(starts[s], starts[s + 1]) for s in sample_indices]
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+
+    def subset(self, sample_indices: Sequence[int]) -> RingLayout:
+        """The layout of some of the samples (same group, same per-sample pieces)."""
+        return RingLayout(samples=tuple(self.samples[s] for s in sample_indices),
+                          ulysses_degree=self.ulysses_degree, ring_degree=self.ring_degree,
+                          index_in_group=self.index_in_group)
+
+    def shard(self, full: torch.Tensor, sample: int) -> torch.Tensor:
+        """This rank's tokens of a full per-sample tensor (first dim = the sample's tokens)."""
+        if full.shape[0] != self.samples[sample].tokens:
+            raise ValueError(f"sample {sample}: tensor has {full.shape[0]} rows, "
+                             f"expected {self.samples[sample].tokens} tokens")
+        return full.index_select(0, self._local_piece(sample).to(full.device))
+
+
+@functools.lru_cache(maxsize=256)
+def _ulysses_layout(layout: RingLayout) -> PackedLayout:
+    subs = tuple(SampleShape(tokens=layout.sub_tokens(s, layout.ring_index)) for s in range(layout.num_samples))
+    return PackedLayout(samples=subs, group_size=layout.ulysses_degree, index_in_group=layout.ulysses_index)
+
+
+@functools.lru_cache(maxsize=1024)
+def _ring_table(layout: RingLayout, ring_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    positions = [_sub_positions(s.tokens, layout.ring_degree, ring_index) for s in layout.samples]
+    index = [torch.full((int(p.numel()),), s, dtype=torch.long) for s, p in enumerate(positions)]
+    return torch.cat(index), torch.cat(positions)
