@@ -155,6 +155,7 @@ def main() -> int:
     base = args.workdir or Path(tempfile.mkdtemp(prefix="dcp-fuzz-"))
     runs = []
     modes = args.modes.split(",")
+    load_start = os.getloadavg()
     with progress_bar(f"fuzzing {len(modes)} mode(s), {args.max_time_s} s each", quiet=args.quiet,
                       total=len(modes)) as update:
         for mode in modes:
@@ -168,7 +169,9 @@ def main() -> int:
               f"{r['test_cases'].get('failed', 0):>7d} {r['server_5xx']:>7d} {r['server_tracebacks']:>6d} "
               f"{r['elapsed_s']:>8.0f}  {r['requests_by_status']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({**provenance(), "runs": runs}, indent=2) + "\n")
+    load = {"host_load_avg_start": [round(x, 2) for x in load_start],
+            "host_load_avg_end": [round(x, 2) for x in os.getloadavg()], "host_cpus": os.cpu_count()}
+    args.out.write_text(json.dumps({**provenance(), **load, "runs": runs}, indent=2) + "\n")
     return 0 if all(r["passed"] for r in runs) else 1
 
 
