@@ -12,7 +12,8 @@ in fp64:
 3. ``resumed``: a differently initialised model, resumed by the ``Trainer`` from ``checkpoint-2``;
 4. ``local``: :class:`DCPTrainer` with plans made in each rank by the planner library;
 5. ``sft`` (when ``trl`` is installed): TRL's ``SFTTrainer`` padding-free (each rank's batch packed
-   into one sequence, the same fp64 loss) and ``DCPSFTTrainer`` with ``packing=True``, 3 steps.
+   into one sequence, the same fp64 loss) and ``DCPSFTTrainer`` with ``packing=True``, 3 steps,
+   completion-only labels (each document's first 6 tokens are -100).
 
 Each run records its per-rank loss values and (rank 0) its final parameters into ``rank{r}.pt``.
 Usage: ``torchrun --nproc-per-node 4 hf_trainer_worker.py URL EPOCH_ID OUT_DIR``.
@@ -34,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 STEPS = 4
 SAMPLES_PER_STEP = 8
 SFT_STEPS = 3
+PROMPT_TOKENS = 6
 SEED = 0
 
 
@@ -138,9 +140,21 @@ def _sft(out: Path, docs: list[dict[str, Any]], batches: list[list[str]], plans:
     from executor.integrations.hf_trainer import dcp_sft_trainer_class
 
     tokenizer = ByT5Tokenizer()  # byte-level, no download: only its pad and eos tokens are used
+    # completion-only loss: the first PROMPT_TOKENS bytes of every document are a "prompt" (label -100)
+    docs = [{**d, "labels": [-100] * PROMPT_TOKENS + d["input_ids"][PROMPT_TOKENS:]} for d in docs]
     by_id = {d["id"]: d for d in docs}
     ordered = Dataset.from_list([by_id[i] for batch in batches[:SFT_STEPS] for i in batch])
-    plain = SFTTrainer(model=_model(SEED), args=_sft_args(out / "sft_plain", packing=False, padding_free=True,
+    class RecordingSFT(SFTTrainer):
+        """TRL's SFTTrainer unchanged, its per-rank loss values kept in fp64."""
+
+        losses: ClassVar[list[float]] = []
+
+        def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+            loss = super().training_step(*args, **kwargs)
+            self.losses.append(float(loss))
+            return loss
+
+    plain = RecordingSFT(model=_model(SEED), args=_sft_args(out / "sft_plain", packing=False, padding_free=True,
                                                           max_length=None,  # TRL: not enforced padding-free
                                                           train_sampling_strategy="sequential",
                                                           per_device_train_batch_size=SAMPLES_PER_STEP // world),
@@ -150,7 +164,8 @@ def _sft(out: Path, docs: list[dict[str, Any]], batches: list[list[str]], plans:
                                   train_dataset=Dataset.from_list(docs), processing_class=tokenizer, plans=plans,
                                   id_column="id")
     dcp.train()
-    return {"plain_params": _params(plain), "params": _params(dcp), "history": list(dcp.dcp_history),
+    return {"plain_losses": list(plain.losses), "plain_params": _params(plain), "params": _params(dcp),
+            "history": list(dcp.dcp_history),
             "plain_logged": [e["loss"] for e in plain.state.log_history if "loss" in e],
             "logged": [e["loss"] for e in dcp.state.log_history if "loss" in e]}
 
