@@ -25,6 +25,7 @@ from costmodel.analytic import (
     num_params,
 )
 from costmodel.fit_comm import fit_comm
+from costmodel.fit_diagnosis import diagnose
 from costmodel.fit_terms import (
     SplitConfig,
     TermResult,
@@ -266,17 +267,23 @@ def fit_profiles(profiles: Sequence[Profile], config: FitConfig | None = None) -
     poor = {n: t.mape for n, t in terms.items() if t.mape > cfg.max_mape}
     if poor:
         listing = ", ".join(f"{n} {m:.1%}" for n, m in poor.items())
+        labels = [f"d={r.group_size} k{'>0' if r.recompute_layers else '=0'}" for r in compute]
+        verdicts = {n: diagnose(terms[n], labels).describe() for n in poor if n in COMPUTE_TERMS}
+        found = "; ".join(f"{n}: {v}" for n, v in verdicts.items())
         if not cfg.force:
             advice = list(dict.fromkeys(REFIT_ADVICE.get(n, REFIT_ADVICE["compute_time"]) for n in poor))
             if cfg.time_statistic != "min":
                 advice.append("on a shared machine fit the fastest repeat (--time-statistic min)")
             raise FitRefusedError(
-                f"fit refused: held-out MAPE above {cfg.max_mape:.0%} on {listing}. To fix: "
-                f"{'; '.join(advice)}; or keep the fit anyway, noted in the file (dcp fit --force; "
+                f"fit refused: held-out MAPE above {cfg.max_mape:.0%} on {listing}"
+                + (f" ({found})" if found else "") + f". To fix: {'; '.join(advice)}; or keep the fit "
+                "anyway, noted in the file and with its memory error as a margin (dcp fit --force; "
                 "API options.force)"
             )
-        notes.append(f"FORCED despite held-out MAPE above {cfg.max_mape:.0%}: {listing}")
+        notes.append(f"FORCED despite held-out MAPE above {cfg.max_mape:.0%}: {listing}"
+                     + (f" ({found})" if found else ""))
         logger.warning("fit forced despite %s", listing)
+        activation = _with_memory_margin(activation, terms, poor, notes)
     hardware = cfg.hardware or header.hardware
     file = CostModelFile(
         id=cfg.model_id or f"fitted-{model.name}-{hardware}",
@@ -285,6 +292,29 @@ def fit_profiles(profiles: Sequence[Profile], config: FitConfig | None = None) -
         fit_quality={n: t.to_term_fit() for n, t in terms.items()}, notes="; ".join(notes),
     )
     return FitResult(file=file, terms=terms, compute_fixed_s=fixed_s, head_fixed_s=head_fixed_s)
+
+
+MEMORY_TERMS = ("activation_bytes", "peak_bytes")
+"""Terms that guard memory: a forced fit of one of them is used with its held-out error as a margin."""
+COMPUTE_TERMS = ("compute_time", "activation_bytes", "peak_bytes")
+"""Terms fitted to the compute records (their residuals are grouped by size and policy)."""
+
+
+def _with_memory_margin(activation: ActivationCoefficients, terms: dict[str, TermResult], poor: dict[str, float],
+                        notes: list[str]) -> ActivationCoefficients:
+    """The per-token byte terms scaled up by the worst held-out under-prediction of a forced memory
+    term, so that a plan under the forced model still fits where the fit was wrong by that much
+    (the file's notes say so; a refused fit the user forced is otherwise used as if exact)."""
+    margin = max((terms[n].worst_underprediction for n in poor if n in MEMORY_TERMS), default=0.0)
+    if margin <= 0:
+        return activation
+    factor = 1.0 + margin
+    notes.append(f"memory terms scaled by {factor:.3f}: the forced fit under-predicted a held-out peak by "
+                 f"{margin:.1%}")
+    logger.warning("forced memory fit: per-token bytes scaled by %.3f", factor)
+    return activation.model_copy(update={key: getattr(activation, key) * factor for key in (
+        "bytes_per_token_layer_none", "bytes_per_token_layer_full", "working_bytes_per_token",
+        "transient_bytes_per_token", "head_transient_bytes_per_token", "kv_head_bytes_per_token_layer")})
 
 
 def _comm_coefficients(links: dict[str, list[LinkFit]], hardware: str, model: ModelSpec,

@@ -52,6 +52,16 @@ class TermResult:
     num_heldout: int
     heldout_measured: FloatArray = field(repr=False)
     heldout_predicted: FloatArray = field(repr=False)
+    heldout_index: tuple[int, ...] = ()
+    """Positions of the held-out points in the records the term was fitted to."""
+
+    @property
+    def worst_underprediction(self) -> float:
+        """The largest ``measured / predicted - 1`` over the held-out points (0 when none is under)."""
+        if len(self.heldout_measured) == 0:
+            return 0.0
+        ratio = self.heldout_measured / np.maximum(self.heldout_predicted, 1e-30) - 1.0
+        return float(max(0.0, ratio.max()))
 
     def to_term_fit(self) -> TermFit:
         """The schema's record of this term."""
@@ -125,7 +135,8 @@ def fit_linear_term(name: str, a: FloatArray, y: FloatArray, split: SplitConfig,
     _check_rank(name, a[train], hint)
     x = relative_nnls(a[train], y[train])
     pred = a[held] @ x
-    return x, TermResult(name, mape(y[held], pred), len(train), len(held), y[held], pred)
+    return x, TermResult(name, mape(y[held], pred), len(train), len(held), y[held], pred,
+                         tuple(int(i) for i in held))
 
 
 def timing(rec: ComputeRecord | HeadRecord | CommRecord, statistic: TimeStatistic) -> float:
@@ -235,7 +246,8 @@ def fit_compute(records: Sequence[ComputeRecord], kind: str, split: SplitConfig,
     a = _compute_rows(records, kind, half, per_call, relayout)
     theta = relative_nnls(a[train], y[train])
     pred = a[held] @ theta
-    result = TermResult("compute_time", mape(y[held], pred), len(train), len(held), y[held], pred)
+    result = TermResult("compute_time", mape(y[held], pred), len(train), len(held), y[held], pred,
+                        tuple(int(i) for i in held))
     m = (a.shape[1] - 1 - relayout) // 2
     moved = float(theta[2 * m]) if relayout else 0.0
     return ComputeFit(forward=_terms(theta[:m], kind, per_call, moved),
@@ -311,8 +323,10 @@ def fit_transient(records: Sequence[ComputeRecord], *, none_bytes: float, full_b
     coef, _ = nnls(design[train] / y[train, None], (y[train] - known[train]) / y[train])
     transient, per_layer = float(coef[0]), float(coef[1])
     pred = known[held] + design[held] @ coef
+    peak_index = [j for j, r in enumerate(records) if r.device_peak_bytes is not None]
+    held_records = [peak_index[int(i)] for i in held]
     return transient, per_layer, TermResult("peak_bytes", mape(y[held], pred), len(train), len(held),
-                                            y[held], pred)
+                                            y[held], pred, tuple(held_records))
 
 
 def fit_head(records: Sequence[HeadRecord], split: SplitConfig) -> tuple[float, float, float, TermResult]:

@@ -382,3 +382,36 @@ def test_in_layer_alltoall_records_set_the_latency_of_their_group() -> None:
     # without them the same profile fits the back-to-back link
     plain = fit_profiles([profile]).file.comm.exact_link("alltoall", group_size=2, num_nodes=1)
     assert plain is not None and plain.alpha_s == pytest.approx(ALPHA_S, rel=1e-3)
+
+
+def test_a_model_form_error_is_named_and_a_forced_memory_fit_carries_its_error() -> None:
+    """Peaks the model cannot express (a checkpointed micro-batch peaks 40% above what kept +
+    transient bytes say): the refusal calls it a model-form error with the groups that agree, not
+    noise; forced, the per-token bytes carry the worst held-out under-prediction as a margin."""
+    model = load_model("llama-7b")
+    clean = synthetic_profile(model, noise=0.0, seed=3)
+    wrong = [r.model_copy(update={"device_peak_bytes": r.device_peak_bytes * (1.4 if r.recompute_layers else 1.0)})
+             for r in clean.compute]
+    profile = clean.model_copy(update={"compute": wrong})
+    with pytest.raises(FitRefusedError, match="peak_bytes") as refused:
+        fit_profiles([profile])
+    assert "model-form error" in str(refused.value) and "k>0" in str(refused.value)
+    exact = fit_profiles([clean]).file
+    forced = fit_profiles([profile], FitConfig(force=True)).file
+    assert "memory terms scaled by" in forced.notes
+    assert forced.activation.bytes_per_token_layer_none > 1.05 * exact.activation.bytes_per_token_layer_none
+
+
+def test_noise_is_called_noise() -> None:
+    from costmodel.fit_diagnosis import diagnose
+    from costmodel.fit_terms import TermResult
+
+    measured = np.ones(8)
+    noisy = TermResult("x", 0.2, 10, 8, measured, np.array([1.2, 0.8, 1.25, 0.75, 1.2, 0.8, 1.3, 0.7]),
+                       tuple(range(8)))
+    labels = ["d=1 k=0", "d=1 k=0", "d=2 k=0", "d=2 k=0", "d=1 k>0", "d=1 k>0", "d=2 k>0", "d=2 k>0"]
+    assert diagnose(noisy, labels).kind == "noise"
+    form = TermResult("x", 0.2, 10, 8, measured, np.array([1.2, 1.25, 0.8, 0.75, 1.2, 1.3, 0.8, 0.7]),
+                      tuple(range(8)))
+    verdict = diagnose(form, ["a", "a", "b", "b", "a", "a", "b", "b"])
+    assert verdict.kind == "model-form" and {g for g, _ in verdict.groups} == {"a", "b"}
