@@ -54,6 +54,7 @@ from planner.bounds.lp import partition_lp_bound  # noqa: E402
 from planner.config import PlannerConfig  # noqa: E402
 from planner.planning import check_bound, plan_batch_with_stats, prepare  # noqa: E402
 from planner.workload import WorkloadSpec, sample_batch  # noqa: E402
+from provenance import provenance  # noqa: E402  (bench/, the script's folder, is on sys.path)
 
 BUCKETS = ("bucket-sp1", "bucket-sp2", "bucket-sp4", "bucket-sp8")
 BASELINES = (*BUCKETS, "bucket-best", "static-best", "megatron-dyncp", "dcp-greedy", "naive",
@@ -204,6 +205,44 @@ def rss_probe(num_samples: int, cluster_name: str, workload: str) -> dict[str, A
             "status": status}
 
 
+SEARCH_STATUSES = ("HEURISTIC", "FEASIBLE", "OPTIMAL")
+
+
+def by_workload(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per workload, over its grid cells' steps: the steps by where the plan came from (the
+    search's own HEURISTIC/FEASIBLE/OPTIMAL, a BASELINE as it is, a POLISHED_BASELINE), the share
+    where the search alone beat the strongest baseline, and the gain of polishing (baseline's
+    time / polished plan's time, over the polished steps)."""
+    rows_of: dict[str, list[dict[str, Any]]] = {}
+    for cell in cells:
+        rows_of.setdefault(cell["summary"]["workload"], []).extend(cell["rows"])
+    out = []
+    for workload, rows in rows_of.items():
+        statuses = Counter(r["status"] for r in rows)
+        gains = [r["polish_gain"] for r in rows if r["polish_gain"] is not None]
+        out.append({
+            "workload": workload, "steps": len(rows),
+            "search_steps": sum(statuses[s] for s in SEARCH_STATUSES),
+            "baseline_steps": statuses["BASELINE"], "polished_steps": statuses["POLISHED_BASELINE"],
+            "statuses": dict(statuses),
+            "search_beat_strongest_steps": int(sum(r["search_beat_strongest"] for r in rows)),
+            "search_beat_strongest_share": float(np.mean([r["search_beat_strongest"] for r in rows])),
+            "polish_gain_mean": float(np.mean(gains)) if gains else None,
+            "polish_gain_max": float(max(gains)) if gains else None,
+        })
+    return out
+
+
+def _print_by_workload(summaries: list[dict[str, Any]]) -> None:
+    print(f"\n{'workload':17s}{'steps':>6s}{'search':>7s}{'BASE':>5s}{'POLISH':>7s}"
+          f"{'search beat strongest':>23s}{'polish gain mean / max':>24s}")
+    for s in summaries:
+        gain = ("-" if s["polish_gain_mean"] is None else
+                f"{(s['polish_gain_mean'] - 1) * 100:.2f}% / {(s['polish_gain_max'] - 1) * 100:.2f}%")
+        print(f"{s['workload']:17s}{s['steps']:6d}{s['search_steps']:7d}{s['baseline_steps']:5d}"
+              f"{s['polished_steps']:7d}{s['search_beat_strongest_share'] * 100:22.0f}%{gain:>24s}")
+
+
 def _fmt(v: float | None) -> str:
     return f"{v:.2f}" if v is not None else "-"
 
@@ -279,11 +318,8 @@ def main() -> None:
     batches = [64, 256] if args.quick else args.batches
     out = args.out or ROOT / "bench" / "results" / (
         "plan_quality_quick.json" if args.quick else "plan_quality.json")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                            capture_output=True, check=False).stdout.strip()
     result: dict[str, Any] = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "git_commit": commit or None,
+        **provenance(),  # command and commit (-dirty when tracked files differ)
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "cpu_count": os.cpu_count(), "pinned": pinned,
                     "loadavg_at_start": os.getloadavg()},
@@ -310,6 +346,8 @@ def main() -> None:
                               f"p50 {s['latency_p50_s'] * 1e3:.1f} ms", flush=True)
         print()
         _print_grid(cells)
+        result["by_workload"] = by_workload(cells)
+        _print_by_workload(result["by_workload"])
     result["grid"] = [c["summary"] for c in cells]
     result["grid_rows"] = {f"{c['summary']['workload']}/{c['summary']['cluster']}/"
                            f"{c['summary']['num_samples']}": c["rows"] for c in cells}

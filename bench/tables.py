@@ -120,6 +120,18 @@ def _scale_points(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _statuses(data: dict[str, Any]) -> list[str]:
+    head = ["workload", "steps", "search (HEURISTIC / FEASIBLE / OPTIMAL)", "BASELINE", "POLISHED_BASELINE",
+            "search alone beat strongest", "polishing gain mean (max)"]
+    lines = [_row(head), "|---|" + "---:|" * (len(head) - 1)]
+    for w in data["by_workload"]:
+        gain = ("-" if w["polish_gain_mean"] is None
+                else f"{_pct(w['polish_gain_mean'] - 1)} ({_pct(w['polish_gain_max'] - 1)})")
+        lines.append(_row([w["workload"], str(w["steps"]), str(w["search_steps"]), str(w["baseline_steps"]),
+                           str(w["polished_steps"]), f"{w['search_beat_strongest_steps']} of {w['steps']}", gain]))
+    return lines
+
+
 def _load(data: dict[str, Any]) -> str:
     machine = data.get("machine", {})
     start, end = machine.get("loadavg_at_start"), machine.get("loadavg_at_end")
@@ -132,6 +144,7 @@ TABLES: dict[str, TableSpec] = {
     "plan-quality-grid": TableSpec(json_name="plan_quality.json", render=_grid),
     "plan-quality-budgets": TableSpec(json_name="plan_quality.json", render=_budgets),
     "plan-quality-24-48": TableSpec(json_name="plan_quality_24_48.json", render=_grid),
+    "plan-statuses": TableSpec(json_name="plan_quality_statuses.json", render=_statuses),
 }
 """Every generated table by its marker name."""
 
