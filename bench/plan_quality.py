@@ -47,6 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from provenance import provenance  # noqa: E402  (bench/, the script's folder, is on sys.path)
+
 from costmodel.presets import default_cost_model_file, load_cluster, workload_names  # noqa: E402
 from dcp_cli.progress import make_progress  # noqa: E402
 from planner.baselines import strongest  # noqa: E402
@@ -54,7 +56,6 @@ from planner.bounds.lp import partition_lp_bound  # noqa: E402
 from planner.config import PlannerConfig  # noqa: E402
 from planner.planning import check_bound, plan_batch_with_stats, prepare  # noqa: E402
 from planner.workload import WorkloadSpec, sample_batch  # noqa: E402
-from provenance import provenance  # noqa: E402  (bench/, the script's folder, is on sys.path)
 
 BUCKETS = ("bucket-sp1", "bucket-sp2", "bucket-sp4", "bucket-sp8")
 BASELINES = (*BUCKETS, "bucket-best", "static-best", "megatron-dyncp", "dcp-greedy", "naive",
