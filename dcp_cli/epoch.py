@@ -202,7 +202,8 @@ def register(app: typer.Typer) -> None:
         new_steps = 0
         started = time.monotonic()
         with make_progress(quiet=quiet) as progress:
-            bar = progress.add_task(f"epoch {eid} ({runner})", total=record.steps_total,
+            # Shown from the start: the first steps wait for the workers to start and import.
+            bar = progress.add_task(f"epoch {eid} ({runner}): starting the workers", total=record.steps_total,
                                     completed=record.steps_done)
 
             def on_written(n: int) -> None:
