@@ -90,7 +90,7 @@ def start_service_epoch(client: PlannerClient, *, epoch_id: str, samples: list[S
 
 def main() -> None:
     """Train ``--steps`` optimizer steps and print each step's logged loss."""
-    args = parse_args(__doc__ or "", extra=[("--output-dir", {"default": "/tmp/dcp-hf-trainer"}),
+    args = parse_args(__doc__ or "", extra=[("--output-dir", {"default": "runs/hf-trainer"}),
                                             ("--service", {"action": "store_true",
                                                           "help": "Fetch plans from --url."})])
     local = not args.service
