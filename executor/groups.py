@@ -5,6 +5,13 @@ Plans partition the world into contiguous blocks of ranks (not necessarily align
 process group for every contiguous block of every allowed size larger than one, with plain
 ``dist.new_group`` (a collective over the whole world; ``use_local_synchronization=True`` can
 deadlock on gloo when groups overlap). A group of one rank needs no process group.
+
+Ulysses x ring layouts (``GroupPlan.ring_degree``, :mod:`executor.ring_layout`): for each layout
+``(u, r)`` it is given, on every contiguous block of ``u x r`` ranks, the registry also creates the
+block's ``r`` Ulysses subgroups (``u`` consecutive ranks) and its ``u`` rings (ranks ``i, i+u, ...``),
+after the contiguous groups and in the same order on every rank, each set of ranks once (a
+contiguous subgroup is one of the plain groups when its size is registered). A layout adds at most
+``2 x world_size`` groups, so the set stays bounded and ``num_groups`` counts it.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from collections.abc import Iterable, Sequence
 
 import torch.distributed as dist
 
+from executor.ring_layout import RingGroups, check_layout_degrees
 from planner.plan import GroupPlan
 
 logger = logging.getLogger(__name__)
@@ -24,7 +32,7 @@ class GroupRegistry:
     """Owns the SP process groups of one world; hands them out per step."""
 
     def __init__(self, *, world_size: int, rank: int, group_sizes: Iterable[int],
-                 backend: str | None = None) -> None:
+                 layouts: Iterable[tuple[int, int]] = (), backend: str | None = None) -> None:
         """Create the groups. Every rank must call this with the same arguments.
 
         Args:
@@ -32,6 +40,9 @@ class GroupRegistry:
             rank: This rank.
             group_sizes: Sizes plans may use (e.g. the model's allowed Ulysses sizes);
                 sizes above ``world_size`` are ignored.
+            layouts: Ulysses x ring layouts ``(ulysses_degree, ring_degree)`` plans may use besides
+                pure Ulysses; their group sizes ``u x r`` are registered too (those above
+                ``world_size`` are ignored).
             backend: Backend of the new groups (default: the world's).
 
         Raises:
@@ -45,11 +56,17 @@ class GroupRegistry:
         sizes = sorted(set(group_sizes))
         if not sizes or sizes[0] <= 0:
             raise ValueError(f"group_sizes must be positive, got {sizes}")
+        ring_layouts = sorted({(u, r) for u, r in layouts if r > 1})
+        for u, r in ring_layouts:
+            check_layout_degrees(group_size=u * r, ulysses_degree=u, ring_degree=r)
         self.world_size = world_size
         self.rank = rank
-        self.sizes = tuple(s for s in sizes if s <= world_size)
+        self.layouts = tuple((u, r) for u, r in ring_layouts if u * r <= world_size)
+        """Ulysses x ring layouts ``(u, r)`` with ``r > 1`` within this world."""
+        self.sizes = tuple(sorted({s for s in sizes if s <= world_size} | {u * r for u, r in self.layouts}))
         """Allowed group sizes within this world."""
         self._groups: dict[tuple[int, int], dist.ProcessGroup] = {}
+        self._by_ranks: dict[tuple[int, ...], dist.ProcessGroup] = {}
         needs_dist = any(s > 1 for s in self.sizes)
         if needs_dist:
             if not dist.is_initialized():
@@ -67,21 +84,41 @@ class GroupRegistry:
                 ranks = list(range(first, first + size))
                 group = dist.new_group(ranks=ranks, backend=backend)
                 self.num_groups += 1
+                self._by_ranks[tuple(ranks)] = group
                 if rank in ranks:
                     self._groups[(first, size)] = group
+        self.num_ring_groups = 0
+        """Of ``num_groups``, the subgroups created for the Ulysses x ring layouts alone."""
+        for rank_set in self._layout_rank_sets():
+            if rank_set not in self._by_ranks:
+                self._by_ranks[rank_set] = dist.new_group(ranks=list(rank_set), backend=backend)
+                self.num_groups += 1
+                self.num_ring_groups += 1
         self.creation_time_s = time.perf_counter() - start
         """Wall time this rank spent creating the groups."""
         logger.info("rank %d: %d SP groups over sizes %s (%d with this rank) in %.3f s", rank, self.num_groups,
                     self.sizes, len(self._groups), self.creation_time_s)
 
-    def check_layout(self, group_sizes: Sequence[int]) -> None:
+    def _layout_rank_sets(self) -> list[tuple[int, ...]]:
+        """Every Ulysses subgroup and ring of every layout, in creation order (repeats included)."""
+        sets: list[tuple[int, ...]] = []
+        for u, r in self.layouts:
+            for first in range(self.world_size - u * r + 1):
+                if u > 1:
+                    sets += [tuple(range(first + j * u, first + (j + 1) * u)) for j in range(r)]
+                sets += [tuple(first + i + j * u for j in range(r)) for i in range(u)]
+        return sets
+
+    def check_layout(self, group_sizes: Sequence[int], ring_degrees: Sequence[int] | None = None) -> None:
         """Check that every group of a plan (sizes in rank order) is one of the registered groups.
 
-        Every rank holds the sizes of all groups (``RankPlan.group_sizes``), so every rank
-        raises together, before any collective of the step (no rank waits for another).
+        Every rank holds the sizes of all groups (``RankPlan.group_sizes``) and their ring degrees
+        (``RankPlan.ring_degrees``, ``None``: all pure Ulysses), so every rank raises together,
+        before any collective of the step (no rank waits for another).
 
         Raises:
-            ValueError: for sizes that do not add up to the world or a size not registered.
+            ValueError: for sizes that do not add up to the world, a size not registered or a
+                Ulysses x ring layout not registered.
         """
         if sum(group_sizes) != self.world_size or any(d <= 0 for d in group_sizes):
             raise ValueError(f"plan group sizes {list(group_sizes)} do not partition a world of {self.world_size}")
@@ -91,12 +128,29 @@ class GroupRegistry:
                 raise ValueError(f"the plan's group of ranks {first}..{first + size - 1} has size {size}, not one "
                                  f"of the registered sizes {list(self.sizes)}")
             first += size
+        if ring_degrees is None:
+            return
+        if len(ring_degrees) != len(group_sizes):
+            raise ValueError(f"{len(ring_degrees)} ring degrees for {len(group_sizes)} groups")
+        first = 0
+        for size, r in zip(group_sizes, ring_degrees, strict=True):
+            self._check_ring(first, size, r)
+            first += size
 
-    def group_for(self, group: GroupPlan) -> dist.ProcessGroup | None:
-        """The process group of a planned group this rank belongs to (``None`` for size one).
+    def _check_ring(self, first: int, size: int, ring_degree: int) -> None:
+        if ring_degree == 1:
+            return
+        layout = (size // ring_degree, ring_degree)
+        if size % ring_degree or layout not in self.layouts:
+            raise ValueError(f"the plan's group of ranks {first}..{first + size - 1} has ring_degree={ring_degree}, "
+                             f"not one of the registered layouts (ulysses_degree, ring_degree) {list(self.layouts)}")
+
+    def group_for(self, group: GroupPlan) -> dist.ProcessGroup | RingGroups | None:
+        """The process group of a planned group this rank belongs to (``None`` for size one; the
+        Ulysses subgroup and ring of this rank for a group with ``ring_degree > 1``).
 
         Raises:
-            ValueError: when this rank is not in the group or its size was not registered.
+            ValueError: when this rank is not in the group or its size or layout was not registered.
         """
         if self.rank not in group.ranks:
             raise ValueError(f"rank {self.rank} is not in planned group {group.ranks}")
@@ -105,4 +159,10 @@ class GroupRegistry:
                              f"not one of the registered sizes {list(self.sizes)}")
         if group.size == 1:
             return None
+        if group.ring_degree > 1:
+            self._check_ring(group.first_rank, group.size, group.ring_degree)
+            u, r, first = group.ulysses_degree, group.ring_degree, group.first_rank
+            j, i = divmod(self.rank - first, u)
+            ulysses = self._by_ranks[tuple(range(first + j * u, first + (j + 1) * u))] if u > 1 else None
+            return RingGroups(ulysses=ulysses, ring=self._by_ranks[tuple(first + i + k * u for k in range(r))])
         return self._groups[(group.first_rank, group.size)]

@@ -30,6 +30,7 @@ from executor.context import SPContext
 from executor.grad_sync import AllReduceSync, GradSync
 from executor.groups import GroupRegistry
 from executor.layout import PackedLayout, SampleShape
+from executor.ring_layout import RingGroups, RingLayout
 from planner.plan import LossNormalizer, RankPlan
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ def sample_shape(sample: Sample) -> SampleShape:
     return SampleShape(tokens=sample.tokens, frames=sample.num_frames)
 
 
-def token_weights(samples: Sequence[Sample], layout: PackedLayout, normalizer: LossNormalizer,
+def token_weights(samples: Sequence[Sample], layout: PackedLayout | RingLayout, normalizer: LossNormalizer,
                   *, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """Per local token loss weight so that the world's weighted sum is the step's mean loss."""
     parts = []
@@ -133,7 +134,8 @@ class Executor:
         """
         check_plan_agreement(rank_plan, step=step, rank=self.rank, world_size=self.world_size,
                              device=self.device)
-        self.registry.check_layout(rank_plan.group_sizes)  # every rank, every group: raise together
+        # every rank, every group: raise together
+        self.registry.check_layout(rank_plan.group_sizes, rank_plan.ring_degrees)
         self.registry.group_for(rank_plan.group)
         if self.step_gc is not None:
             self.step_gc.at_step_boundary()
@@ -198,12 +200,22 @@ class Executor:
                               recompute_layers=(0,), sample_ids=(), is_padding=True)
 
     def _work(self, rank_plan: RankPlan, index: int, samples: list[Sample], items: list[Item],
-              process_group: dist.ProcessGroup | None, policies: tuple[int, ...]) -> MicroBatchWork:
+              process_group: dist.ProcessGroup | RingGroups | None, policies: tuple[int, ...]) -> MicroBatchWork:
         if len(items) != len(samples):
             raise ValueError(f"step {rank_plan.step} micro-batch {index}: {len(items)} items loaded "
                              f"for {len(samples)} planned samples")
-        layout = PackedLayout(samples=tuple(sample_shape(s) for s in samples),
-                              group_size=rank_plan.group.size, index_in_group=rank_plan.index_in_group)
+        group = rank_plan.group
+        shapes = tuple(sample_shape(s) for s in samples)
+        layout: PackedLayout | RingLayout
+        if group.ring_degree > 1:  # Ulysses x ring (executor.ring)
+            try:
+                layout = RingLayout(samples=shapes, ulysses_degree=group.ulysses_degree,
+                                    ring_degree=group.ring_degree, index_in_group=rank_plan.index_in_group)
+            except ValueError as err:
+                raise ValueError(f"step {rank_plan.step}, group of ranks {group.first_rank}..{group.ranks[-1]}, "
+                                 f"micro-batch {index}: {err}") from None
+        else:
+            layout = PackedLayout(samples=shapes, group_size=group.size, index_in_group=rank_plan.index_in_group)
         inputs: list[torch.Tensor] = []
         targets: list[torch.Tensor] = []
         for s, (sample, item) in enumerate(zip(samples, items, strict=True)):
@@ -216,9 +228,15 @@ class Executor:
                 if not isinstance(value, torch.Tensor):
                     raise ValueError(f"sample {sample.id!r}: item[{key!r}] must be a tensor")
                 bucket.append(layout.shard(value, s))
+        if isinstance(layout, RingLayout):
+            assert isinstance(process_group, RingGroups)
+            ctx = SPContext.for_ring(layout, process_group)
+        else:
+            assert not isinstance(process_group, RingGroups)
+            ctx = SPContext(layout=layout, group=process_group)
         return MicroBatchWork(
             index=index,
-            ctx=SPContext(layout=layout, group=process_group),
+            ctx=ctx,
             inputs=torch.cat(inputs).to(self.device),
             targets=torch.cat(targets).to(self.device),
             token_weights=token_weights(samples, layout, rank_plan.loss_normalizer,

@@ -14,7 +14,7 @@ import hashlib
 import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from costmodel.specs import Sample
 
@@ -55,13 +55,32 @@ class GroupPlan(_Frozen):
     micro_batches: list[MicroBatch] = Field(default_factory=list, description="Run one after another.")
     predicted_time_s: float = Field(ge=0, description="Sum of the micro-batch times.")
     predicted_peak_mem_bytes: float = Field(ge=0, description="Max micro-batch peak bytes per rank.")
+    ring_degree: int = Field(default=1, ge=1, description=(
+        "Attention layout: the group runs Ulysses over size/ring_degree ranks and ring attention over "
+        "ring_degree rank-sets (executor/ring_layout.py); 1 = pure Ulysses, size = pure ring. Left out "
+        "of the JSON when 1, so pure-Ulysses plans keep their bytes and digests."))
 
     @model_validator(mode="after")
     def _contiguous(self) -> GroupPlan:
         first = self.ranks[0]
         if self.ranks != list(range(first, first + len(self.ranks))):
             raise ValueError(f"group ranks {self.ranks} are not contiguous ascending")
+        if len(self.ranks) % self.ring_degree != 0:
+            raise ValueError(f"group of ranks {first}..{self.ranks[-1]}: ring_degree={self.ring_degree} does not "
+                             f"divide the group size {len(self.ranks)}")
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_default_layout(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        data: dict[str, object] = handler(self)
+        if self.ring_degree == 1:
+            data.pop("ring_degree", None)
+        return data
+
+    @property
+    def ulysses_degree(self) -> int:
+        """Ranks that swap sequence for heads: ``size // ring_degree``."""
+        return len(self.ranks) // self.ring_degree
 
     @property
     def size(self) -> int:
@@ -177,6 +196,8 @@ class Plan(_Frozen):
             num_ranks=self.num_ranks,
             group=group,
             group_sizes=[g.size for g in self.groups],
+            ring_degrees=([g.ring_degree for g in self.groups] if any(g.ring_degree > 1 for g in self.groups)
+                          else None),
             loss_normalizer=self.loss_normalizer,
             plan_digest=self.digest(),
             cost_model_id=self.cost_model_id,
@@ -192,9 +213,18 @@ class RankPlan(_Frozen):
     num_ranks: int = Field(gt=0, description="World size N.")
     group: GroupPlan = Field(description="The rank's group and its micro-batches.")
     group_sizes: list[int] = Field(description="Sizes of all groups in rank order (layout check).")
+    ring_degrees: list[int] | None = Field(default=None, description=(
+        "Ring degree of all groups in rank order (layout check); left out when every group is pure Ulysses."))
     loss_normalizer: LossNormalizer = Field(description="Global loss normaliser.")
     plan_digest: str = Field(min_length=64, max_length=64, description="Digest of the whole plan.")
     cost_model_id: str = Field(description="Id of the cost model used.")
+
+    @model_serializer(mode="wrap")
+    def _omit_default_layout(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        data: dict[str, object] = handler(self)
+        if self.ring_degrees is None:
+            data.pop("ring_degrees", None)
+        return data
 
     @property
     def index_in_group(self) -> int:

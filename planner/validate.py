@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from costmodel.evaluate import CostModel, nodes_spanned
 from costmodel.specs import Sample
 from costmodel.units import fmt_bytes
-from planner.plan import Plan
+from planner.plan import GroupPlan, Plan
 
 _REL_TOL = 1e-6
 
@@ -132,7 +132,9 @@ def _check_groups(plan: Plan, cost_model: CostModel) -> list[str]:
     model = cost_model.file.model
     allowed = set(model.allowed_group_sizes(max_size=plan.num_ranks))
     for g in plan.groups:
-        if g.size not in allowed:
+        if g.ring_degree > 1:
+            problems += _check_ring_layout(g, cost_model)
+        elif g.size not in allowed:
             problems.append(f"group at rank {g.first_rank} has size {g.size}, which the heads do not allow "
                             f"(num_heads={model.num_heads}, kv_heads={model.kv_heads}: a size divides the "
                             "query heads and divides the key/value heads or is a multiple of them)")
@@ -140,6 +142,30 @@ def _check_groups(plan: Plan, cost_model: CostModel) -> list[str]:
                                            gpus_per_node=gpn) > 1:
             problems.append(f"group of size {g.size} at rank {g.first_rank} straddles nodes "
                             f"of {gpn} GPUs")
+    return problems
+
+
+def _check_ring_layout(g: GroupPlan, cost_model: CostModel) -> list[str]:
+    """A Ulysses x ring group (issue 25): the Ulysses degree is one the heads allow, the model's
+    attention is whole-sample (a ring does not cut 2D spatial/temporal attention), every sample
+    cuts into the ``2 x ring_degree`` zig-zag chunks (executor/ring_layout.py), and the cost model
+    prices the layout."""
+    model = cost_model.file.model
+    where = (f"group at rank {g.first_rank} (size {g.size}, ulysses_degree={g.ulysses_degree} x "
+             f"ring_degree={g.ring_degree})")
+    problems = []
+    if g.ulysses_degree not in model.allowed_group_sizes(max_size=g.ulysses_degree):
+        problems.append(f"{where}: ulysses_degree={g.ulysses_degree} is not allowed by the heads "
+                        f"(num_heads={model.num_heads}, kv_heads={model.kv_heads})")
+    if model.kind == "2d":
+        problems.append(f"{where}: a ring cannot split the 2D model's spatial and temporal attention")
+    for mb in g.micro_batches:
+        for ps in mb.samples:
+            if ps.sample.tokens < 2 * g.ring_degree:
+                problems.append(f"{where}: sample {ps.sample.id!r} has {ps.sample.tokens} tokens, fewer than the "
+                                f"{2 * g.ring_degree} chunks (2 x ring_degree) a ring cuts every sample into")
+    problems.append(f"{where}: the cost model does not price ring layouts yet (costmodel/ring.py has the "
+                    "terms; costmodel/evaluate.py does not call them)")
     return problems
 
 
