@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from costmodel.model_terms import (
     BF16_BYTES,
     FP32_BYTES,
+    PAIR_TERMS,
     activation_bytes_per_token_layer,
     alltoall_bytes_per_token_layer,
     attention_flops_per_pair,
@@ -142,8 +143,7 @@ def analytic_cost_model(
                "3d": cfg.kernels_per_layer_forward_3d}[model.kind]
     call_fwd = kernels * cfg.min_kernel_s
     # Attention pairs: the whole sequence (1d, 3d) or spatial and temporal pairs (2d).
-    pair = {"per_spatial_pair": per_pair_fwd, "per_temporal_pair": per_pair_fwd} if model.kind == "2d" \
-        else {"per_attn_pair": per_pair_fwd}
+    pair = dict.fromkeys(PAIR_TERMS[row.attention], per_pair_fwd)
     fwd = LayerTimeTerms(per_token=per_token_fwd, per_sample=per_sample_fwd, per_call=call_fwd, **pair)
     bwd = LayerTimeTerms(per_token=2 * per_token_fwd, per_sample=2 * per_sample_fwd, per_call=2 * call_fwd,
                          **{k: cfg.attention_bwd_over_fwd * v for k, v in pair.items()})

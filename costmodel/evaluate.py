@@ -30,6 +30,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from costmodel.collectives import collective_cost, collective_time_s, wire_bytes
 from costmodel.grad_sync import ModelStateBytes, SyncCalls, model_state, sync_calls
+from costmodel.model_terms import terms as kind_terms
 from costmodel.schema import CostModelFile, LayerTimeTerms
 from costmodel.specs import ClusterSpec, Sample
 
@@ -75,10 +76,11 @@ def nodes_spanned(*, first_rank: int, group_size: int, gpus_per_node: int) -> in
 
 
 def _attention_s(terms: LayerTimeTerms, tokens: FloatArray, frames: FloatArray, spatial: FloatArray,
-                 *, is_2d: bool, group_size: float, half_tokens: float) -> FloatArray:
+                 *, attention: str, group_size: float, half_tokens: float) -> FloatArray:
     """Attention seconds of one pass on one rank: pairs/d over the efficiency ``n/(n + n_half)``
-    of the sample's ``n = s/d`` tokens per rank, i.e. ``pairs/d + n_half * pairs/s``."""
-    if is_2d:
+    of the sample's ``n = s/d`` tokens per rank, i.e. ``pairs/d + n_half * pairs/s``; the pairs
+    of the kind's ``attention`` (``costmodel.model_terms.KindTerms``)."""
+    if attention == "spatial_temporal":
         pairs = (terms.per_spatial_pair * frames * spatial * spatial
                  + terms.per_temporal_pair * spatial * frames * frames)
     else:
@@ -87,12 +89,12 @@ def _attention_s(terms: LayerTimeTerms, tokens: FloatArray, frames: FloatArray, 
 
 
 def _sample_pass_s(terms: LayerTimeTerms, tokens: FloatArray, frames: FloatArray, spatial: FloatArray,
-                   *, is_2d: bool, group_size: float, half_tokens: float) -> FloatArray:
+                   *, attention: str, group_size: float, half_tokens: float) -> FloatArray:
     """Part of one layer pass additive over samples (dense per token, attention, per sample)."""
-    attention = _attention_s(terms, tokens, frames, spatial, is_2d=is_2d, group_size=group_size,
-                             half_tokens=half_tokens)
+    attention_s = _attention_s(terms, tokens, frames, spatial, attention=attention, group_size=group_size,
+                               half_tokens=half_tokens)
     relayout = terms.per_token_relayout * tokens / group_size if group_size > 1 else 0.0
-    return np.asarray(terms.per_token * tokens / group_size + attention + terms.per_sample + relayout,
+    return np.asarray(terms.per_token * tokens / group_size + attention_s + terms.per_sample + relayout,
                       dtype=np.float64)
 
 
@@ -140,8 +142,13 @@ class CostModel:
 
     @property
     def is_2d(self) -> bool:
-        """True for spatial+temporal video models."""
-        return self.file.model.kind == "2d"
+        """True for spatial+temporal video models (a sample's pairs need its frames)."""
+        return self.attention == "spatial_temporal"
+
+    @property
+    def attention(self) -> str:
+        """Which pairs the model's attention has (``costmodel.model_terms.KindTerms.attention``)."""
+        return kind_terms(self.file.model).attention
 
     def kv_replicas(self, group_size: int) -> int:
         """Key/value heads a group adds by replication: ``max(0, d - kv_heads)`` (GQA past its
@@ -205,7 +212,7 @@ class CostModel:
         hw = s / f if spatial is None else np.asarray(spatial, dtype=np.float64)
         k = np.asarray(recompute_layers, dtype=np.float64)
         c = self.file.compute
-        fwd, bwd = (_sample_pass_s(terms, s, f, hw, is_2d=self.is_2d, group_size=float(group_size),
+        fwd, bwd = (_sample_pass_s(terms, s, f, hw, attention=self.attention, group_size=float(group_size),
                                    half_tokens=c.attention_half_tokens) for terms in (c.forward, c.backward))
         layers = self.num_layers
         _, comm_per_token = self._alltoall_per_pass(group_size, num_nodes)

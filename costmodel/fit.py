@@ -39,6 +39,7 @@ from costmodel.fit_terms import (
     split_indices,
 )
 from costmodel.model_terms import kv_head_bytes_per_token_layer
+from costmodel.model_terms import terms as kind_terms
 from costmodel.presets import load_hardware
 from costmodel.profiling.format import Profile, ProfileHeader
 from costmodel.schema import (
@@ -207,11 +208,10 @@ def fit_profiles(profiles: Sequence[Profile], config: FitConfig | None = None) -
     moved_r = _ratio(alltoall_bytes_per_token_layer(model)[0], alltoall_bytes_per_token_layer(profiled)[0])
     none_full, full_full = activation_bytes_per_token_layer(model)
     none_prof, full_prof = activation_bytes_per_token_layer(profiled)
-    if model.kind == "1d":
-        head_r = _ratio(model.hidden * model.vocab, profiled.hidden * profiled.vocab)
-        head_bytes_r = _ratio(model.vocab + model.hidden, profiled.vocab + profiled.hidden)
-    else:
-        head_r = head_bytes_r = _ratio(model.hidden, profiled.hidden)
+    # the output head (1d: h x V) or patch (un)embedding (video) by its FLOPs and held values
+    row, row_profiled = kind_terms(model), kind_terms(profiled)
+    head_r = _ratio(row.head_flops_per_token(model), row_profiled.head_flops_per_token(profiled))
+    head_bytes_r = _ratio(row.head_values_per_token(model), row_profiled.head_values_per_token(profiled))
     scaled = any(abs(r - 1) > 1e-12 for r in (token_r, pair_r, head_r))
     if scaled:
         notes.append(f"scaled to the full width by analytic ratios: per token x{token_r:.4g}, "

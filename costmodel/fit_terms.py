@@ -35,6 +35,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.optimize import minimize_scalar, nnls
 
+from costmodel.model_terms import KIND_TERMS
 from costmodel.profiling.format import CommRecord, ComputeRecord, HeadRecord
 from costmodel.schema import LayerTimeTerms, TermFit
 
@@ -157,15 +158,16 @@ class ComputeFit:
     result: TermResult
 
 
-FULL_ATTENTION_KINDS = ("1d", "3d")
-"""Kinds whose attention runs over a sample's whole sequence (pairs ``s^2``, ``s = f*hw``); 2d
-attends spatially and temporally."""
+def _whole(kind: str) -> bool:
+    """True for kinds whose attention runs over a sample's whole sequence (pairs ``s^2``,
+    ``s = f*hw``: 1d, 3d); 2d attends spatially and temporally (``costmodel.model_terms``)."""
+    return KIND_TERMS[kind].attention == "whole"
 
 
 def _pair_columns(rec: ComputeRecord, kind: str, half: float) -> list[float]:
     d = rec.group_size
     cols: list[float] = []
-    if kind in FULL_ATTENTION_KINDS:
+    if _whole(kind):
         cols.append(sum(float(f * hw) ** 2 / d + half * f * hw for f, hw in rec.samples))
     else:
         cols.append(sum(f * float(hw) ** 2 / d + half * hw for f, hw in rec.samples))
@@ -191,7 +193,7 @@ def _compute_rows(records: Sequence[ComputeRecord], kind: str, half: float, per_
 
 def _terms(part: FloatArray, kind: str, per_call: bool, moved: float) -> LayerTimeTerms:
     call = float(part[-1]) if per_call else 0.0
-    if kind in FULL_ATTENTION_KINDS:
+    if _whole(kind):
         return LayerTimeTerms(per_token=part[0], per_attn_pair=part[1], per_sample=part[2], per_call=call,
                               per_token_relayout=moved)
     return LayerTimeTerms(per_token=part[0], per_spatial_pair=part[1], per_temporal_pair=part[2],

@@ -25,7 +25,7 @@ parameters (a sharded optimizer step); FSDP2 needs no such call (its parameters 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -56,37 +56,56 @@ class SyncCalls:
     an all-gather's output, a reduce-scatter's input (the whole tensor on every rank)."""
 
 
+def _tensors_1d(model: ModelSpec) -> list[int]:
+    """1D (LLaMA, as the executor's reference model): the output head ``V*h``, the final norm
+    ``h``, then from the last layer down: ``down f*h``, ``up h*f``, ``gate h*f``, norm ``h``,
+    ``out h*h``, fused ``qkv h*(h + 2*h_kv)``, norm ``h``; the input embedding ``V*h`` last. Tied
+    embeddings are one tensor (ready last)."""
+    h, f = model.hidden, model.ffn_hidden
+    layer = [f * h, h * f, h * f, h, inner(model) * h, h * (inner(model) + 2 * kv_inner(model)), h]
+    head = [] if model.tied_embeddings else [model.vocab * h]
+    return [*head, h, *layer * model.num_layers, model.vocab * h]
+
+
+def _tensors_2d(model: ModelSpec) -> list[int]:
+    """2D (STDiT), per block from the last down: ``fc2 f*h``, ``fc1 h*f``, cross-attention out
+    ``h*h``, kv ``2*h*h`` and q ``h*h``, self-attention out ``h*h`` and qkv ``3*h*h``, norms ``6*h``."""
+    h, f = model.hidden, model.ffn_hidden
+    return [f * h, h * f, h * h, 2 * h * h, h * h, h * h, 3 * h * h, 6 * h] * (2 * model.num_layers)
+
+
+def _tensors_3d(model: ModelSpec) -> list[int]:
+    """3D (a DiT block, as 1D's attention widths): the un-patching projection, then per block
+    from the last down ``fc2``, ``fc1``, cross-attention (Wan) out, kv, q, self-attention out and
+    qkv, norms and modulation ``6*h``; the patch embedding last. MMDiT (joint attention): the
+    single-stream blocks, then the dual-stream blocks' two streams, each ``fc2``, ``fc1``, out,
+    qkv, adaLN-Zero ``6*h*h`` and norms ``4*h``."""
+    h, f = model.hidden, model.ffn_hidden
+    qkv, out = h * (inner(model) + 2 * kv_inner(model)), inner(model) * h
+    if model.joint_attention_tokens:
+        stream = [f * h, h * f, out, qkv, 6 * h * h, 4 * h]
+        single, dual = model.num_layers - model.dual_stream_layers, model.dual_stream_layers
+        layers = [*stream * single, *stream * (2 * dual)]
+    else:
+        cross = [h * h, 2 * h * h, h * h] if model.cross_attention_tokens else []
+        layers = [f * h, h * f, *cross, out, qkv, 6 * h] * model.num_layers
+    outer = num_params(model) - sum(layers)  # patch embedding in and out
+    return [outer // 2, *layers, outer - outer // 2]
+
+
+PARAM_TENSORS: dict[str, Callable[[ModelSpec], list[int]]] = {
+    "1d": _tensors_1d, "2d": _tensors_2d, "3d": _tensors_3d}
+"""The parameter tensors of each model kind, in gradient-ready order (one row a kind, as
+``costmodel.model_terms.KIND_TERMS``)."""
+
+
 def param_tensor_elements(model: ModelSpec) -> list[int]:
     """Elements of each parameter tensor, in the order backward makes their gradients ready.
 
-    The layout of ``costmodel.analytic.num_params`` (they add up to it): 1D (LLaMA, as the
-    executor's reference model) the output head ``V*h``, the final norm ``h``, then from the
-    last layer down: ``down f*h``, ``up h*f``, ``gate h*f``, norm ``h``, ``out h*h``, fused
-    ``qkv h*(h + 2*h_kv)``, norm ``h``; the input embedding ``V*h`` last. 2D (STDiT), per block
-    from the last down: ``fc2 f*h``, ``fc1 h*f``, cross-attention out ``h*h``, kv ``2*h*h`` and
-    q ``h*h``, self-attention out ``h*h`` and qkv ``3*h*h``, norms ``6*h``. 3D (a DiT block, as
-    1D's attention widths): the un-patching projection, then per block from the last down ``fc2``,
-    ``fc1``, cross-attention (Wan) out, kv, q, self-attention out and qkv, norms and modulation
-    ``6*h``; the patch embedding last. Tied 1D embeddings are one tensor.
+    The layout of ``costmodel.analytic.num_params`` (they add up to it), by kind
+    (:data:`PARAM_TENSORS`).
     """
-    h, f = model.hidden, model.ffn_hidden
-    qkv, out = h * (inner(model) + 2 * kv_inner(model)), inner(model) * h
-    if model.kind == "1d":
-        layer = [f * h, h * f, h * f, h, out, qkv, h]
-        head = [] if model.tied_embeddings else [model.vocab * h]  # tied: one tensor, ready last
-        return [*head, h, *layer * model.num_layers, model.vocab * h]
-    if model.kind == "3d":
-        if model.joint_attention_tokens:  # MMDiT: single-stream blocks last, dual-stream first
-            stream = [f * h, h * f, out, qkv, 6 * h * h, 4 * h]
-            single, dual = model.num_layers - model.dual_stream_layers, model.dual_stream_layers
-            layers = [*stream * single, *stream * (2 * dual)]
-        else:
-            cross = [h * h, 2 * h * h, h * h] if model.cross_attention_tokens else []
-            layers = [f * h, h * f, *cross, out, qkv, 6 * h] * model.num_layers
-        outer = num_params(model) - sum(layers)  # patch embedding in and out
-        return [outer // 2, *layers, outer - outer // 2]
-    block = [f * h, h * f, h * h, 2 * h * h, h * h, h * h, 3 * h * h, 6 * h]
-    return block * (2 * model.num_layers)
+    return PARAM_TENSORS[model.kind](model)
 
 
 def ddp_num_buckets(tensor_bytes: Sequence[float], *, bucket_bytes: int) -> int:

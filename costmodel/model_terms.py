@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from costmodel.specs import ModelSpec
 
@@ -72,6 +73,10 @@ class KindTerms:
 
     attentions_per_layer: int
     """Self-attentions a layer runs (each a Ulysses all-to-all pair)."""
+    attention: Literal["whole", "spatial_temporal"]
+    """Which (query, key) pairs a sample of ``f`` frames of ``hw`` tokens has: ``whole``, one
+    attention over all ``s = f*hw`` tokens (``s^2`` pairs; a text sample is ``f = 1``);
+    ``spatial_temporal``, ``f*hw^2`` spatial and ``hw*f^2`` temporal pairs."""
     params_per_layer: Callable[[ModelSpec], float]
     """Parameters of one layer."""
     outer_params: Callable[[ModelSpec], float]
@@ -86,6 +91,10 @@ class KindTerms:
     """Activation bytes per token one layer keeps without checkpointing [K22]."""
     working_bytes_per_token: Callable[[ModelSpec], float]
     """Per-token buffers outside the layers (logits, last layer's output)."""
+    head_values_per_token: Callable[[ModelSpec], float]
+    """Values per token the output head's backward holds (1d: logits and their input ``V + h``;
+    video: the un-patching projection's input ``h``); ``costmodel.fit`` scales the measured head
+    bytes of a narrowed profile by its ratio."""
 
 
 def _lse(model: ModelSpec) -> float:
@@ -122,6 +131,7 @@ def _cross_flops_per_sample(model: ModelSpec) -> float:
 
 _1D = KindTerms(
     attentions_per_layer=1,
+    attention="whole",
     params_per_layer=lambda m: _attn_proj_macs(m) + 3 * m.hidden * m.ffn_hidden + 2 * m.hidden,
     outer_params=lambda m: (1 if m.tied_embeddings else 2) * m.vocab * m.hidden + m.hidden,
     linear_macs_per_token=lambda m: _attn_proj_macs(m) + mlp_macs_per_token(m),
@@ -129,10 +139,12 @@ _1D = KindTerms(
     head_flops_per_token=lambda m: 3 * 2.0 * m.hidden * m.vocab,  # output head, backward 2x [N21]
     none_bytes_per_token=lambda m: _self_attention_bytes(m) + _mlp_bytes(m),
     working_bytes_per_token=lambda m: float((BF16_BYTES + FP32_BYTES) * m.vocab),  # logits + fp32 copy
+    head_values_per_token=lambda m: float(m.vocab + m.hidden),
 )
 
 _2D = KindTerms(
     attentions_per_layer=2,
+    attention="spatial_temporal",
     params_per_layer=lambda m: 2 * (4 * m.hidden ** 2 + 4 * m.hidden ** 2 + 2 * m.hidden * m.ffn_hidden
                                     + 6 * m.hidden),
     outer_params=lambda m: 0.0,
@@ -143,6 +155,7 @@ _2D = KindTerms(
     none_bytes_per_token=lambda m: 2 * (_self_attention_bytes(m) + BF16_BYTES * 3 * m.hidden + _lse(m)
                                         + _mlp_bytes(m) + BF16_BYTES * 2 * m.hidden),
     working_bytes_per_token=lambda m: 2.0 * BF16_BYTES * m.hidden,  # last layer's input and output
+    head_values_per_token=lambda m: float(m.hidden),
 )
 
 
@@ -176,6 +189,7 @@ def _params_3d(m: ModelSpec) -> float:
 
 _3D = KindTerms(
     attentions_per_layer=1,
+    attention="whole",
     params_per_layer=_params_3d,
     outer_params=lambda m: 2 * _patch_values(m) * m.hidden,
     # video token: self-attention projections, cross-attention (Wan) or its 2*J pairs with the
@@ -187,7 +201,12 @@ _3D = KindTerms(
     none_bytes_per_token=lambda m: (_self_attention_bytes(m) + _cross_bytes(m) + _mlp_bytes(m)
                                     + BF16_BYTES * 2 * m.hidden),  # adaLN-modulated inputs
     working_bytes_per_token=lambda m: 2.0 * BF16_BYTES * m.hidden,
+    head_values_per_token=lambda m: float(m.hidden),
 )
+
+PAIR_TERMS: dict[str, tuple[str, ...]] = {"whole": ("per_attn_pair",),
+                                          "spatial_temporal": ("per_spatial_pair", "per_temporal_pair")}
+"""The ``LayerTimeTerms`` fields (``costmodel.schema``) that price each kind of attention pairs."""
 
 KIND_TERMS: dict[str, KindTerms] = {"1d": _1D, "2d": _2D, "3d": _3D}
 """The table: one row a model kind."""

@@ -34,6 +34,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from costmodel.model_terms import KIND_TERMS
 from costmodel.specs import ModelSpec
 
 COST_MODEL_SCHEMA_VERSION = 2
@@ -236,7 +237,8 @@ class CostModelFile(_Frozen):
             model = data.get("model") or {}
             kind = model.get("kind") if isinstance(model, dict) else getattr(model, "kind", None)
             comm = dict(data.get("comm") or {})
-            comm["alltoall_ops_per_layer"] = 4 if kind == "2d" else 2
+            row = KIND_TERMS.get(str(kind))  # 2 all-to-alls per attention the kind's layer runs
+            comm["alltoall_ops_per_layer"] = 2 * (row.attentions_per_layer if row else 1)
             notes = str(data.get("notes", ""))
             data = {**data, "schema_version": COST_MODEL_SCHEMA_VERSION, "comm": comm,
                     "notes": (notes + "; " if notes else "") + "upgraded from schema_version 1"}

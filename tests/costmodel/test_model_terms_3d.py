@@ -95,3 +95,18 @@ def test_gqa_groups_past_the_kv_heads_pay_replicated_heads() -> None:
         update={"alltoall_kv_head_bytes_per_token_layer": 0.0})}), cluster=cm.cluster)
     assert float(cm.sample_time_s(tokens, group_size=8)) == float(bare.sample_time_s(tokens, group_size=8))
     assert float(cm.sample_time_s(tokens, group_size=32)) > float(bare.sample_time_s(tokens, group_size=32))
+
+
+def test_a_version_1_file_reads_two_all_to_alls_per_attention_of_its_kind() -> None:
+    """Version-1 files counted 4 all-to-alls per attention; read back, each kind has 2 per
+    self-attention its layer runs (2d: spatial and temporal, 4; 1d and 3d: one attention, 2)."""
+    from costmodel.schema import CostModelFile
+
+    hardware = load_hardware("h200-sxm")
+    for name, ops in (("llama-7b", 2), ("stdit3-xl", 4), ("wan2.1-14b", 2)):
+        data = analytic_cost_model(load_model(name), hardware).model_dump(mode="json")
+        data["schema_version"] = 1
+        data["comm"]["alltoall_ops_per_layer"] = 99
+        old = CostModelFile.model_validate(data)
+        assert old.comm.alltoall_ops_per_layer == ops, name
+        assert "upgraded from schema_version 1" in old.notes
