@@ -30,11 +30,13 @@ class PlannerConfig:
     seed: int = 0
     """Seed of every randomised part (CP-SAT's random seed, tie-breaking)."""
     sizes: SizeMode = "pow2"
-    """Allowed group sizes: powers of two, or any size, in both cases dividing the head count."""
+    """Allowed group sizes: powers of two, or any size, in both cases dividing the query heads and
+    dividing the key/value heads or a multiple of them (``ModelSpec.allowed_group_sizes``)."""
     max_group_size: int | None = None
     """Largest group size (default: the world size)."""
     group_sizes: tuple[int, ...] | None = None
-    """Explicit allowed group sizes; overrides ``sizes`` (each must divide the head count)."""
+    """Explicit allowed group sizes; overrides ``sizes`` (each one ``ModelSpec.allowed_group_sizes``
+    allows: it divides the query heads, and divides the key/value heads or is a multiple of them)."""
     loss_normalization: LossNormalization = "tokens"
     """Global loss normaliser: total tokens or total samples of the step."""
     use_cpsat: bool = True

@@ -27,8 +27,10 @@ def allowed_sizes(cost_model: CostModel, *, mode: str, max_group_size: int | Non
                   explicit: Sequence[int] | None) -> list[int]:
     """Group sizes the planner may use, ascending.
 
-    Sizes divide the model's head count (Ulysses) and are at most the world size and
-    ``max_group_size``; ``mode='pow2'`` keeps powers of two; ``explicit`` lists them directly.
+    Sizes are those of ``ModelSpec.allowed_group_sizes`` (Ulysses: a size divides the query
+    heads, and divides the key/value heads or is a multiple of them, each key/value head then
+    replicated over ``d / kv_heads`` ranks) at most the world size and ``max_group_size``;
+    ``mode='pow2'`` keeps powers of two; ``explicit`` lists them directly.
 
     Raises:
         ValueError: naming an explicit size the model or the world does not allow.
@@ -39,9 +41,11 @@ def allowed_sizes(cost_model: CostModel, *, mode: str, max_group_size: int | Non
     if explicit is not None:
         for d in explicit:
             if d not in heads_ok:
+                model = cost_model.file.model
                 raise ValueError(
-                    f"group size {d} is not allowed: it must divide num_heads="
-                    f"{cost_model.file.model.num_heads} and be at most {limit}")
+                    f"group size {d} is not allowed: it must divide num_heads={model.num_heads}, "
+                    f"divide kv_heads={model.kv_heads} or be a multiple of it, and be at most {limit} "
+                    f"(allowed: {sorted(heads_ok)})")
         return sorted(set(explicit))
     sizes = sorted(heads_ok)
     if mode == "pow2":

@@ -120,6 +120,8 @@ def prepare(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: Cost
     if not sizes or not representable(n, sizes):
         raise ValueError(f"the world of {n} ranks cannot be partitioned into groups of the "
                          f"allowed sizes {sizes} (num_heads={cost_model.model.num_heads}, "
+                         f"kv_heads={cost_model.model.kv_heads}: a size divides the query heads and "
+                         "divides the key/value heads or is a multiple of them; "
                          f"max_group_size={config.max_group_size})")
     budget = cm.activation_budget_bytes()
     if budget <= 0:

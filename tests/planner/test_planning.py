@@ -384,8 +384,30 @@ def test_gqa_plans_use_groups_past_the_kv_heads_for_long_samples() -> None:
     assert validate_plan(plan, samples, cost_model=cm) == []
     long_groups = {g.size for g in plan.groups for mb in g.micro_batches for ps in mb.samples
                    if ps.sample.id.startswith("long")}
-    assert max(long_groups) > 8, long_groups  # past the 8 KV heads
+    assert long_groups & {16, 32}, long_groups  # past the 8 KV heads
     # Limited to the KV heads (the old rule), the same batch is slower.
     capped = plan_batch(samples, cluster=cluster, cost_model=cmf,
                         config=PlannerConfig(use_cpsat=False, max_group_size=8))
     assert plan.predicted_step_time_s < capped.predicted_step_time_s
+
+
+def test_group_sizes_follow_the_gqa_rule_and_the_error_says_it() -> None:
+    """24 query heads, 8 KV heads: 24 (three ranks a KV head) is allowed, 12 and 6 (neither a
+    divisor nor a multiple of 8) are not, and an explicit 12 is refused naming the rule."""
+    from costmodel.analytic import analytic_cost_model
+    from costmodel.presets import load_hardware
+    from costmodel.specs import ModelSpec
+
+    model = ModelSpec(name="gqa-24-8", kind="1d", num_layers=4, hidden=24 * 64, num_heads=24, num_kv_heads=8,
+                      ffn_hidden=4096, vocab=32000)
+    assert model.allowed_group_sizes(max_size=64) == [1, 2, 4, 8, 24]
+    cmf = analytic_cost_model(model, load_hardware("h200-sxm"))
+    cluster = load_cluster("h200x64")
+    samples = [Sample(id=f"s{i}", tokens=4096 * (1 + i % 4)) for i in range(64)]
+    with pytest.raises(ValueError, match=r"group size 12 is not allowed: it must divide num_heads=24, "
+                                         r"divide kv_heads=8 or be a multiple of it.*allowed: \[1, 2, 4, 8, 24\]"):
+        plan_batch(samples, cluster=cluster, cost_model=cmf, config=PlannerConfig(group_sizes=(12,)))
+    plan = plan_batch(samples, cluster=cluster, cost_model=cmf,
+                      config=PlannerConfig(sizes="any", use_cpsat=False))
+    assert {g.size for g in plan.groups} <= {1, 2, 4, 8, 24}
+    assert validate_plan(plan, samples, cost_model=CostModel(file=cmf, cluster=cluster)) == []
