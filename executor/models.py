@@ -22,7 +22,7 @@ from torch import nn
 from executor.attention import AttentionKind, packed_attention
 from executor.checkpointing import run_layers
 from executor.context import SPContext
-from executor.ulysses import head_to_seq, seq_to_head
+from executor.ulysses import head_to_seq, qkv_seq_to_head
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -34,7 +34,11 @@ class ModelConfig:
     hidden: int = 32
     """Hidden size."""
     num_heads: int = 4
-    """Attention heads; every SP group size must divide it."""
+    """Attention (query) heads; every SP group size must divide it."""
+    num_kv_heads: int | None = None
+    """Key/value heads of the self-attention (grouped-query attention); ``None``: ``num_heads``.
+    A group size must divide them or be a multiple of them (Ulysses then replicates each key/value
+    head to the ranks whose query heads use it: :func:`executor.ulysses.qkv_seq_to_head`)."""
     ffn_hidden: int = 64
     """MLP inner size."""
     vocab: int = 64
@@ -50,6 +54,14 @@ class ModelConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.hidden % self.num_heads != 0:
             raise ValueError(f"hidden={self.hidden} is not divisible by num_heads={self.num_heads}")
+        if self.num_kv_heads is not None and (self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads):
+            raise ValueError(f"num_kv_heads={self.num_kv_heads} must be positive and divide "
+                             f"num_heads={self.num_heads}")
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads of the self-attention (``num_heads`` without grouped-query attention)."""
+        return self.num_kv_heads or self.num_heads
 
 
 def _rope_tables(positions: torch.Tensor, head_dim: int, like: torch.Tensor
@@ -69,24 +81,29 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 class SPAttention(nn.Module):
-    """Multi-head self-attention with Ulysses SP over a packed micro-batch."""
+    """Multi-head (or grouped-query) self-attention with Ulysses SP over a packed micro-batch.
+
+    One projection gives, per key/value head, its ``H / H_kv`` query heads, its key and its value
+    (per head ``[q | k | v]`` without grouped-query attention), so one all-to-all moves all three
+    (:func:`executor.ulysses.qkv_seq_to_head`, which replicates key/value heads past ``H_kv``).
+    """
 
     def __init__(self, config: ModelConfig, kind: AttentionKind, *, rotary: bool) -> None:
         super().__init__()
         self.num_heads = config.num_heads
+        self.num_kv_heads = config.kv_heads
         self.head_dim = config.hidden // config.num_heads
         self.kind: AttentionKind = kind
         self.rotary = rotary
-        # Per head [q | k | v], so one all-to-all moves all three.
-        self.qkv = nn.Linear(config.hidden, 3 * config.hidden, bias=False)
+        self.qkv = nn.Linear(config.hidden, (config.num_heads + 2 * self.num_kv_heads) * self.head_dim, bias=False)
         self.out = nn.Linear(config.hidden, config.hidden, bias=False)
 
     def forward(self, h: torch.Tensor, ctx: SPContext) -> torch.Tensor:
         """``(local_tokens, hidden)`` -> same shape."""
         tokens = h.shape[0]
-        qkv = self.qkv(h).view(tokens, self.num_heads, 3 * self.head_dim)
-        full = seq_to_head(qkv, ctx.layout, ctx.group)
-        q, k, v = full.split(self.head_dim, dim=-1)
+        rep = self.num_heads // self.num_kv_heads
+        qkv = self.qkv(h).view(tokens, self.num_kv_heads, rep + 2, self.head_dim)
+        q, k, v = qkv_seq_to_head(qkv, ctx.layout, ctx.group)
         if self.rotary:
             cos, sin = _rope_tables(ctx.packed_positions(), self.head_dim, q)
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)

@@ -4,8 +4,10 @@ Before attention each rank of a group of ``d`` holds its pieces of every sample 
 heads; after :func:`seq_to_head` it holds the whole packed sequence for ``H/d`` heads;
 :func:`head_to_seq` undoes it. Both are one ``all_to_all_single`` with (possibly uneven)
 split sizes, wrapped in an autograd Function whose backward is the opposite all-to-all, so
-they work under gloo (CPU) and NCCL (GPU). Buffers are made contiguous before the collective
-and outputs are fresh contiguous tensors (gloo silently corrupts non-contiguous outputs).
+they work under gloo (CPU) and NCCL (GPU). :func:`qkv_seq_to_head` moves grouped-query q, k
+and v in one all-to-all, replicating key/value heads when the group is larger than their number.
+Buffers are made contiguous before the collective and outputs are fresh contiguous tensors (gloo
+silently corrupts non-contiguous outputs).
 """
 
 from __future__ import annotations
@@ -125,3 +127,69 @@ def head_to_seq(y: torch.Tensor, layout: PackedLayout, group: Group | None) -> t
     out_splits = [local * unit] * d
     recv = _AllToAll.apply(send, in_splits, out_splits, group)
     return recv.view(d, local, hd, head_dim).transpose(0, 1).reshape(local, d * hd, head_dim)
+
+
+def check_kv_heads(*, num_heads: int, num_kv_heads: int, group_size: int) -> None:
+    """Check that Ulysses can split ``num_heads`` query heads over ``num_kv_heads`` key/value heads
+    on a group of ``group_size``: the size divides the query heads, and divides the key/value heads
+    or is a multiple of them (then each key/value head is replicated to the ranks whose query heads
+    use it, as DeepSpeed-Ulysses and USP do; ``costmodel.specs.ModelSpec.allowed_group_sizes``).
+
+    Raises:
+        ValueError: naming the heads and the size.
+    """
+    if num_heads <= 0 or num_kv_heads <= 0 or num_heads % num_kv_heads:
+        raise ValueError(f"num_heads={num_heads} must be a positive multiple of num_kv_heads={num_kv_heads}")
+    d = group_size
+    if d <= 0 or num_heads % d or (num_kv_heads % d and d % num_kv_heads):
+        raise ValueError(f"a group of {d} cannot split num_heads={num_heads}, num_kv_heads={num_kv_heads}: "
+                         "the size must divide the query heads and divide the key/value heads or be a "
+                         "multiple of them")
+
+
+def qkv_seq_to_head(qkv: torch.Tensor, layout: PackedLayout, group: Group | None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Grouped-query q, k, v of this rank's tokens -> head-sharded q, k, v, in one all-to-all.
+
+    ``qkv`` holds, per key/value head, the ``r = H / H_kv`` query heads that use it, then its key,
+    then its value. While the group size ``d`` divides ``H_kv`` each rank gets ``H_kv / d`` key/value
+    heads with their queries. Past them (``d > H_kv``, a multiple) each key/value head is replicated
+    to the ``d / H_kv`` ranks whose query heads use it, so each rank gets one key/value head and
+    ``H / d`` of its queries; autograd sums the replicas' gradients back into the head.
+
+    Args:
+        qkv: ``(local_tokens, H_kv, r + 2, Dh)``.
+        layout: Token placement of the micro-batch in the group.
+        group: The group's process group (``None`` only for a group of one).
+
+    Returns:
+        ``q``, ``k``, ``v``, each ``(total_tokens, H/d, Dh)``: query head ``j`` of this rank with
+        the key and value of its key/value head (expanded, not copied per query head before the
+        exchange), ready for :func:`executor.attention.packed_attention`. The query heads are
+        those :func:`head_to_seq` puts back in order: rank ``i`` holds heads ``i H/d .. (i+1) H/d - 1``.
+
+    Raises:
+        ValueError: when the heads do not split over the group (:func:`check_kv_heads`).
+    """
+    tokens, kv_heads, width, head_dim = qkv.shape
+    rep = width - 2
+    d = layout.group_size
+    check_kv_heads(num_heads=kv_heads * rep, num_kv_heads=kv_heads, group_size=d)
+    units = max(kv_heads, d)  # exchange units: a key/value head (or a replica) with its queries
+    per_unit = kv_heads * rep // units
+    if units > kv_heads:
+        copies = units // kv_heads
+        q = qkv[:, :, :rep].reshape(tokens, kv_heads, copies, per_unit, head_dim)
+        kv = qkv[:, :, None, rep:].expand(tokens, kv_heads, copies, 2, head_dim)
+        qkv = torch.cat([q, kv], dim=3).reshape(tokens, units, per_unit + 2, head_dim)
+    full = seq_to_head(qkv.reshape(tokens, units, (per_unit + 2) * head_dim), layout, group)
+    total, local_units = full.shape[0], units // d
+    full = full.view(total, local_units, per_unit + 2, head_dim)
+    if per_unit == 1:  # one query head per exchanged key/value head: views, no copy
+        q, k, v = full.unbind(dim=2)
+        return q, k, v
+    shape = (total, local_units * per_unit, head_dim)
+    q = full[:, :, :per_unit].reshape(shape)
+    k = full[:, :, per_unit:per_unit + 1].expand(total, local_units, per_unit, head_dim).reshape(shape)
+    v = full[:, :, per_unit + 1:].expand(total, local_units, per_unit, head_dim).reshape(shape)
+    return q, k, v

@@ -42,7 +42,7 @@ from executor.attention import packed_attention
 from executor.checkpointing import validate_policies
 from executor.context import SPContext
 from executor.runtime import MicroBatchWork
-from executor.ulysses import head_to_seq, seq_to_head
+from executor.ulysses import check_kv_heads, head_to_seq, qkv_seq_to_head
 
 ATTENTION_NAME = "dcp_ulysses"
 """The name the attention function is registered under (``attn_implementation``)."""
@@ -212,33 +212,20 @@ def ulysses_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     pad = int(kwargs.get(PAD_KWARG, 0))
     batch, heads, tokens, head_dim = query.shape
     kv_heads = key.shape[1]
-    d = ctx.layout.group_size
     if batch != 1 or tokens != ctx.layout.local_tokens + pad:
         raise ValueError(f"query shape {tuple(query.shape)}: expected a batch of one with "
                          f"{ctx.layout.local_tokens} local tokens (+{pad} padding)")
     tokens -= pad
     query, key, value = query[:, :, :tokens], key[:, :, :tokens], value[:, :, :tokens]
-    if heads % d or heads % kv_heads or (kv_heads % d and d % kv_heads):
-        raise ValueError(f"{kv_heads} key/value heads ({heads} query heads) cannot be split over a group of {d}")
-    # Units of one key/value head and its queries: the key/value heads, or past them (d > H_kv)
-    # one per rank, each key/value head replicated to the d / H_kv ranks whose queries use it.
-    units = max(kv_heads, d)
-    per_unit = heads // units
-    kv = key[0].transpose(0, 1), value[0].transpose(0, 1)  # (local, H_kv, Dh)
-    if units > kv_heads:  # autograd sums the replicas' gradients back into each head
-        kv = kv[0].repeat_interleave(units // kv_heads, dim=1), kv[1].repeat_interleave(units // kv_heads, dim=1)
-    # (local, units, per_unit + 2, Dh): each key/value head with its queries, one all-to-all.
-    fused = torch.cat([query[0].transpose(0, 1).reshape(tokens, units, per_unit, head_dim),
-                       kv[0][:, :, None], kv[1][:, :, None]], dim=2)
-    full = seq_to_head(fused.reshape(tokens, units, (per_unit + 2) * head_dim), ctx.layout, ctx.group)
-    total, local_units = full.shape[0], units // d
-    full = full.view(total, local_units, per_unit + 2, head_dim)
-    q = full[:, :, :per_unit].reshape(total, local_units * per_unit, head_dim)
-    k = full[:, :, per_unit:per_unit + 1].expand(total, local_units, per_unit, head_dim).reshape(q.shape)
-    v = full[:, :, per_unit + 1:].expand(total, local_units, per_unit, head_dim).reshape(q.shape)
+    check_kv_heads(num_heads=heads, num_kv_heads=kv_heads, group_size=ctx.layout.group_size)
+    # (local, H_kv, H/H_kv + 2, Dh): each key/value head with its queries, one all-to-all (past the
+    # key/value heads each is replicated to the ranks whose queries use it).
+    rep = heads // kv_heads
+    fused = torch.cat([query[0].transpose(0, 1).reshape(tokens, kv_heads, rep, head_dim),
+                       key[0].transpose(0, 1)[:, :, None], value[0].transpose(0, 1)[:, :, None]], dim=2)
+    q, k, v = qkv_seq_to_head(fused, ctx.layout, ctx.group)
     o = packed_attention(q, k, v, samples=ctx.layout.samples, kind="causal_1d", scale=scaling)
-    local = head_to_seq(o.reshape(total, local_units, per_unit * head_dim), ctx.layout, ctx.group)
-    local = local.reshape(tokens, heads, head_dim)
+    local = head_to_seq(o, ctx.layout, ctx.group).reshape(tokens, heads, head_dim)
     if pad:
         local = torch.cat([local, local.new_zeros(pad, heads, head_dim)])
     return local[None], None

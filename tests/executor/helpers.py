@@ -6,6 +6,7 @@ whatever valid plan it gets.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -68,9 +69,12 @@ def make_plan(groups: Sequence[GroupSpec], *, num_ranks: int, step: int = 0,
                 cost_model_id=cost_model_id, cluster_name="cpu4")
 
 
-def build_model(kind: str, *, seed: int = 0, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
-    """A reference model (fp64 by default), deterministically initialised."""
-    model = {"1d": Llama1D, "2d": STDiT2D, "3d": DiT3D}[kind](CONFIG)
+def build_model(kind: str, *, seed: int = 0, dtype: torch.dtype = torch.float64,
+                kv_heads: int | None = None) -> torch.nn.Module:
+    """A reference model (fp64 by default), deterministically initialised; ``kv_heads``: grouped-query
+    self-attention with that many key/value heads (``CONFIG.num_heads`` query heads)."""
+    config = dataclasses.replace(CONFIG, num_kv_heads=kv_heads)
+    model = {"1d": Llama1D, "2d": STDiT2D, "3d": DiT3D}[kind](config)
     model = model.to(dtype)
     init_weights(model, seed=seed)
     return model

@@ -14,7 +14,8 @@ Parameters are read by name from the state of a model of the same architecture (
 attn.out, mlp_norm, mlp.0, mlp.2}``, ``norm``, ``head``; ``DiT3D``: ``embed``, ``layers.i.{attn_norm,
 attn.qkv, attn.out, cross_norm, cross.text, cross.q, cross.kv, cross.out, mlp_norm, mlp.0, mlp.2}``,
 ``norm``, ``head``): the definitions below are the
-architecture's, the numbers are the model's.
+architecture's, the numbers are the model's. With grouped-query attention (``num_kv_heads``) the
+``attn.qkv`` rows hold, per key/value head, its query heads, its key and its value.
 """
 
 from __future__ import annotations
@@ -97,24 +98,37 @@ def rotary(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos, x[..., 2 * half:]], dim=-1)
 
 
-def qkv_heads(h: torch.Tensor, weight: torch.Tensor, num_heads: int
+def qkv_heads(h: torch.Tensor, weight: torch.Tensor, num_heads: int, num_kv_heads: int | None = None
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Project to per-head ``[q | k | v]`` and split: each ``(n, heads, Dh)``."""
+    """Project and split: ``q`` ``(n, heads, Dh)``, ``k`` and ``v`` ``(n, heads, Dh)`` too.
+
+    The projection holds, per key/value head, the ``heads / kv_heads`` query heads that use it, then
+    its key, then its value (per head ``[q | k | v]`` when there are as many key/value heads as
+    query heads). Query head ``i`` attends with key/value head ``i // (heads / kv_heads)``, so the
+    returned ``k`` and ``v`` repeat each key/value head for its query heads.
+    """
+    kv_heads = num_kv_heads or num_heads
+    rep = num_heads // kv_heads
     n = h.shape[0]
-    head_dim = weight.shape[0] // (3 * num_heads)
-    qkv = linear(h, weight).reshape(n, num_heads, 3 * head_dim)
-    return qkv[..., :head_dim], qkv[..., head_dim:2 * head_dim], qkv[..., 2 * head_dim:]
+    head_dim = weight.shape[0] // (num_heads + 2 * kv_heads)
+    qkv = linear(h, weight).reshape(n, kv_heads, (rep + 2) * head_dim)
+    q = qkv[..., :rep * head_dim].reshape(n, num_heads, head_dim)
+    k = qkv[..., rep * head_dim:(rep + 1) * head_dim]
+    v = qkv[..., (rep + 1) * head_dim:]
+    of_query = torch.tensor([i // rep for i in range(num_heads)])  # key/value head of each query head
+    return q, k[:, of_query], v[:, of_query]
 
 
 # ----------------------------------------------------------------------------- 1D: LLaMA-style
-def llama_logits(params: Params, token_ids: torch.Tensor, *, num_layers: int, num_heads: int) -> torch.Tensor:
+def llama_logits(params: Params, token_ids: torch.Tensor, *, num_layers: int, num_heads: int,
+                 num_kv_heads: int | None = None) -> torch.Tensor:
     """Logits ``(n, vocab)`` of one whole sample."""
     h = params["embed.weight"][token_ids]
     positions = torch.arange(token_ids.shape[0])
     for i in range(num_layers):
         p = f"layers.{i}."
         x = rms_norm(h, params[p + "attn_norm.weight"])
-        q, k, v = qkv_heads(x, params[p + "attn.qkv.weight"], num_heads)
+        q, k, v = qkv_heads(x, params[p + "attn.qkv.weight"], num_heads, num_kv_heads)
         q, k = rotary(q, positions), rotary(k, positions)
         o = attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), causal=True)
         h = h + linear(o.transpose(0, 1).reshape(h.shape[0], -1), params[p + "attn.out.weight"])
@@ -186,7 +200,7 @@ def stdit_prediction(params: Params, patches: torch.Tensor, *, frames: int, num_
 
 # ----------------------------------------------------------------------------- 3D: whole-clip DiT
 def dit3d_prediction(params: Params, patches: torch.Tensor, *, frames: int, num_layers: int,
-                     num_heads: int) -> torch.Tensor:
+                     num_heads: int, num_kv_heads: int | None = None) -> torch.Tensor:
     """Per-patch prediction ``(n, channels)`` of one whole clip: per block, attention of every token
     to every token of the clip, attention of every token to the block's text tokens, GELU MLP."""
     n = patches.shape[0]
@@ -199,7 +213,7 @@ def dit3d_prediction(params: Params, patches: torch.Tensor, *, frames: int, num_
     for i in range(num_layers):
         p = f"layers.{i}."
         x = layer_norm(h, params[p + "attn_norm.weight"], params[p + "attn_norm.bias"])
-        q, k, v = qkv_heads(x, params[p + "attn.qkv.weight"], num_heads)
+        q, k, v = qkv_heads(x, params[p + "attn.qkv.weight"], num_heads, num_kv_heads)
         o = attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), causal=False)
         h = h + linear(o.transpose(0, 1).reshape(n, -1), params[p + "attn.out.weight"])
         x = layer_norm(h, params[p + "cross_norm.weight"], params[p + "cross_norm.bias"])
@@ -219,7 +233,7 @@ def dit3d_prediction(params: Params, patches: torch.Tensor, *, frames: int, num_
 
 # ----------------------------------------------------------------------------- the step
 def step_loss(params: Params, samples: Sequence[NaiveSample], *, kind: str, normalizer: str,
-              num_layers: int, num_heads: int) -> torch.Tensor:
+              num_layers: int, num_heads: int, num_kv_heads: int | None = None) -> torch.Tensor:
     """The plain large-batch loss of a step: a global mean over tokens or over samples.
 
     Args:
@@ -229,15 +243,21 @@ def step_loss(params: Params, samples: Sequence[NaiveSample], *, kind: str, norm
         normalizer: ``tokens`` (mean over all tokens) or ``samples`` (mean of per-sample means).
         num_layers: Layers of the model.
         num_heads: Attention heads.
+        num_kv_heads: Key/value heads of the self-attention (1D and 3D; ``None``: ``num_heads``).
     """
     per_sample: list[torch.Tensor] = []
     for sample in samples:
         if kind == "1d":
-            logits = llama_logits(params, sample.inputs, num_layers=num_layers, num_heads=num_heads)
+            logits = llama_logits(params, sample.inputs, num_layers=num_layers, num_heads=num_heads,
+                                  num_kv_heads=num_kv_heads)
             per_sample.append(cross_entropy_per_token(logits, sample.targets))
+        elif kind == "3d":
+            pred = dit3d_prediction(params, sample.inputs, frames=sample.frames, num_layers=num_layers,
+                                    num_heads=num_heads, num_kv_heads=num_kv_heads)
+            per_sample.append(((pred - sample.targets) ** 2).sum(dim=-1) / pred.shape[-1])
         else:
-            predict = dit3d_prediction if kind == "3d" else stdit_prediction
-            pred = predict(params, sample.inputs, frames=sample.frames, num_layers=num_layers, num_heads=num_heads)
+            pred = stdit_prediction(params, sample.inputs, frames=sample.frames, num_layers=num_layers,
+                                    num_heads=num_heads)
             per_sample.append(((pred - sample.targets) ** 2).sum(dim=-1) / pred.shape[-1])
     if normalizer == "tokens":
         total_tokens = sum(int(t.shape[0]) for t in per_sample)
@@ -246,10 +266,11 @@ def step_loss(params: Params, samples: Sequence[NaiveSample], *, kind: str, norm
 
 
 def step_gradients(params: Params, samples: Sequence[NaiveSample], *, kind: str, normalizer: str,
-                   num_layers: int, num_heads: int) -> tuple[float, dict[str, torch.Tensor]]:
+                   num_layers: int, num_heads: int, num_kv_heads: int | None = None
+                   ) -> tuple[float, dict[str, torch.Tensor]]:
     """The step loss and its gradient with respect to every parameter (by name)."""
     leaves = {name: t.detach().clone().requires_grad_(True) for name, t in params.items()}
     loss = step_loss(leaves, samples, kind=kind, normalizer=normalizer, num_layers=num_layers,
-                     num_heads=num_heads)
+                     num_heads=num_heads, num_kv_heads=num_kv_heads)
     grads = torch.autograd.grad(loss, list(leaves.values()))
     return float(loss.detach()), dict(zip(leaves, grads, strict=True))

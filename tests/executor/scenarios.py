@@ -29,6 +29,9 @@ from tests.executor.helpers import (
 
 WORLD = 4
 L = CONFIG.num_layers
+GQA_CASES = [("1d", 2, 0), ("1d", 2, 1), ("1d", 2, 2), ("1d", 1, 1), ("3d", 2, 0), ("3d", 2, 1), ("3d", 1, 1)]
+"""(kind, key/value heads, plan index) run with grouped-query self-attention (``CONFIG.num_heads`` = 4
+query heads): groups of 4 are past 2 key/value heads, groups of 2 and 4 past 1."""
 
 
 def plans_1d() -> list[Plan]:
@@ -62,6 +65,11 @@ def plans_2d() -> list[Plan]:
                         [(s2d("J", 2, 3, 1), 0), (s2d("K", 5, 1, 1), 2)]]),
     ], num_ranks=WORLD, step=1)
     return [a, b]
+
+
+def gqa_plan(kind: str, index: int) -> Plan:
+    """Plan ``index`` of the kind's scenario plans (the 3D model runs the video plans)."""
+    return (plans_1d() if kind == "1d" else plans_2d())[index]
 
 
 def _grads(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -110,6 +118,10 @@ def worker(rank: int, port: int, out_dir: str) -> None:
                 run_step(executor, model, plan.model_copy(update={"step": 0}), kind)
                 opt.step()
             results[f"params_{kind}"] = [p.detach().clone() for p in model.parameters()]
+        for kind, kv_heads, i in GQA_CASES:
+            model = build_model(kind, kv_heads=kv_heads)
+            results[f"loss_{kind}_kv{kv_heads}_{i}"] = run_step(executor, model, gqa_plan(kind, i), kind)
+            results[f"grad_{kind}_kv{kv_heads}_{i}"] = _grads(model)
         sync_scenarios.run(rank, registry, {"1d": plans_1d(), "2d": plans_2d()}, results)
         # Digest mismatch: rank 2 holds a different plan (another cost model id).
         plan = plans_1d()[0]
