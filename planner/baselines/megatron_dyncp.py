@@ -11,7 +11,7 @@ The rules, as Megatron documents them:
   its size or to a new group from the free ranks, whichever gives the lower projected load; a
   group takes at most ``size * max_tokens_per_rank`` tokens, and joining an existing group is
   allowed only while its projected load stays within ``LOAD_CAP`` (5%) of the most loaded
-  group. Ranks still free afterwards are filled by doubling the most loaded groups.
+  group. Ranks still free afterwards are filled by doubling groups.
 * Samples left over go to further micro-batches: each to the least-loaded group (seconds so
   far) at least as large as its CP size.
 
@@ -19,7 +19,11 @@ Adaptations, so that the result is a plan of this project's schema (one group la
 costed by the cost model): the layout of the first micro-batch is kept for the whole step
 (Megatron may regroup per micro-batch); loads are the cost model's seconds per sample at its
 cheapest fitting policy, not Megatron's ``s^2 / cp`` proxy (a stronger baseline, never a
-weaker one); each group's samples are packed first-fit decreasing by bytes into micro-batches.
+weaker one); free ranks double the most loaded group (Megatron-Core 0.16.1's code doubles the
+first group of the smallest size); each group's samples are packed first-fit decreasing by bytes
+into micro-batches. The one layout is Megatron's first micro-batch's when that leaves no rank free
+(tests/planner/test_megatron_parity.py); it can make a step slower than Megatron's regrouping
+where the longest sample takes every rank (bench/megatron_parity.py).
 """
 
 from __future__ import annotations
