@@ -32,6 +32,8 @@ Kinds:
       attention [E24]: pairs ``(s + J)^2`` = ``s^2`` (the attention term) + ``2*s*J`` (per video
       token) + ``J^2`` (per sample), and the text stream's own projections and MLP on ``J``
       tokens per sample.
+  Not counted yet: the joined text tokens' own kept activations (``J`` x the per-token bytes per
+  sample and layer, not split by the group); the schema has no per-sample byte term.
 """
 
 from __future__ import annotations

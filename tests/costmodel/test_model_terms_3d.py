@@ -55,6 +55,29 @@ def test_mmdit_block_by_hand() -> None:
     assert linear_flops_per_token_layer(MMDIT) == 2 * (256 + 256 + 160)
 
 
+def test_text_patching_and_working_set_by_hand() -> None:
+    """Per-sample text terms, the patch (un)embedding and the working set of the tiny blocks,
+    read through the analytic file (seconds x the assumed rate back to FLOPs)."""
+    hardware = load_hardware("h200-sxm")
+    rate = hardware.bf16_dense_flops * 0.6  # the analytic default's dense efficiency
+    # Wan: the k, v projections of the 3 text tokens per sample and layer: 2 x 3 x 8 x 8 MACs = 384,
+    # 768 FLOPs. MMDiT: the text stream on 5 tokens, qkvo 256 + MLP 256 MACs a token: 2 x 5 x 512
+    # = 5,120 FLOPs, and the 5 x 5 text-text pairs of the joined attention at 4 x 8: 800.
+    for model, per_sample in ((WAN, 768), (MMDIT, 5120 + 800)):
+        fwd = analytic_cost_model(model, hardware).compute.forward
+        assert fwd.per_sample * rate == pytest.approx(per_sample)
+    # Patch embedding in and un-patching out, 4 channels x 1x2x2 = 16 latent values to h = 8 and
+    # back: 2 x 16 x 8 MACs a token forward, 3x with backward, 2 FLOPs a MAC: 1,536 FLOPs.
+    cm = analytic_cost_model(WAN, hardware)
+    assert cm.compute.head_s_per_token * rate == pytest.approx(1536)
+    # Working set per token: Ulysses send and receive buffers of q, k, v (2 x 3 x 8 values) and
+    # the last block's input and output (2 x 8), 2 bytes a value: 128.
+    assert cm.activation.working_bytes_per_token == 128
+    # Backward transient per token: the GELU MLP's two 16-wide gradients (2 x 16 x 2 bytes = 64)
+    # and fp32 q, k, v gradient accumulators (3 x 8 x 4 = 96).
+    assert cm.activation.transient_bytes_per_token == 64 + 96
+
+
 def test_a_clips_cost_is_quadratic_and_its_text_per_sample() -> None:
     hardware = load_hardware("h200-sxm")
     cluster = load_cluster("h200x64")
