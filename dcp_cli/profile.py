@@ -162,12 +162,13 @@ def register(app: typer.Typer) -> None:
         num_sizes: int = typer.Option(6, help="Log-spaced message sizes."),
         group_sizes: str = typer.Option("", help="Group sizes (default: every size 2..world)."),
         gpus_per_node: int = typer.Option(0, help="Ranks per node (0 = detect from host names)."),
-        ops: str = typer.Option("alltoall,allreduce", help="Collectives to measure."),
+        ops: str = typer.Option("alltoall,allreduce", help="Operations to measure: alltoall, allreduce, p2p "
+                                "(a ring-attention hop; its links are fitted and printed)."),
         warmup: int = typer.Option(3, help="Untimed operations per point."),
         repeats: int = typer.Option(10, help="Timed operations per point."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     ) -> None:
-        """Measure all-to-all and all-reduce per group size and message size (run under torchrun)."""
+        """Measure all-to-all, all-reduce and ring hops per group size and message size (run under torchrun)."""
         import platform
 
         torch = _torch("profile-comm")
@@ -216,9 +217,21 @@ def register(app: typer.Typer) -> None:
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_text("\n".join([dump_line(header), *(dump_line(r) for r in records)]) + "\n")
                 typer.echo(f"wrote {out} ({len(records)} records)")
+                if any(r.op == "p2p" for r in records):
+                    _echo_p2p_fit(records)
             dist.barrier()
         finally:
             dist.destroy_process_group()
+
+    def _echo_p2p_fit(records: list[Any]) -> None:
+        from costmodel.ring import fit_p2p
+
+        links, errors = fit_p2p(records)
+        for name, link in (("intra", links.intra), ("inter", links.inter)):
+            if link is not None:
+                typer.echo(f"p2p {name}: alpha {link.alpha_s * 1e6:.1f} us, {link.bytes_per_s / 1e9:.3f} GB/s, "
+                           f"MAPE on its {sum(r.op == 'p2p' and r.placement == name for r in records)} records "
+                           f"{errors[name]:.1%}")
 
     @app.command("fit")
     def fit(

@@ -1,4 +1,4 @@
-"""Communication profile: ``all_to_all_single`` and ``all_reduce`` over every group size.
+"""Communication profile: ``all_to_all_single``, ``all_reduce`` and ring hops over every group size.
 
 Run on every rank of an initialised ``torch.distributed`` world (``dcp profile-comm`` under
 ``torchrun``: gloo on CPU, NCCL on GPU). Groups are contiguous ranks; for each size ``d`` the
@@ -7,6 +7,11 @@ every group is created once, up front, in the same order on every rank. All grou
 run at the same time, as they do in training. Each rank times each operation after a group
 barrier, interleaving the (op, message size) points round by round; a record's time is the
 slowest rank's median (and the slowest rank's min and max).
+
+``p2p`` (op ``p2p``) is one hop of ring attention (``executor/ring.py``): every rank of a group
+sends its message to the next rank and receives as much from the previous one, in one
+``batch_isend_irecv`` (gloo and NCCL); ``costmodel.ring.fit_p2p`` fits its intra- and inter-node
+links.
 
 A group's placement comes from the nodes it spans: ranks are put on nodes by host name (or by
 ``gpus_per_node`` when given, e.g. to emulate several nodes on one machine).
@@ -44,7 +49,7 @@ class CommSweepConfig:
     num_sizes: int = 6
     """Log-spaced message sizes."""
     ops: tuple[str, ...] = ("alltoall", "allreduce")
-    """Collectives to measure."""
+    """Operations to measure: ``alltoall``, ``allreduce``, ``p2p`` (a ring hop)."""
     group_sizes: tuple[int, ...] = ()
     """Group sizes; empty = every size from 2 to the world size."""
     gpus_per_node: int = 0
@@ -67,9 +72,9 @@ class CommSweepConfig:
             )
         if self.clock not in ("wall", "thread"):
             raise ValueError(f"clock must be wall or thread, got {self.clock!r}")
-        unknown = set(self.ops) - {"alltoall", "allreduce"}
+        unknown = set(self.ops) - {"alltoall", "allreduce", "p2p"}
         if unknown or not self.ops:
-            raise ValueError(f"ops must be alltoall and/or allreduce, got {self.ops}")
+            raise ValueError(f"ops must be among alltoall, allreduce and p2p, got {self.ops}")
         if any(d < 2 for d in self.group_sizes):
             raise ValueError(f"group sizes must be >= 2, got {self.group_sizes}")
 
@@ -128,6 +133,8 @@ def _time_points(points: list[tuple[str, int]], group: _Group, *, device: torch.
         send, recv = buffers[i]
         if points[i][0] == "alltoall":
             dist.all_to_all_single(recv, send, group=group.handle)
+        elif points[i][0] == "p2p":
+            _ring_hop(send, recv, group)
         else:
             dist.all_reduce(send, group=group.handle)
 
@@ -148,6 +155,16 @@ def _time_points(points: list[tuple[str, int]], group: _Group, *, device: torch.
     return [(statistics.median(t), min(t), max(t)) for t in times]
 
 
+def _ring_hop(send: torch.Tensor, recv: torch.Tensor, group: _Group) -> None:
+    """One ring hop: send to the next rank of the group, receive from the previous one."""
+    me = group.ranks.index(dist.get_rank())
+    d = group.size
+    ops = [dist.P2POp(dist.isend, send, group.ranks[(me + 1) % d], group.handle),
+           dist.P2POp(dist.irecv, recv, group.ranks[(me - 1) % d], group.handle)]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+
+
 def run_comm_sweep(config: CommSweepConfig, *, device: torch.device,
                    progress: Callable[[int, int, str], None] | None = None) -> list[CommRecord]:
     """Measure the sweep on this rank; returns the records on rank 0 (an empty list elsewhere).
@@ -166,7 +183,8 @@ def run_comm_sweep(config: CommSweepConfig, *, device: torch.device,
     for step, d in enumerate(sizes):
         of_size = [g for g in groups if g.size == d]
         # all-to-all splits evenly: a multiple of d elements
-        points = [(op, max(d, nbytes // ELEMENT_BYTES // d * d)) for op in config.ops for nbytes in byte_counts]
+        points = [(op, max(d, nbytes // ELEMENT_BYTES // d * d) if op != "p2p" else max(1, nbytes // ELEMENT_BYTES))
+                  for op in config.ops for nbytes in byte_counts]
         stats = torch.zeros(len(points), len(of_size), 3, dtype=torch.float64, device=device)
         dist.barrier()
         for j, group in enumerate(of_size):

@@ -176,7 +176,9 @@ class CommRecord(_Timed):
     """One collective on a contiguous group of ranks."""
 
     record: Literal["comm"] = "comm"
-    op: Literal["alltoall", "allreduce"] = Field(description="all_to_all_single or all_reduce.")
+    op: Literal["alltoall", "allreduce", "p2p"] = Field(
+        description="all_to_all_single, all_reduce, or p2p: one ring hop (each rank sends bytes_per_rank to "
+                    "the next and receives as much from the previous, batch_isend_irecv; costmodel.ring).")
     group_size: int = Field(gt=1, description="Ranks in the group.")
     num_nodes: int = Field(gt=0, description="Nodes the group spans.")
     bytes_per_rank: float = Field(gt=0, description="Bytes each rank holds (input of the collective).")
