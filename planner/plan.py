@@ -18,7 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 
 from costmodel.specs import Sample
 
-PLAN_SCHEMA_VERSION = 1
+PLAN_SCHEMA_VERSION = 2
+"""Version 2 adds the solver status ``POLISHED_BASELINE`` (a polished baseline was ``HEURISTIC``
+in version 1). Plans of every version in ``SUPPORTED_PLAN_SCHEMA_VERSIONS`` load as they are."""
+
+SUPPORTED_PLAN_SCHEMA_VERSIONS = (1, 2)
 
 SolverStatus = Literal["OPTIMAL", "FEASIBLE", "HEURISTIC", "BASELINE", "POLISHED_BASELINE"]
 """Where the plan came from. The search's own result: OPTIMAL/FEASIBLE (CP-SAT's answer) or
@@ -137,9 +141,12 @@ class Plan(_Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> Plan:
-        if self.schema_version != PLAN_SCHEMA_VERSION:
+        if self.schema_version not in SUPPORTED_PLAN_SCHEMA_VERSIONS:
             raise ValueError(f"schema_version={self.schema_version} is not supported "
-                             f"(expected {PLAN_SCHEMA_VERSION})")
+                             f"(expected one of {SUPPORTED_PLAN_SCHEMA_VERSIONS})")
+        if self.schema_version < 2 and self.solver.status == "POLISHED_BASELINE":
+            raise ValueError("solver.status='POLISHED_BASELINE' needs schema_version 2 "
+                             f"(got {self.schema_version})")
         ranks = sorted(r for g in self.groups for r in g.ranks)
         if ranks != list(range(self.num_ranks)):
             raise ValueError(f"groups do not partition ranks 0..{self.num_ranks - 1}: got {ranks}")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from costmodel.specs import Sample
 from planner.plan import (
+    PLAN_SCHEMA_VERSION,
     GroupPlan,
     LossNormalizer,
     LowerBound,
@@ -70,3 +73,22 @@ def test_groups_must_partition_ranks() -> None:
         _plan(_groups()[:2])
     with pytest.raises(ValueError, match=r"group ranks \[0, 2\] are not contiguous"):
         GroupPlan(ranks=[0, 2], predicted_time_s=0, predicted_peak_mem_bytes=0)
+
+
+def test_version_1_plans_still_load_and_only_version_2_says_polished_baseline() -> None:
+    plan = _plan(_groups())
+    assert plan.schema_version == PLAN_SCHEMA_VERSION == 2
+    # A plan stored by version 1 (before POLISHED_BASELINE) loads as it is, digest unchanged.
+    wire = json.loads(plan.model_dump_json())
+    wire["schema_version"] = 1
+    old = Plan.model_validate(wire)
+    assert old.schema_version == 1
+    assert Plan.model_validate_json(old.model_dump_json()).digest() == old.digest() != plan.digest()
+    wire["solver"]["status"] = "POLISHED_BASELINE"
+    with pytest.raises(ValueError, match="POLISHED_BASELINE' needs schema_version 2"):
+        Plan.model_validate(wire)
+    wire["schema_version"] = 2
+    assert Plan.model_validate(wire).solver.status == "POLISHED_BASELINE"
+    wire["schema_version"] = 3
+    with pytest.raises(ValueError, match=r"schema_version=3 is not supported \(expected one of \(1, 2\)\)"):
+        Plan.model_validate(wire)
