@@ -11,6 +11,8 @@ in fp64:
 2. ``dcp``: :class:`DCPTrainer` with the service's plans, checkpoints at steps 2 and 4;
 3. ``resumed``: a differently initialised model, resumed by the ``Trainer`` from ``checkpoint-2``;
 4. ``local``: :class:`DCPTrainer` with plans made in each rank by the planner library;
+6. ``titan``: ``executor/integrations/torchtitan.py`` on a decoder with torchtitan's calling
+   convention under the executor's scenario plans (torchtitan itself needs a GPU);
 5. ``sft`` (when ``trl`` is installed): TRL's ``SFTTrainer`` padding-free (each rank's batch packed
    into one sequence, the same fp64 loss) and ``DCPSFTTrainer`` with ``packing=True``, 3 steps,
    completion-only labels (each document's first 6 tokens are -100).
@@ -170,6 +172,26 @@ def _sft(out: Path, docs: list[dict[str, Any]], batches: list[list[str]], plans:
             "logged": [e["loss"] for e in dcp.state.log_history if "loss" in e]}
 
 
+def _titan(rank: int, world: int) -> dict[str, Any]:
+    """``executor.integrations.torchtitan`` on a decoder with torchtitan's calling convention
+    (``titan_standin``), under the executor's scenario plans (groups 2+1+1, 4, 1+2+1)."""
+    from executor.groups import GroupRegistry
+    from executor.integrations import torchtitan as tt
+    from executor.runtime import Executor
+    from tests.executor import scenarios
+    from tests.executor.integrations import titan_standin
+
+    registry = GroupRegistry(world_size=world, rank=rank, group_sizes=[1, 2, 4])
+    executor = Executor(registry=registry)
+    model = titan_standin.build()
+    out: dict[str, Any] = {"swapped": tt.install(model, group_sizes=registry.sizes)}
+    for i, plan in enumerate(scenarios.plans_1d()):
+        model.zero_grad(set_to_none=True)
+        out[f"loss_{i}"] = titan_standin.run_step(executor, model, plan)
+        out[f"grad_{i}"] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out
+
+
 def run(url: str, epoch_id: str, out: Path) -> dict[str, Any]:
     """Every run of the module docstring on this rank."""
     from train_hf_trainer import cluster_and_cost_model, load_documents, local_planner, start_service_epoch
@@ -192,6 +214,7 @@ def run(url: str, epoch_id: str, out: Path) -> dict[str, Any]:
     plans = [client.step_plan(epoch_id, s)[0] for s in range(STEPS)]
     results["service_digests"] = [p.digest() for p in plans]
     results["group_sizes"] = [[g.size for g in p.groups] for p in plans]
+    results["titan"] = _titan(rank, world)
     results["plain"] = _plain(out, docs, [sorted(p.sample_ids) for p in plans], world)
 
     served = ServicePlans(client, epoch_id=epoch_id, rank=rank)

@@ -3,8 +3,9 @@
 One torchrun of 4 gloo ranks (``hf_trainer_worker.py``) against a real ``dcp serve``: the plain
 ``Trainer`` (DDP) on the plans' global batches, :class:`DCPTrainer` with the service's plans
 (checkpoints at steps 2 and 4), the same resumed from ``checkpoint-2`` into a differently
-initialised model, and :class:`DCPTrainer` with plans made locally. fp64: losses and parameters
-after 4 optimizer steps (AdamW, linear schedule, gradient clipping) within 1e-8 relative.
+initialised model, :class:`DCPTrainer` with plans made locally, TRL's ``SFTTrainer`` and its DCP
+twin, and the CPU part of the torchtitan integration. fp64: losses and parameters after 3-4
+optimizer steps (AdamW, linear schedule, gradient clipping) within 1e-8 relative.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 import torch
 
 from dcp_cli.net import free_port
+from tests.executor import scenarios
 from tests.executor.service import Service
 
 pytest.importorskip("transformers")
@@ -140,3 +142,20 @@ def test_dcp_sft_trainer_equals_trls_padding_free_run(world4: list[dict[str, Any
         assert abs(dcp[s] - plain[s]) <= TOLERANCE * abs(plain[s]), (s, dcp[s], plain[s])
     # completion-only labels: a loss of its own (the Trainer's runs train on every token)
     assert abs(dcp[0] - _step_losses(world4, "dcp")[0]) > 1e-6 * dcp[0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_torchtitan_inner_attention_step_equals_the_plain_decoder(world4: list[dict[str, Any]],
+                                                                  index: int) -> None:
+    """The CPU part of the torchtitan integration: torchtitan's calling convention
+    (``titan_standin``), Ulysses through ``inner_attention``, policies on the decoder layers."""
+    from tests.executor.integrations import titan_standin
+
+    loss, reference = titan_standin.reference_grads(scenarios.plans_1d()[index])
+    assert world4[0]["titan"]["swapped"] == titan_standin.LAYERS
+    assert sum(res["titan"][f"loss_{index}"] for res in world4) == pytest.approx(loss, rel=1e-12)
+    for r, res in enumerate(world4):
+        worst, where = _worst_relative(res["titan"][f"grad_{index}"], reference)
+        assert worst <= 1e-10, f"rank {r}: {where} relative difference {worst:.2e}"
