@@ -22,6 +22,7 @@ from torch import nn
 from executor.attention import AttentionKind, packed_attention
 from executor.checkpointing import run_layers
 from executor.context import SPContext
+from executor.ring import ring_packed_attention
 from executor.ulysses import head_to_seq, qkv_seq_to_head
 
 
@@ -107,7 +108,10 @@ class SPAttention(nn.Module):
         if self.rotary:
             cos, sin = _rope_tables(ctx.packed_positions(), self.head_dim, q)
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-        o = packed_attention(q, k, v, samples=ctx.layout.samples, kind=self.kind)
+        if ctx.ring is not None:  # Ulysses x ring: the ring between the all-to-alls (executor.ring)
+            o = ring_packed_attention(q, k, v, layout=ctx.ring, group=ctx.ring_group, kind=self.kind)
+        else:
+            o = packed_attention(q, k, v, samples=ctx.layout.samples, kind=self.kind)
         local = head_to_seq(o, ctx.layout, ctx.group)
         return self.out(local.reshape(tokens, self.num_heads * self.head_dim))
 
@@ -221,7 +225,7 @@ class VideoDiT(nn.Module):
                 recompute_layers: Sequence[int]) -> torch.Tensor:
         """Local patches ``(local_tokens, in_channels)`` -> ``(local_tokens, in_channels)``."""
         positions = ctx.local_positions().to(patches.device)
-        spatial = ctx.layout.local_spatial().to(patches.device)
+        spatial = ctx.local_spatial().to(patches.device)
         pos = (_sincos(positions % spatial, self.config.hidden, patches.dtype)
                + _sincos(positions // spatial, self.config.hidden, patches.dtype))
         h = self.embed(patches) + pos

@@ -165,9 +165,11 @@ def ring_head_to_seq(y: torch.Tensor, layout: RingLayout, groups: RingGroups) ->
 
 
 def ring_packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: RingLayout,
-                          groups: RingGroups, kind: AttentionKind, scale: float | None = None) -> torch.Tensor:
-    """The ring's half of a layer's attention, on the head-sharded side (after
-    :func:`ring_seq_to_head`), for the whole-sample kinds of :data:`RING_KINDS`.
+                          group: dist.ProcessGroup | None, kind: AttentionKind,
+                          scale: float | None = None) -> torch.Tensor:
+    """The ring's part of a layer's attention, on the head-sharded side (after the Ulysses swap
+    over ``layout.ulysses_layout()``, e.g. :func:`ring_seq_to_head`), for the whole-sample kinds of
+    :data:`RING_KINDS`; ``group`` is the ring's process group (``SPContext.ring_group``).
 
     Raises:
         ValueError: for a 2D kind (spatial or temporal attention is not cut by a ring).
@@ -175,4 +177,4 @@ def ring_packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     if kind not in RING_KINDS:
         raise ValueError(f"attention kind {kind!r} cannot run on a ring (ring_degree={layout.ring_degree}); "
                          f"ring kinds: {sorted(RING_KINDS)}")
-    return ring_attention(q, k, v, layout=layout, group=groups.ring, causal=RING_KINDS[kind], scale=scale)
+    return ring_attention(q, k, v, layout=layout, group=group, causal=RING_KINDS[kind], scale=scale)

@@ -81,7 +81,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                 q, k, v, g = (_local(t, layout) for t in _full_tensors(0))
                 q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
                 qh, kh, vh = (ring_seq_to_head(t, layout, group) for t in (q, k, v))
-                out = ring_head_to_seq(ring_packed_attention(qh, kh, vh, layout=layout, groups=group, kind=kind),
+                out = ring_head_to_seq(ring_packed_attention(qh, kh, vh, layout=layout, group=group.ring, kind=kind),
                                        layout, group)
                 (out * g).sum().backward()
                 results[f"{u}x{r}_{kind}"] = (out.detach(), q.grad, k.grad, v.grad)
@@ -162,4 +162,4 @@ def test_a_ring_needs_its_process_group_and_a_whole_sample_kind() -> None:
     with pytest.raises(ValueError, match="needs a process group"):
         ring_attention(q, q, q, layout=layout, group=None, causal=True)
     with pytest.raises(ValueError, match="'spatial_2d' cannot run on a ring"):
-        ring_packed_attention(q, q, q, layout=layout, groups=RingGroups(ulysses=None, ring=None), kind="spatial_2d")
+        ring_packed_attention(q, q, q, layout=layout, group=None, kind="spatial_2d")
