@@ -4,10 +4,13 @@ Plans of ``hf_wan_model.plans()`` (groups 2+1+1 with an idle rank, then 4; clips
 micro-batch shorter than the group; mixed per-sample policies; token and sample normalisation) run
 through diffusers' attention-processor mechanism: Ulysses over each whole clip, the 3D rotary
 embedding on each rank's own token positions, per-token modulation. The reference is the plain
-model (its own processors and forward) on each whole clip in one process. Wan computes its norms
-and block arithmetic in fp32 whatever the model's dtype (``FP32LayerNorm``, ``.float()`` in its
-blocks), so the step equals the plain model's to fp32 rounding: the loss to 1e-10 relative, the
-gradients to 1e-6 (the model in fp64 otherwise).
+model (its own processors and forward) on each whole clip in one process, fp64. Wan computes its
+norms and modulation in fp32 whatever the model's dtype (``FP32LayerNorm``, ``.float()`` in its
+blocks): the forward values still agree (loss <= 1e-10 relative; 0 and 3.5e-16 measured), and so do
+the gradients of every parameter (<= 1e-10; 4.6e-15 measured) but those whose gradient is reduced
+or rounded in fp32 on each rank before the ranks' sum: the time embedding (``time_embedder``,
+``time_proj``, which feeds ``temb.float()`` in every block) and the affine fp32 norms (``norm2``),
+<= 1e-6 (7.1e-8 measured, fp32 rounding).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ def test_step_equals_the_plain_model(hf_world4: list[dict[str, object]], index: 
     reference = hf_llama.grads(model)
     shares = [float(res[f"wan_loss_{index}"]) for res in hf_world4]  # type: ignore[arg-type]
     assert sum(shares) == pytest.approx(loss, rel=1e-10)
+    fp32_bound = _fp32_bound(model)
     checked = 0
     for r, res in enumerate(hf_world4):
         grads = res[f"wan_grad_{index}"]
@@ -40,9 +44,18 @@ def test_step_equals_the_plain_model(hf_world4: list[dict[str, object]], index: 
                 assert float(grads[name].abs().max()) == 0.0, name
                 continue
             rel = float((grads[name] - want).abs().max()) / scale
-            assert rel <= 1e-6, f"rank {r}: {name} relative diff {rel:.2e}"
-            checked += 1
-    assert checked > 4 * 30  # most parameters have a gradient
+            bound = 1e-6 if name in fp32_bound else 1e-10
+            assert rel <= bound, f"rank {r}: {name} relative diff {rel:.2e} > {bound}"
+            checked += name not in fp32_bound
+    assert checked > 4 * 30  # most parameters are checked to fp64 precision
+
+
+def _fp32_bound(model: torch.nn.Module) -> set[str]:
+    """Parameters whose gradient Wan rounds or reduces in fp32: the modules it keeps in fp32
+    (``_keep_in_fp32_modules``: time embedder, norms, modulation table) and ``time_proj``, whose
+    output every block casts with ``temb.float()``."""
+    keep = set(getattr(model, "_keep_in_fp32_modules", None) or ()) | {"time_proj"}
+    return {name for name, _ in model.named_parameters() if keep & set(name.split("."))}
 
 
 def test_prepare_refuses_a_group_size_that_does_not_divide_the_heads() -> None:
