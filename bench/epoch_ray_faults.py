@@ -21,6 +21,7 @@ It prints a table and writes ``bench/results/epoch_ray_faults.json`` (load avera
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import logging
@@ -270,7 +271,9 @@ def run_cases(tmp: Path, manifest: Path) -> list[dict[str, Any]]:
     return cases
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run every fault case, print the table and write the results JSON."""
+    argparse.ArgumentParser(description=__doc__.split("\n", 1)[0]).parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="dcprf", dir="/tmp") as tmp_name:
