@@ -75,7 +75,8 @@ class GroupPlan(_Frozen):
         return self
 
     @model_serializer(mode="wrap")
-    def _omit_default_layout(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+    def _omit_default_layout(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
+        # No return annotation: pydantic then keeps the model's own serialization schema (OpenAPI)
         data: dict[str, object] = handler(self)
         if self.ring_degree == 1:
             data.pop("ring_degree", None)
@@ -227,7 +228,8 @@ class RankPlan(_Frozen):
     cost_model_id: str = Field(description="Id of the cost model used.")
 
     @model_serializer(mode="wrap")
-    def _omit_default_layout(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+    def _omit_default_layout(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
+        # No return annotation: pydantic then keeps the model's own serialization schema (OpenAPI)
         data: dict[str, object] = handler(self)
         if self.ring_degrees is None:
             data.pop("ring_degrees", None)

@@ -76,3 +76,14 @@ def test_the_validator_checks_ring_layouts() -> None:
     assert any("ulysses_degree=2 is not allowed by the heads (num_heads=3" in p for p in bad), bad
     # the cost model does not price ring layouts yet: such a plan is not valid (yet)
     assert any("does not price ring layouts yet" in p for p in problems)
+
+
+def test_the_serialization_schema_keeps_every_field() -> None:
+    """The JSON-leaving serializer must not hide the plan's fields from OpenAPI (a serializer with a
+    return annotation turns the schema into a bare object)."""
+    from planner.plan import RankPlan
+
+    group = GroupPlan.model_json_schema(mode="serialization")
+    assert {"ranks", "micro_batches", "ring_degree"} <= set(group["properties"])
+    rank = RankPlan.model_json_schema(mode="serialization")
+    assert {"group", "group_sizes", "ring_degrees"} <= set(rank["properties"])
