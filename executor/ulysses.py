@@ -163,10 +163,11 @@ def qkv_seq_to_head(qkv: torch.Tensor, layout: PackedLayout, group: Group | None
         group: The group's process group (``None`` only for a group of one).
 
     Returns:
-        ``q``, ``k``, ``v``, each ``(total_tokens, H/d, Dh)``: query head ``j`` of this rank with
-        the key and value of its key/value head (expanded, not copied per query head before the
-        exchange), ready for :func:`executor.attention.packed_attention`. The query heads are
-        those :func:`head_to_seq` puts back in order: rank ``i`` holds heads ``i H/d .. (i+1) H/d - 1``.
+        ``q`` ``(total_tokens, H/d, Dh)``; ``k`` and ``v`` ``(total_tokens, u, Dh)`` with ``u`` this
+        rank's key/value heads (``H_kv / d``, or 1 past them): query head ``j`` of this rank uses
+        key/value head ``j // (H / d / u)``, the grouped-query form
+        :func:`executor.attention.packed_attention` takes (no copy per query head). The query heads
+        are those :func:`head_to_seq` puts back in order: rank ``i`` holds ``i H/d .. (i+1) H/d - 1``.
 
     Raises:
         ValueError: when the heads do not split over the group (:func:`check_kv_heads`).
@@ -185,11 +186,6 @@ def qkv_seq_to_head(qkv: torch.Tensor, layout: PackedLayout, group: Group | None
     full = seq_to_head(qkv.reshape(tokens, units, (per_unit + 2) * head_dim), layout, group)
     total, local_units = full.shape[0], units // d
     full = full.view(total, local_units, per_unit + 2, head_dim)
-    if per_unit == 1:  # one query head per exchanged key/value head: views, no copy
-        q, k, v = full.unbind(dim=2)
-        return q, k, v
-    shape = (total, local_units * per_unit, head_dim)
-    q = full[:, :, :per_unit].reshape(shape)
-    k = full[:, :, per_unit:per_unit + 1].expand(total, local_units, per_unit, head_dim).reshape(shape)
-    v = full[:, :, per_unit + 1:].expand(total, local_units, per_unit, head_dim).reshape(shape)
+    q = full[:, :, :per_unit].reshape(total, local_units * per_unit, head_dim)
+    k, v = full[:, :, per_unit], full[:, :, per_unit + 1]
     return q, k, v

@@ -78,16 +78,17 @@ def test_step_past_the_key_value_heads_equals_one_rank(world4_results: list[dict
 
 
 def test_one_rank_keeps_each_query_head_with_its_key_value_head() -> None:
-    """A group of one: the heads come back in query order, each with its own key/value head."""
+    """A group of one: the query heads come back in order, the key/value heads once each (query
+    head ``j`` uses ``j // rep``, the grouped-query form of ``packed_attention``)."""
     tokens, kv_heads, rep, head_dim = 5, 2, 3, 4
     qkv = torch.randn(tokens, kv_heads, rep + 2, head_dim, dtype=torch.float64)
     layout = PackedLayout(samples=(SampleShape(tokens=tokens),), group_size=1, index_in_group=0)
     q, k, v = qkv_seq_to_head(qkv, layout, None)
-    assert q.shape == k.shape == v.shape == (tokens, kv_heads * rep, head_dim)
+    assert q.shape == (tokens, kv_heads * rep, head_dim)
+    assert k.shape == v.shape == (tokens, kv_heads, head_dim)  # not copied per query head
     for head in range(kv_heads * rep):
         assert torch.equal(q[:, head], qkv[:, head // rep, head % rep])
-        assert torch.equal(k[:, head], qkv[:, head // rep, rep])
-        assert torch.equal(v[:, head], qkv[:, head // rep, rep + 1])
+    assert torch.equal(k, qkv[:, :, rep]) and torch.equal(v, qkv[:, :, rep + 1])
 
 
 def test_sizes_that_do_not_split_the_heads_are_refused() -> None:

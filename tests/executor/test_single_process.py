@@ -108,7 +108,7 @@ def test_dataset_is_deterministic_and_2d_shapes_match() -> None:
     assert torch.equal(a["inputs"], b["inputs"])  # type: ignore[arg-type]
     assert a["inputs"].shape == (12, 3)  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="kind must be"):
-        SyntheticDataset([clip], kind="3d")
+        SyntheticDataset([clip], kind="4d")
 
 
 def test_executor_imports_neither_solver_nor_web_framework() -> None:
