@@ -142,8 +142,8 @@ class LlamaLayer(nn.Module):
         hd, nq, nkv = self.head_dim, self.num_heads, self.num_kv_heads
         q, k, v = self.qkv(self.attn_norm(x)).split([nq * hd, nkv * hd, nkv * hd], dim=-1)
         q, k, v = q.view(tokens, nq, hd), k.view(tokens, nkv, hd), v.view(tokens, nkv, hd)
-        if d > 1 and nkv % d:  # KV heads that do not split over the group are repeated first
-            k, v = (t.repeat_interleave(nq // nkv, dim=1) for t in (k, v))
+        if d > 1 and nkv % d:  # past the KV heads each is replicated to the d / nkv ranks that use it,
+            k, v = (t.repeat_interleave(d // nkv, dim=1) for t in (k, v))  # as executor/ulysses.py does
         q, k, v = (emulated_seq_to_head(t, samples, d) for t in (q, k, v))
         cos, sin = self._rope_tables(samples, x)
         q, k = _rotary(q, cos, sin), _rotary(k, cos, sin)
