@@ -4,6 +4,8 @@ Run from the repository root::
 
     .venv/bin/python bench/model_vs_executor.py                  # 1D and 2D, thread clock (~6 min)
     .venv/bin/python bench/model_vs_executor.py --clock wall     # needs a quiet machine
+    .venv/bin/python bench/model_vs_executor.py --kinds 1d,3d --kv-heads 1 \
+        --out bench/results/model_vs_executor_cpu_gqa.json        # groups past the key/value head
 
 For each reference model of the executor (``executor.models``: LLaMA-style 1D, STDiT-style 2D;
 4 layers, hidden 64, 4 heads, fp32) it runs ``dcp_cli.model_check.run_check`` (what
@@ -69,6 +71,9 @@ def main() -> None:
     parser.add_argument("--tokens-max", type=int, default=2048)
     parser.add_argument("--memory-tokens", type=int, default=600)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--kv-heads", type=int, default=0,
+                        help="Key/value heads of the reference models' self-attention (0 = the 4 query heads; "
+                             "1: groups of 2 replicate it, grouped-query attention past the key/value heads)")
     parser.add_argument("--no-concurrent", action="store_true",
                         help="profile in one process and run one-rank groups in turns (the GPU way)")
     parser.add_argument("--runs", type=int, default=1,
@@ -92,7 +97,7 @@ def main() -> None:
                              samples_per_step=args.samples, tokens_max=args.tokens_max,
                              memory_tokens=args.memory_tokens, repeats=args.repeats,
                              sweep_repeats=args.repeats, concurrent=not args.no_concurrent,
-                             ffn_hidden=128 if kind == "1d" else 256)
+                             ffn_hidden=128 if kind == "1d" else 256, num_kv_heads=args.kv_heads or None)
         start, cpu_before = time.perf_counter(), _cpu_times_s()
         report = run_check(config, progress=lambda text: None if args.quiet else print(f"  {text}", file=sys.stderr))
         report["wall_s"] = time.perf_counter() - start

@@ -56,6 +56,9 @@ def register(app: typer.Typer) -> None:
         layers: int = typer.Option(4, help="Layers of the reference model."),
         hidden: int = typer.Option(64, help="Hidden size."),
         heads: int = typer.Option(4, help="Attention heads."),
+        kv_heads: int = typer.Option(
+            0, help="Key/value heads of the self-attention (0 = --heads); groups past them replicate "
+                    "each key/value head (grouped-query attention)."),
         ffn: int = typer.Option(128, help="MLP size."),
         steps: int = typer.Option(3, help="Planned steps to run."),
         samples: int = typer.Option(8, help="Samples per step."),
@@ -89,7 +92,7 @@ def register(app: typer.Typer) -> None:
             config = model_check.CheckConfig(
                 kind=kind,  # type: ignore[arg-type]
                 world_size=world, num_layers=layers, hidden=hidden, num_heads=heads, ffn_hidden=ffn,
-                num_steps=steps, samples_per_step=samples, tokens_min=tokens_min,
+                num_kv_heads=kv_heads or None, num_steps=steps, samples_per_step=samples, tokens_min=tokens_min,
                 tokens_max=tokens_max, memory_tokens=memory_tokens,
                 clock=clock,  # type: ignore[arg-type]
                 sweep_repeats=repeats, repeats=repeats, concurrent=concurrent)

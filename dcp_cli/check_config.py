@@ -30,6 +30,9 @@ class CheckConfig:
     """Hidden size."""
     num_heads: int = 4
     """Attention heads (the group sizes must divide it)."""
+    num_kv_heads: int | None = None
+    """Key/value heads of the self-attention (``None``: ``num_heads``); a group size must divide
+    them or be a multiple of them (past them each key/value head is replicated)."""
     ffn_hidden: int = 128
     """MLP size."""
     vocab: int = 256
@@ -67,6 +70,9 @@ class CheckConfig:
         if self.world_size < 1 or (self.world_size > 1 and self.num_heads % self.world_size):
             raise ValueError(f"world_size={self.world_size} must be positive and divide num_heads="
                              f"{self.num_heads}")
+        kv = self.num_kv_heads
+        if kv is not None and (kv <= 0 or self.num_heads % kv):
+            raise ValueError(f"num_kv_heads={kv} must be positive and divide num_heads={self.num_heads}")
         if not 0 < self.tokens_min <= self.tokens_max:
             raise ValueError(f"need 0 < tokens_min <= tokens_max, got {self.tokens_min}, {self.tokens_max}")
         for name in ("num_layers", "hidden", "num_heads", "ffn_hidden", "num_steps", "samples_per_step",
@@ -78,19 +84,22 @@ class CheckConfig:
     def model_config(self) -> ModelConfig:
         """The executor's reference-model configuration."""
         return ModelConfig(num_layers=self.num_layers, hidden=self.hidden, num_heads=self.num_heads,
-                           ffn_hidden=self.ffn_hidden, vocab=self.vocab)
+                           num_kv_heads=self.num_kv_heads, ffn_hidden=self.ffn_hidden, vocab=self.vocab)
 
     @property
     def group_sizes(self) -> list[int]:
-        """Group sizes plans may use: divisors of the heads up to the world."""
-        return [d for d in range(1, self.world_size + 1) if self.num_heads % d == 0]
+        """Group sizes plans may use up to the world: divisors of the heads that divide the key/value
+        heads or are a multiple of them (``ModelSpec.allowed_group_sizes``)."""
+        return reference_spec(self).allowed_group_sizes(max_size=self.world_size)
 
 
 def reference_spec(config: CheckConfig) -> ModelSpec:
     """The model spec of the reference model (what the cost model is for)."""
-    return ModelSpec(name=f"ref-{config.kind}-h{config.hidden}-l{config.num_layers}", kind=config.kind,
+    kv = f"-kv{config.num_kv_heads}" if config.num_kv_heads else ""
+    return ModelSpec(name=f"ref-{config.kind}-h{config.hidden}-l{config.num_layers}{kv}", kind=config.kind,
                      num_layers=config.num_layers, hidden=config.hidden, num_heads=config.num_heads,
-                     ffn_hidden=config.ffn_hidden, vocab=config.vocab if config.kind == "1d" else 0,
+                     num_kv_heads=config.num_kv_heads, ffn_hidden=config.ffn_hidden,
+                     vocab=config.vocab if config.kind == "1d" else 0,
                      causal=config.kind == "1d", mlp="swiglu" if config.kind == "1d" else "gelu",
                      cross_attention_tokens=config.model_config.text_tokens if config.kind == "3d" else 0)
 
