@@ -72,6 +72,28 @@ def gqa_plan(kind: str, index: int) -> Plan:
     return (plans_1d() if kind == "1d" else plans_2d())[index]
 
 
+def planned_gqa_plan() -> Plan:
+    """A plan the planner makes (not by hand) for the 1D model with one key/value head on a
+    ``cpu:4`` cluster whose memory holds the 40-token sample only on a group of 2 or more (even
+    fully checkpointed): its group is past the key/value head."""
+    from costmodel.analytic import analytic_cost_model
+    from costmodel.evaluate import CostModel
+    from costmodel.presets import cpu_cluster
+    from costmodel.specs import ModelSpec
+    from planner.config import PlannerConfig
+    from planner.planning import plan_batch
+
+    spec = ModelSpec(name="ref-1d-kv1", kind="1d", num_layers=L, hidden=CONFIG.hidden, num_heads=CONFIG.num_heads,
+                     num_kv_heads=1, ffn_hidden=CONFIG.ffn_hidden, vocab=CONFIG.vocab, causal=True, mlp="swiglu")
+    roomy = cpu_cluster(WORLD, memory_bytes=1e12)
+    file = analytic_cost_model(spec, roomy.hardware)
+    model = CostModel(file=file, cluster=roomy)
+    need = model.fixed_bytes() + 1.05 * float(model.activation_bytes(40, group_size=2, recompute_layers=L))
+    cluster = cpu_cluster(WORLD, memory_bytes=need / roomy.memory_cap_fraction)
+    samples = [s1d("long", 40)] + [s1d(f"t{i}", t) for i, t in enumerate([5, 9, 3, 7, 6])]
+    return plan_batch(samples, cluster=cluster, cost_model=file, config=PlannerConfig.for_budget(0.5))
+
+
 def _grads(model: torch.nn.Module) -> list[torch.Tensor]:
     return [p.grad.detach().clone() for p in model.parameters()]  # type: ignore[union-attr]
 
@@ -122,6 +144,14 @@ def worker(rank: int, port: int, out_dir: str) -> None:
             model = build_model(kind, kv_heads=kv_heads)
             results[f"loss_{kind}_kv{kv_heads}_{i}"] = run_step(executor, model, gqa_plan(kind, i), kind)
             results[f"grad_{kind}_kv{kv_heads}_{i}"] = _grads(model)
+        # A planner-made plan past the key/value head: rank 0 plans, every rank runs the same plan.
+        payload: list[str | None] = [planned_gqa_plan().model_dump_json() if rank == 0 else None]
+        dist.broadcast_object_list(payload, src=0)
+        assert payload[0] is not None
+        results["plan_planned_gqa"] = payload[0]
+        model = build_model("1d", kv_heads=1)
+        results["loss_planned_gqa"] = run_step(executor, model, Plan.model_validate_json(payload[0]), "1d")
+        results["grad_planned_gqa"] = _grads(model)
         sync_scenarios.run(rank, registry, {"1d": plans_1d(), "2d": plans_2d()}, results)
         # Digest mismatch: rank 2 holds a different plan (another cost model id).
         plan = plans_1d()[0]

@@ -8,7 +8,8 @@ those of ``scenarios.worker`` (``scenarios.GQA_CASES``: the 1D plans with groups
 1+2+1, the video plans for the 3D DiT; uneven shards, samples shorter than their group, packed
 micro-batches, mixed checkpoint policies, both normalisers), spawned once per session. References:
 the naive model written from the definitions (``tests/executor/naive_reference.py``, query head
-``i`` with key/value head ``i // (H / H_kv)``), and the executor's model on one rank.
+``i`` with key/value head ``i // (H / H_kv)``), and the executor's model on one rank. One plan is
+the planner's own (``scenarios.planned_gqa_plan``), with a group past the key/value head.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from executor.layout import PackedLayout, SampleShape
 from executor.models import ModelConfig
 from executor.ulysses import check_kv_heads, qkv_seq_to_head
+from planner.plan import Plan
 from tests.executor import scenarios
 from tests.executor.helpers import CONFIG, build_model, dataset_for, reference_backward
 from tests.executor.naive_reference import NaiveSample, step_gradients
@@ -74,6 +76,27 @@ def test_step_past_the_key_value_heads_equals_one_rank(world4_results: list[dict
     want = [p.grad.detach().clone() for p in model.parameters()]  # type: ignore[union-attr]
     for r, res in enumerate(world4_results):
         worst = _worst_relative(res[f"grad_{kind}_kv{kv_heads}_{index}"], want)  # type: ignore[arg-type]
+        assert worst <= REL_TOL, f"rank {r}: relative gradient diff {worst:.2e}"
+
+
+@pytest.mark.timeout(300)
+def test_a_planner_made_plan_past_the_key_value_head_runs_exactly(world4_results: list[dict[str, object]]) -> None:
+    """The planner puts the 40-token sample on a group past the model's one key/value head (memory
+    holds it nowhere else); the executor runs the plan as planned and equals the naive model."""
+    plan = Plan.model_validate_json(str(world4_results[0]["plan_planned_gqa"]))
+    sizes = {ps.sample.id: g.size for g in plan.groups for mb in g.micro_batches for ps in mb.samples}
+    assert sizes["long"] >= 2 and len(sizes) == 6  # past the key/value head; every sample planned
+    data = dataset_for(plan, "1d")
+    naive = [NaiveSample(inputs=item["inputs"], targets=item["targets"])  # type: ignore[arg-type]
+             for item in (data.load(ps.sample) for g in plan.groups for mb in g.micro_batches for ps in mb.samples)]
+    loss, grads = step_gradients(dict(build_model("1d", kv_heads=1).named_parameters()), naive, kind="1d",
+                                 normalizer=plan.loss_normalizer.kind, num_layers=CONFIG.num_layers,
+                                 num_heads=CONFIG.num_heads, num_kv_heads=1)
+    shares = [float(res["loss_planned_gqa"]) for res in world4_results]  # type: ignore[arg-type]
+    assert sum(shares) == pytest.approx(loss, rel=REL_TOL)
+    want = list(grads.values())
+    for r, res in enumerate(world4_results):
+        worst = _worst_relative(res["grad_planned_gqa"], want)  # type: ignore[arg-type]
         assert worst <= REL_TOL, f"rank {r}: relative gradient diff {worst:.2e}"
 
 
