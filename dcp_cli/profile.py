@@ -78,13 +78,13 @@ def register(app: typer.Typer) -> None:
         heads: int = typer.Option(0, help="Heads of the narrower shape (0 = the model's)."),
         ffn: int = typer.Option(0, help="MLP size of the narrower shape (0 = the model's)."),
         vocab: int = typer.Option(-1, help="Vocabulary to profile (-1 = the model's)."),
-        text_tokens: int = typer.Option(-1, help="2D: text tokens (-1 = the model's)."),
+        text_tokens: int = typer.Option(-1, help="2D and 3D: cross-attention text tokens (-1 = the model's)."),
         tokens_min: int = typer.Option(128, help="Smallest micro-batch in tokens."),
         tokens_max: int = typer.Option(2048, help="Largest micro-batch in tokens."),
         num_sizes: int = typer.Option(8, help="Log-spaced single-sample sizes."),
         packings: str = typer.Option("2,4", help="Samples per packed micro-batch."),
         num_packed: int = typer.Option(3, help="Packed micro-batches per packing."),
-        frames: str = typer.Option("1,2,4,8,16", help="2D: frame counts of the sample shapes."),
+        frames: str = typer.Option("1,2,4,8,16", help="2D and 3D: frame counts of the sample shapes."),
         group_sizes: str = typer.Option(
             "1,2,4", help="SP group sizes whose one rank's share is measured (must include 1; "
                           "sizes above 1 identify the attention efficiency curve)."),
