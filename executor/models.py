@@ -109,6 +109,8 @@ class SPAttention(nn.Module):
             cos, sin = _rope_tables(ctx.packed_positions(), self.head_dim, q)
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         if ctx.ring is not None:  # Ulysses x ring: the ring between the all-to-alls (executor.ring)
+            if k.shape[1] != q.shape[1]:  # the ring takes a key/value head per query head
+                k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
             o = ring_packed_attention(q, k, v, layout=ctx.ring, group=ctx.ring_group, kind=self.kind)
         else:
             o = packed_attention(q, k, v, samples=ctx.layout.samples, kind=self.kind)
