@@ -21,9 +21,10 @@ Usage (per micro-batch; ``videos``, ``timesteps``, ``texts`` of the micro-batch'
     pred = hf_wan.forward(model, work, videos=videos, timesteps=timesteps, texts=texts)
     work.loss(hf_wan.token_losses(pred, work.targets)).backward()
 
-Wan's ``FP32LayerNorm`` and block arithmetic run in fp32 whatever the model's dtype (the model's
-own choice), so a step equals the plain model's to fp32 rounding, not fp64's. Limits: text-to-video
-(no image conditioning), no attention masks.
+Wan's ``FP32LayerNorm`` and modulation run in fp32 whatever the model's dtype (the model's own
+choice): in fp64 a step's loss and most gradients equal the plain model's to fp64 rounding, those
+Wan rounds or sums in fp32 on each rank (its ``_keep_in_fp32_modules`` and ``time_proj``) to fp32
+rounding. Limits: text-to-video (no image conditioning), no attention masks.
 """
 
 from __future__ import annotations
