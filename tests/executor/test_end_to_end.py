@@ -37,13 +37,14 @@ def test_example_trains_under_torchrun_with_served_plans(service: Service, scrip
     if script in ("train_hf_latte.py", "train_hf_wan.py"):
         pytest.importorskip("diffusers")
     steps = 3
+    epoch_id = f"e2e-{Path(script).stem}"  # one epoch per script: the service is shared
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4",
            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
            str(ROOT / "examples" / script), "--url", service.url, "--steps", str(steps),
-           "--num-samples", "32", "--samples-per-step", "8", "--epoch-id", f"e2e-{script[:8]}", *extra]
+           "--num-samples", "32", "--samples-per-step", "8", "--epoch-id", epoch_id, *extra]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=220)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     losses = [float(x) for x in re.findall(r"^step \d+: loss ([0-9.]+)", done.stdout, re.MULTILINE)]
     assert len(losses) == steps, done.stdout
     assert all(0 < loss < 100 for loss in losses)
-    assert f"done: {steps} steps of epoch e2e-{script[:8]} on 4 ranks" in done.stdout
+    assert f"done: {steps} steps of epoch {epoch_id} on 4 ranks" in done.stdout
