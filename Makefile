@@ -42,7 +42,7 @@ run: install-run
 	$(BIN)/dcp serve --host $(HOST) --port $(PORT) --db $(DB)
 
 test: install-test $(VENV)/.browser-installed
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 lint: install-test
 	$(BIN)/ruff check .
