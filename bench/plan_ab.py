@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from plan_quality import LAYOUT_WORKLOADS  # noqa: E402  (bench/, the script's folder)
+
 from costmodel.presets import default_cost_model_file, load_cluster, workload_names  # noqa: E402
 from planner.config import PlannerConfig  # noqa: E402
 from planner.planning import plan_batch  # noqa: E402
@@ -83,7 +85,8 @@ def main() -> None:
                              "0.5 s the CP-SAT search has a wall-clock cap: not reproducible).")
     args = parser.parse_args()
     config = PlannerConfig() if args.budget_s is None else PlannerConfig.for_budget(args.budget_s)
-    times = run_grid(workloads=args.workloads or workload_names(), clusters=args.clusters,
+    grid = args.workloads or [w for w in workload_names() if w not in LAYOUT_WORKLOADS]
+    times = run_grid(workloads=grid, clusters=args.clusters,
                      batches=args.batches, steps=args.steps, config=config)
     from provenance import provenance  # bench/, the script's folder, is on sys.path
 

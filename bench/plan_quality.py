@@ -62,6 +62,11 @@ BASELINES = (*BUCKETS, "bucket-best", "static-best", "megatron-dyncp", "dcp-gree
              "strongest")
 """Speedup columns: the registry's baselines, the best bucket size of the cell, the strongest."""
 
+LAYOUT_WORKLOADS = ("text-millionctx", "video3d-longclip")
+"""Presets of the attention-layout comparison (``--layouts``, bench/plan_quality_layouts.py),
+left out of the default grid: their longest samples need groups past the heads (ring layouts),
+which the grid's Ulysses-era plans and baselines cannot hold on 8 GPUs."""
+
 
 def _pin(cpu: int | None) -> str:
     if cpu is None or not hasattr(os, "sched_setaffinity"):
@@ -301,7 +306,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--workloads", nargs="*", default=None,
                         help="Workload presets, or NAME@MODEL for a preset's samples under another model "
-                             "(e.g. text-longtail@llama-3.1-8b); default: every preset.")
+                             "(e.g. text-longtail@llama-3.1-8b); default: every preset but the "
+                             "layout comparison's (LAYOUT_WORKLOADS).")
     parser.add_argument("--clusters", nargs="*", default=["h200x8", "h200x32", "h200x64"])
     parser.add_argument("--batches", nargs="*", type=int, default=[64, 256, 1024])
     parser.add_argument("--budgets", nargs="*", type=float, default=[0.05, 0.2, 1.0])
@@ -314,7 +320,7 @@ def main() -> None:
                         help="No progress bar or per-cell lines: the tables only.")
     args = parser.parse_args()
     pinned = _pin(None if args.cpu < 0 else args.cpu)
-    workloads = args.workloads or workload_names()
+    workloads = args.workloads or [w for w in workload_names() if w not in LAYOUT_WORKLOADS]
     steps = 3 if args.quick else args.steps
     batches = [64, 256] if args.quick else args.batches
     out = args.out or ROOT / "bench" / "results" / (

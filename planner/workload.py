@@ -2,7 +2,8 @@
 
 A benchmark spec (``dcp-workload/1``, see ``costmodel/presets/workloads``) is either 2D
 (``buckets`` of latent frames x height x width with sampling weights) or 1D (a token-length
-``distribution``: lognormal with median and sigma, or log-uniform, clipped to bounds).
+``distribution``: lognormal with median and sigma, or log-uniform, clipped to bounds, or a
+``mixture`` of those with weights, e.g. a long tail plus a share of 256k-1M-token documents).
 
 A manifest is JSON Lines, one sample per line: ``{"id": "a", "tokens": 812}`` or
 ``{"id": "v1", "frames": 15, "height": 22, "width": 40}``.
@@ -40,11 +41,14 @@ class Bucket(_Frozen):
 class LengthDistribution(_Frozen):
     """A 1D token-length distribution."""
 
-    type: Literal["lognormal", "loguniform"]
+    type: Literal["lognormal", "loguniform", "mixture"]
     min_tokens: int = Field(gt=0)
     max_tokens: int = Field(gt=0)
     median_tokens: float | None = Field(default=None, gt=0)
     sigma: float | None = Field(default=None, gt=0)
+    components: list[MixtureComponent] | None = None
+    """``mixture`` only: the distributions drawn from, each with its weight (each sample picks
+    one component by weight, then its length from it); their bounds lie inside this one's."""
 
     @model_validator(mode="after")
     def _check(self) -> LengthDistribution:
@@ -52,7 +56,27 @@ class LengthDistribution(_Frozen):
             raise ValueError(f"min_tokens={self.min_tokens} exceeds max_tokens={self.max_tokens}")
         if self.type == "lognormal" and (self.median_tokens is None or self.sigma is None):
             raise ValueError("a lognormal distribution needs median_tokens and sigma")
+        if (self.type == "mixture") != bool(self.components):
+            raise ValueError(f"a {self.type} distribution "
+                             + ("needs components" if self.type == "mixture" else "takes no components"))
+        for c in self.components or []:
+            if c.type == "mixture":
+                raise ValueError("a mixture component cannot itself be a mixture")
+            if c.min_tokens < self.min_tokens or c.max_tokens > self.max_tokens:
+                raise ValueError(f"mixture component [{c.min_tokens}, {c.max_tokens}] lies outside the "
+                                 f"mixture's bounds [{self.min_tokens}, {self.max_tokens}]")
+        if self.components and sum(c.weight for c in self.components) <= 0:
+            raise ValueError("mixture component weights sum to 0")
         return self
+
+
+class MixtureComponent(LengthDistribution):
+    """One component of a ``mixture``: a distribution and its sampling weight."""
+
+    weight: float = Field(ge=0)
+
+
+LengthDistribution.model_rebuild()  # ``components`` names the subclass defined after it
 
 
 class WorkloadSpec(_Frozen):
@@ -103,16 +127,27 @@ def _draw(spec: WorkloadSpec, rng: np.random.Generator, count: int) -> list[dict
         picks = rng.choice(len(spec.buckets), size=count, p=weights / weights.sum())
         return [{"frames": spec.buckets[i].frames, "height": spec.buckets[i].height,
                  "width": spec.buckets[i].width} for i in picks]
-    dist = spec.distribution
-    assert dist is not None
+    assert spec.distribution is not None
+    return [{"tokens": int(t)} for t in _draw_tokens(spec.distribution, rng, count)]
+
+
+def _draw_tokens(dist: LengthDistribution, rng: np.random.Generator, count: int) -> np.ndarray:
+    if dist.type == "mixture":
+        assert dist.components is not None
+        weights = np.array([c.weight for c in dist.components], dtype=np.float64)
+        picks = rng.choice(len(dist.components), size=count, p=weights / weights.sum())
+        tokens = np.empty(count, dtype=np.int64)
+        for j, component in enumerate(dist.components):  # in component order: reproducible
+            where = np.flatnonzero(picks == j)
+            tokens[where] = _draw_tokens(component, rng, len(where))
+        return tokens
     lo, hi = np.log(dist.min_tokens), np.log(dist.max_tokens)
     if dist.type == "lognormal":
         assert dist.median_tokens is not None and dist.sigma is not None
         logs = rng.normal(np.log(dist.median_tokens), dist.sigma, size=count)
     else:
         logs = rng.uniform(lo, hi, size=count)
-    tokens = np.clip(np.rint(np.exp(logs)), dist.min_tokens, dist.max_tokens).astype(int)
-    return [{"tokens": int(t)} for t in tokens]
+    return np.clip(np.rint(np.exp(logs)), dist.min_tokens, dist.max_tokens).astype(np.int64)
 
 
 def sample_batch(spec: WorkloadSpec, *, num_samples: int, seed: int, step: int = 0) -> list[Sample]:

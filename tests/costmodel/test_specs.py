@@ -72,7 +72,7 @@ def test_presets_ship_the_shared_specs() -> None:
     assert set(cluster_names()) >= {"h200x8", "h200x32", "h200x64", "h100x16"}
     assert set(workload_names()) == {
         "text-longcontext", "text-longtail", "video-balanced", "video-long", "video-short",
-        "video3d-wan", "video3d-long"}
+        "video3d-wan", "video3d-long", "text-millionctx", "video3d-longclip"}
     cluster = load_cluster("h200x32")
     assert cluster.num_nodes == 4
     assert cluster.hardware.hbm_bytes == 141e9

@@ -6,6 +6,7 @@ import pytest
 
 from costmodel.specs import Sample
 from planner.workload import (
+    LengthDistribution,
     WorkloadSpec,
     parse_manifest_lines,
     read_manifest,
@@ -14,7 +15,7 @@ from planner.workload import (
     write_manifest,
 )
 
-ALL = ["video-short", "video-balanced", "video-long", "text-longtail", "text-longcontext"]
+ALL = ["video-short", "video-balanced", "video-long", "text-longtail", "text-longcontext", "text-millionctx"]
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -88,3 +89,55 @@ def test_3d_presets_are_latents_of_public_resolutions() -> None:
     shapes = {(b.frames, b.height, b.width) for b in spec.buckets or []}
     assert (21, 45, 80) in shapes and (1, 30, 52) in shapes and spec.max_sample.tokens == 21 * 45 * 80
     assert WorkloadSpec.preset("video3d-long").max_sample.tokens == 31 * 68 * 120  # 1080p, 121 frames
+
+
+def test_millionctx_mixes_a_long_tail_with_256k_to_1m_documents() -> None:
+    spec = WorkloadSpec.preset("text-millionctx")
+    assert spec.model == "llama-3.1-8b" and spec.max_sample.tokens == 1 << 20
+    tokens = [s.tokens for s in sample_batch(spec, num_samples=4000, seed=0)]
+    long = [t for t in tokens if t >= 262144]
+    # 5% long component: 200 expected, binomial sd ~14; the tail component stops at 131072.
+    assert 150 <= len(long) <= 250, len(long)
+    assert not [t for t in tokens if 131072 < t < 262144]
+    assert max(long) <= 1 << 20 and sorted(tokens)[len(tokens) // 2] < 4096  # median of the tail
+
+
+def test_a_mixture_draws_each_component_by_weight_and_keeps_plain_draws() -> None:
+    tail = {"type": "loguniform", "min_tokens": 10, "max_tokens": 20}
+    spec = WorkloadSpec.model_validate({
+        "schema": "dcp-workload/1", "name": "mix", "kind": "1d", "model": "llama-7b",
+        "distribution": {"type": "mixture", "min_tokens": 10, "max_tokens": 1000, "components": [
+            {**tail, "weight": 3.0}, {"type": "loguniform", "min_tokens": 900, "max_tokens": 1000,
+                                      "weight": 1.0}]}})
+    tokens = [s.tokens for s in sample_batch(spec, num_samples=2000, seed=1)]
+    assert all(10 <= t <= 20 or 900 <= t <= 1000 for t in tokens)
+    assert 0.2 <= sum(t >= 900 for t in tokens) / len(tokens) <= 0.3  # weight 1 of 4
+    plain = WorkloadSpec.model_validate({"schema": "dcp-workload/1", "name": "p", "kind": "1d",
+                                         "model": "llama-7b", "distribution": tail})
+    assert len({s.tokens for s in sample_batch(plain, num_samples=50, seed=1)}) > 1
+
+
+@pytest.mark.parametrize(("dist", "message"), [
+    ({"type": "mixture", "min_tokens": 1, "max_tokens": 9}, "a mixture distribution needs components"),
+    ({"type": "loguniform", "min_tokens": 1, "max_tokens": 9,
+      "components": [{"type": "loguniform", "min_tokens": 1, "max_tokens": 9, "weight": 1}]},
+     "a loguniform distribution takes no components"),
+    ({"type": "mixture", "min_tokens": 5, "max_tokens": 9,
+      "components": [{"type": "loguniform", "min_tokens": 1, "max_tokens": 9, "weight": 1}]},
+     r"mixture component \[1, 9\] lies outside the mixture's bounds \[5, 9\]"),
+    ({"type": "mixture", "min_tokens": 1, "max_tokens": 9,
+      "components": [{"type": "loguniform", "min_tokens": 1, "max_tokens": 9, "weight": 0}]},
+     "mixture component weights sum to 0"),
+])
+def test_bad_mixtures_are_refused(dist: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        LengthDistribution.model_validate(dist)
+
+
+def test_longclip_is_long_wan_clips_past_its_heads() -> None:
+    spec = WorkloadSpec.preset("video3d-longclip")
+    assert spec.kind == "3d" and spec.model == "wan2.1-1.3b"
+    sizes = sorted(b.frames * b.height * b.width for b in spec.buckets or [])
+    assert sizes[0] == 13 * 30 * 52 and spec.max_sample.tokens == 41 * 45 * 80  # 480p x 49f, 720p x 161f
+    assert all(b.frames > 1 for b in spec.buckets or [])  # clips only
+    assert abs(sum(b.weight for b in spec.buckets or []) - 1) < 1e-5
