@@ -11,6 +11,9 @@ changes, each at the ``Trainer``'s own extension point:
 - ``get_train_dataloader``: item ``k`` is this rank's step ``k`` of the epoch, its plan and the
   whole samples of its micro-batches (:class:`~executor.integrations.hf_trainer_data.PlannedSteps`).
   ``gradient_accumulation_steps`` must be 1: the plan's micro-batches are the accumulation.
+- ``evaluation_loop`` (``evaluate``, ``predict``, ``eval_strategy='steps'``): the ``Trainer``'s own
+  loop, each rank on its shard of the eval set, on the model's plain attention; the metrics are the
+  plain ``Trainer``'s (:mod:`executor.integrations.hf_trainer_eval` says why this way).
 - ``training_step``: the digest check, then each micro-batch's forward and backward through the
   :class:`executor.runtime.Executor`, then the step's gradient sum over the world (the ``Trainer``'s
   DDP with a SUM hook, FSDP2 with a divide factor of 1, or one all-reduce without either).
@@ -56,6 +59,12 @@ from executor.integrations.hf_trainer_data import (
     causal_lm_item,
     single_item,
 )
+from executor.integrations.hf_trainer_eval import (
+    CausalLMPadding,
+    eval_attention_of,
+    pad_token_id_of,
+    plain_attention,
+)
 from executor.measure import StepTimer
 from executor.runtime import Executor, MicroBatchWork
 
@@ -77,11 +86,13 @@ def _check_args(args: Any) -> None:
         ValueError: naming an argument DCP cannot run with.
     """
     if args.gradient_accumulation_steps != 1:
-        raise ValueError(f"gradient_accumulation_steps={args.gradient_accumulation_steps}: under DCP the "
-                         "plan's micro-batches are the accumulation; set it to 1")
-    if str(getattr(args, "eval_strategy", "no")) not in ("no", "IntervalStrategy.NO"):
-        raise ValueError(f"eval_strategy={args.eval_strategy!s}: evaluation under DCP attention is not "
-                         "supported yet; set eval_strategy='no'")
+        raise ValueError(
+            f"gradient_accumulation_steps={args.gradient_accumulation_steps}: under DCP one DataLoader item is "
+            "a whole optimizer step whose plan already splits the global batch into micro-batches and "
+            "accumulates their gradients (the plan's micro-batches are the accumulation); the Trainer's "
+            f"accumulation would merge {args.gradient_accumulation_steps} planned steps into one optimizer "
+            "step, each normalised alone. Set gradient_accumulation_steps=1 and size the global batch with "
+            "the epoch's samples_per_step")
     if args.ddp_broadcast_buffers:
         raise ValueError("ddp_broadcast_buffers=True broadcasts buffers at every forward, and ranks run "
                          "different numbers of forwards: leave it unset or False")
@@ -93,22 +104,29 @@ def _check_args(args: Any) -> None:
 class DCPTrainerMixin:
     """The DCP parts of :class:`DCPTrainer`, for any ``transformers.Trainer`` subclass."""
 
+    _dcp_default_eval_collator = False
+    """Give evaluation :class:`CausalLMPadding` when the script passes no ``data_collator``."""
+
     def __init__(self, model: Any = None, args: Any = None, *posargs: Any, plans: PlanSource,
                  group_sizes: Sequence[int] | None = None, id_column: str | None = None,
                  to_item: Callable[..., Mapping[str, object]] | None = None,
-                 weight_dtype: torch.dtype = torch.float64, **kwargs: Any) -> None:
+                 weight_dtype: torch.dtype = torch.float64, eval_attention: str | None = None,
+                 **kwargs: Any) -> None:
         """Build the ``Trainer``, then switch the model to DCP and create the process groups.
 
         Args:
             model: The model (a ``transformers`` causal LM with ``AttentionInterface`` attention).
-            args: The ``TrainingArguments`` (``gradient_accumulation_steps=1``, ``eval_strategy='no'``).
+            args: The ``TrainingArguments`` (``gradient_accumulation_steps=1``).
             *posargs: The ``Trainer``'s further positional arguments.
             plans: This rank's plans (``ServicePlans`` or ``LocalPlans``).
             group_sizes: Sizes the plans may use (default: every size the heads allow).
             id_column: Column of the sample ids the epoch was planned with (default: row index).
             to_item: ``(row, sample_id=...) -> {"inputs", "targets"}`` (default: ``causal_lm_item``).
             weight_dtype: Dtype of the loss weights.
-            **kwargs: The ``Trainer``'s other keyword arguments (``train_dataset``, ...).
+            eval_attention: Attention implementation evaluation runs on (default: the model's own
+                before the switch to DCP, else ``sdpa``).
+            **kwargs: The ``Trainer``'s other keyword arguments (``train_dataset``, ``eval_dataset``,
+                ``data_collator`` for evaluation: default :class:`CausalLMPadding` in ``DCPTrainer``).
 
         Raises:
             ValueError: for arguments DCP cannot run with, or heads the group sizes do not fit.
@@ -118,6 +136,9 @@ class DCPTrainerMixin:
             if getattr(args, "packing", False):  # TRL's SFTConfig: the plans pack the micro-batches
                 logger.info("DCP packs each micro-batch from the plan: the dataset is prepared unpacked")
                 args.packing = False
+        if self._dcp_default_eval_collator and kwargs.get("data_collator") is None and model is not None:
+            kwargs["data_collator"] = CausalLMPadding(pad_token_id=pad_token_id_of(model))
+        self.dcp_eval_attention = eval_attention_of(model, requested=eval_attention)
         super().__init__(model, args, *posargs, **kwargs)  # type: ignore[call-arg]
         trainer: Any = self
         _check_args(trainer.args)
@@ -166,6 +187,14 @@ class DCPTrainerMixin:
             closer = getattr(self.dcp_plans, "close_reporting", None)
             if closer is not None:
                 closer()
+
+    def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.evaluation_loop`` on the model's plain attention (``evaluate``, ``predict`` and
+        evaluation during ``train``): each rank its shard of the eval set, metrics gathered as the
+        plain ``Trainer`` gathers them (:mod:`executor.integrations.hf_trainer_eval`)."""
+        trainer: Any = self
+        with plain_attention(trainer.model, implementation=self.dcp_eval_attention):
+            return super().evaluation_loop(*args, **kwargs)  # type: ignore[misc]
 
     def training_step(self, model: nn.Module, inputs: Mapping[str, Any],
                       num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
@@ -253,6 +282,8 @@ class DCPTrainerMixin:
 
 class DCPTrainer(DCPTrainerMixin, Trainer):
     """A ``transformers.Trainer`` whose optimizer steps are DCP plans (module docstring)."""
+
+    _dcp_default_eval_collator = True
 
 
 def dcp_sft_trainer_class() -> type:

@@ -8,7 +8,10 @@ in fp64:
    processes) on the global batches of the service's plans (each step's samples split 2 per
    rank). The loss is given as ``compute_loss_func``: the model's own casts the logits to fp32;
    this is the same loss kept in fp64;
-2. ``dcp``: :class:`DCPTrainer` with the service's plans, checkpoints at steps 2 and 4;
+   With an eval set (the first ``EVAL_DOCS`` documents): ``eval_strategy='steps'`` every 2 steps and
+   a ``trainer.evaluate()`` after training;
+2. ``dcp``: :class:`DCPTrainer` with the service's plans, checkpoints at steps 2 and 4, the same
+   evaluations (its default eval collator, the same fp64 loss function);
 3. ``resumed``: a differently initialised model, resumed by the ``Trainer`` from ``checkpoint-2``;
 4. ``local``: :class:`DCPTrainer` with plans made in each rank by the planner library;
 6. ``titan``: ``executor/integrations/torchtitan.py`` on a decoder with torchtitan's calling
@@ -38,6 +41,9 @@ STEPS = 4
 SAMPLES_PER_STEP = 8
 SFT_STEPS = 3
 PROMPT_TOKENS = 6
+EVAL_DOCS = 10
+EVAL = {"eval_strategy": "steps", "eval_steps": 2, "per_device_eval_batch_size": 2}
+"""Evaluation of the plain and dcp runs: 10 rows over 4 ranks (the sampler repeats 2 rows; 2 batches a rank)."""
 SEED = 0
 
 
@@ -77,15 +83,24 @@ def _pad(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
 def _causal_lm_loss_fp64(outputs: Any, labels: torch.Tensor, *, num_items_in_batch: Any = None) -> torch.Tensor:
     """``transformers``' ``ForCausalLMLoss`` without its cast of the logits to fp32
     (``transformers/loss/loss_utils.py``): shifted labels, summed cross-entropy over the targets
-    that are not -100, divided by the Trainer's ``num_items_in_batch``."""
+    that are not -100, divided by the Trainer's ``num_items_in_batch`` (in evaluation, which passes
+    none: by the batch's own targets, the mean ``ForCausalLMLoss`` takes then)."""
     logits = outputs.logits[:, :-1].reshape(-1, outputs.logits.shape[-1])
-    losses = torch.nn.functional.cross_entropy(logits, labels[:, 1:].reshape(-1), ignore_index=-100,
-                                               reduction="sum")
+    targets = labels[:, 1:].reshape(-1)
+    losses = torch.nn.functional.cross_entropy(logits, targets, ignore_index=-100, reduction="sum")
+    if num_items_in_batch is None:
+        return losses / (targets != -100).sum()
     return losses / num_items_in_batch
 
 
 def _params(trainer: Any) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+
+
+def _evals(trainer: Any) -> dict[str, Any]:
+    """The evaluations logged during training (step, eval loss) and one ``evaluate()`` after it."""
+    during = [(e["step"], e["eval_loss"]) for e in trainer.state.log_history if "eval_loss" in e]
+    return {"during": during, "final": trainer.evaluate()}
 
 
 def _plain(out: Path, docs: list[dict[str, Any]], batches: list[list[str]], world: int) -> dict[str, Any]:
@@ -104,23 +119,27 @@ def _plain(out: Path, docs: list[dict[str, Any]], batches: list[list[str]], worl
     by_id = {d["id"]: d for d in docs}
     ordered = [by_id[i] for batch in batches for i in batch]  # step s = rows 8s..8s+7, 2 per rank
     trainer = Recording(model=_model(SEED), args=_args(out / "plain", train_sampling_strategy="sequential",
-                                                       per_device_train_batch_size=SAMPLES_PER_STEP // world),
-                        train_dataset=ordered, data_collator=_pad, compute_loss_func=_causal_lm_loss_fp64)
+                                                       per_device_train_batch_size=SAMPLES_PER_STEP // world,
+                                                       **EVAL),
+                        train_dataset=ordered, eval_dataset=docs[:EVAL_DOCS], data_collator=_pad,
+                        compute_loss_func=_causal_lm_loss_fp64)
     trainer.train()
-    return {"losses": list(trainer.losses), "params": _params(trainer)}
+    return {"losses": list(trainer.losses), "params": _params(trainer), "evals": _evals(trainer)}
 
 
 def _dcp(out: Path, docs: list[dict[str, Any]], plans: Any, *, seed: int = SEED,
-         resume: str | None = None, save: bool = False) -> dict[str, Any]:
+         resume: str | None = None, save: bool = False, evaluate: bool = False) -> dict[str, Any]:
     from executor.integrations.hf_trainer import DCPTrainer
 
-    extra = {"save_strategy": "steps", "save_steps": 2} if save or resume else {}
-    trainer = DCPTrainer(model=_model(seed), args=_args(out, **extra), train_dataset=docs, plans=plans,
-                         id_column="id")
+    extra: dict[str, Any] = {"save_strategy": "steps", "save_steps": 2} if save or resume else {}
+    evals: dict[str, Any] = {"eval_dataset": docs[:EVAL_DOCS], "compute_loss_func": _causal_lm_loss_fp64}
+    trainer = DCPTrainer(model=_model(seed), args=_args(out, **extra, **(EVAL if evaluate else {})),
+                         train_dataset=docs, plans=plans, id_column="id", **(evals if evaluate else {}))
     trainer.train(resume_from_checkpoint=resume)
     return {"history": list(trainer.dcp_history), "params": _params(trainer),
             "global_step": trainer.state.global_step,
-            "logged": [e["loss"] for e in trainer.state.log_history if "loss" in e]}
+            "logged": [e["loss"] for e in trainer.state.log_history if "loss" in e],
+            "evals": _evals(trainer) if evaluate else None}
 
 
 def _sft_args(out: Path, *, packing: bool, padding_free: bool, **extra: Any) -> Any:
@@ -218,7 +237,7 @@ def run(url: str, epoch_id: str, out: Path) -> dict[str, Any]:
     results["plain"] = _plain(out, docs, [sorted(p.sample_ids) for p in plans], world)
 
     served = ServicePlans(client, epoch_id=epoch_id, rank=rank)
-    results["dcp"] = _dcp(out / "dcp", docs, served, save=True)
+    results["dcp"] = _dcp(out / "dcp", docs, served, save=True, evaluate=True)
     served.close()
     again = ServicePlans(client, epoch_id=epoch_id, rank=rank)
     results["resumed"] = _dcp(out / "dcp", docs, again, seed=SEED + 1,

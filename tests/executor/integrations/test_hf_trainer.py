@@ -96,6 +96,23 @@ def test_dcp_trainer_equals_the_trainers_data_parallel_run(world4: list[dict[str
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_evaluation_equals_the_plain_trainers(world4: list[dict[str, Any]]) -> None:
+    """eval_strategy='steps' (steps 2 and 4) and evaluate() after training: DCPTrainer's eval loss is
+    the plain Trainer's on the same eval set (each rank its shard, plain attention, gathered)."""
+    plain, dcp = world4[0]["plain"]["evals"], world4[0]["dcp"]["evals"]
+    assert [step for step, _ in dcp["during"]] == [step for step, _ in plain["during"]] == [2, 4]
+    for (_, got), (_, want) in zip(dcp["during"], plain["during"], strict=True):
+        assert abs(got - want) <= TOLERANCE * abs(want), (dcp["during"], plain["during"])
+    got, want = dcp["final"]["eval_loss"], plain["final"]["eval_loss"]
+    assert abs(got - want) <= TOLERANCE * abs(want), (got, want)
+    assert dcp["during"][1][1] < dcp["during"][0][1]  # evaluated on the trained parameters
+    assert dcp["final"]["eval_loss"] == pytest.approx(dcp["during"][1][1], rel=1e-12)  # same parameters
+    for res in world4[1:]:  # every rank reports the gathered metrics
+        assert res["dcp"]["evals"]["final"]["eval_loss"] == got
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_resume_from_a_checkpoint_runs_the_same_steps_plans(world4: list[dict[str, Any]]) -> None:
     for res in world4:
         full = {h["step"]: h["plan_digest"] for h in res["dcp"]["history"]}
