@@ -9,6 +9,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 _LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+CLIENT_CLOSED_STATUS = 499
+"""The status label of a request the app returned from without answering (nginx's "client closed
+request"): the client went, or the HTTP layer refused its body and answered itself."""
 _SOLVER_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -58,16 +61,22 @@ class LatencyMiddleware:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
+        # An exception out of the app is a 500 on the wire (uvicorn answers it); an app that
+        # returns without starting a response saw the client go (or the HTTP layer refuse the
+        # body, as h11 does a malformed chunk, answering 400 itself): nginx's 499, not a 500.
         status = 500
+        started = False
 
         async def send_wrapper(message: Message) -> None:
-            nonlocal status
+            nonlocal status, started
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, started = message["status"], True
             await send(message)
 
         try:
             await self.app(scope, receive, send_wrapper)
+            if not started:
+                status = CLIENT_CLOSED_STATUS
         finally:
             path = scope.get("dcp.route") or getattr(scope.get("route"), "path", None) or "unmatched"
             self.metrics.request_latency_s.labels(scope["method"], path, str(status)).observe(
