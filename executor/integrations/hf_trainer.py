@@ -25,6 +25,20 @@ world, so a step equals the ``Trainer``'s own data-parallel step over the same g
 not trained on: their global count is one scalar all-reduce per step. A plan normalised by
 samples weights each sample's tokens by ``1 / (its tokens * samples in the step)``.
 
+FSDP2: a model sharded at load time by ``transformers`` (``from_pretrained(..., distributed_config=
+DistributedConfig(fsdp_size=world_size))``), which the ``Trainer`` leaves unwrapped, runs under
+:class:`~executor.grad_sync.FSDP2Sync` (one all-gather and one SUM reduce-scatter per step); tested on
+gloo CPU against the plain ``Trainer`` on the same sharded model. Two other FSDP2 routes do not run on
+CPU with gloo (transformers 5.24.0, accelerate 1.16.0): ``TrainingArguments(fsdp=..., fsdp_config=
+{"version": 2})`` is ignored without a word, because accelerate's ``AcceleratorState`` keeps the FSDP
+plugin only for GPU-like distributed types (``MULTI_GPU``, ``MULTI_XPU``, ...), not ``MULTI_CPU``, and
+the model is wrapped in DDP instead; a model passed through ``fully_shard`` by hand is wrapped in DDP by
+``Accelerator.prepare_model``, which fails in DDP's parameter broadcast with ``RuntimeError:
+aten.cat.default got mixed torch.Tensor and DTensor, need to convert all torch.Tensor to DTensor before
+calling distributed operators!``. On GPUs the first route's ``fully_shard`` model would get FSDP2Sync
+too (not run: no GPU). Resume is not tested under FSDP2 (the ``Trainer`` refuses optimizer checkpoints
+of a model sharded at load: ``save_only_model=True`` or ``save_strategy='no'``).
+
 Measured micro-batch times and peaks are posted to the service (the recalibration route) when
 the plans come from :class:`~executor.integrations.hf_trainer_data.ServicePlans`.
 

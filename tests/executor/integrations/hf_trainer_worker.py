@@ -14,6 +14,10 @@ in fp64:
    evaluations (its default eval collator, the same fp64 loss function);
 3. ``resumed``: a differently initialised model, resumed by the ``Trainer`` from ``checkpoint-2``;
 4. ``local``: :class:`DCPTrainer` with plans made in each rank by the planner library;
+7. ``fsdp2``: the model sharded with FSDP2 at load (``from_pretrained(distributed_config=
+   DistributedConfig(fsdp_size=4))``, the ``Trainer``'s FSDP2 path that runs on CPU: accelerate keeps
+   its FSDP plugin for GPU distributed types only) under the plain ``Trainer`` and under
+   :class:`DCPTrainer` with the service's plans; parameters gathered whole after the 4 steps;
 6. ``titan``: ``executor/integrations/torchtitan.py`` on a decoder with torchtitan's calling
    convention under the executor's scenario plans (torchtitan itself needs a GPU);
 5. ``sft`` (when ``trl`` is installed): TRL's ``SFTTrainer`` padding-free (each rank's batch packed
@@ -94,7 +98,11 @@ def _causal_lm_loss_fp64(outputs: Any, labels: torch.Tensor, *, num_items_in_bat
 
 
 def _params(trainer: Any) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    """The model's parameters, whole (an FSDP2 shard is gathered: a collective, every rank calls it)."""
+    from torch.distributed.tensor import DTensor
+
+    return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+            for n, p in trainer.model.named_parameters()}
 
 
 def _evals(trainer: Any) -> dict[str, Any]:
@@ -140,6 +148,40 @@ def _dcp(out: Path, docs: list[dict[str, Any]], plans: Any, *, seed: int = SEED,
             "global_step": trainer.state.global_step,
             "logged": [e["loss"] for e in trainer.state.log_history if "loss" in e],
             "evals": _evals(trainer) if evaluate else None}
+
+
+def _fsdp2(out: Path, docs: list[dict[str, Any]], batches: list[list[str]], plans: Any,
+           world: int) -> dict[str, Any]:
+    """The plain ``Trainer`` and ``DCPTrainer`` on a model sharded by FSDP2 at load time (the
+    ``_model(SEED)`` weights saved by rank 0, loaded by every rank with ``DistributedConfig``)."""
+    import torch.distributed as dist
+    from transformers import LlamaForCausalLM, Trainer
+    from transformers.distributed import DistributedConfig
+
+    from executor.integrations.hf_trainer import DCPTrainer
+
+    saved = out / "fsdp2_init"
+    if dist.get_rank() == 0:
+        _model(SEED).save_pretrained(saved)
+    dist.barrier()
+
+    def sharded() -> Any:
+        return LlamaForCausalLM.from_pretrained(saved, distributed_config=DistributedConfig(fsdp_size=world),
+                                                dtype=torch.float64, attn_implementation="sdpa")
+
+    by_id = {d["id"]: d for d in docs}
+    ordered = [by_id[i] for batch in batches for i in batch]
+    plain = Trainer(model=sharded(), args=_args(out / "fsdp2_plain", train_sampling_strategy="sequential",
+                                                per_device_train_batch_size=SAMPLES_PER_STEP // world),
+                    train_dataset=ordered, data_collator=_pad, compute_loss_func=_causal_lm_loss_fp64)
+    plain.train()
+    dcp = DCPTrainer(model=sharded(), args=_args(out / "fsdp2_dcp"), train_dataset=docs, plans=plans, id_column="id")
+    dcp.train()
+    executor = dcp._dcp_executor
+    return {"plain_params": _params(plain), "params": _params(dcp), "history": list(dcp.dcp_history),
+            "sync": type(executor.grad_sync).__name__ if executor is not None else None,
+            "plain_logged": [e["loss"] for e in plain.state.log_history if "loss" in e],
+            "logged": [e["loss"] for e in dcp.state.log_history if "loss" in e]}
 
 
 def _sft_args(out: Path, *, packing: bool, padding_free: bool, **extra: Any) -> Any:
@@ -244,6 +286,10 @@ def run(url: str, epoch_id: str, out: Path) -> dict[str, Any]:
                               resume=str(out / "dcp" / "checkpoint-2"))
     again.close()
 
+    fsdp2_plans = ServicePlans(client, epoch_id=epoch_id, rank=rank, report=False)
+    results["fsdp2"] = _fsdp2(out, docs, [sorted(p.sample_ids) for p in plans], fsdp2_plans, world)
+    fsdp2_plans.close()
+
     plan_for_step, num_steps = local_planner(samples, cluster=cluster, cost_model=cost_model,
                                              samples_per_step=SAMPLES_PER_STEP, seed=SEED)
     results["local"] = _dcp(out / "local", docs, LocalPlans(plan_for_step, num_steps=num_steps, rank=rank))
@@ -259,6 +305,8 @@ def run(url: str, epoch_id: str, out: Path) -> dict[str, Any]:
     if rank != 0:
         for key in ("plain", "dcp", "resumed", "local"):
             results[key].pop("params")
+        results["fsdp2"].pop("params")
+        results["fsdp2"].pop("plain_params")
         if results["sft"] is not None:
             results["sft"].pop("params")
             results["sft"].pop("plain_params")

@@ -113,6 +113,25 @@ def test_evaluation_equals_the_plain_trainers(world4: list[dict[str, Any]]) -> N
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_dcp_trainer_under_fsdp2_equals_the_trainers_runs(world4: list[dict[str, Any]]) -> None:
+    """The model sharded by FSDP2 at load (DistributedConfig): DCPTrainer syncs with FSDP2Sync and ends
+    at the plain Trainer's parameters (FSDP2 and DDP alike) after 4 steps."""
+    fsdp2 = world4[0]["fsdp2"]
+    assert all(res["fsdp2"]["sync"] == "FSDP2Sync" for res in world4)
+    assert [h["step"] for h in fsdp2["history"]] == [0, 1, 2, 3]
+    world = len(world4)
+    plain = [sum(res["plain"]["losses"][s] for res in world4) / world for s in range(4)]
+    dcp = _step_losses(world4, "fsdp2")
+    for s in range(4):
+        assert abs(dcp[s] - plain[s]) <= TOLERANCE * abs(plain[s]), (s, dcp[s], plain[s])
+    for got in (fsdp2["params"], fsdp2["plain_params"]):
+        worst, where = _worst_relative(got, world4[0]["plain"]["params"])
+        assert worst <= TOLERANCE, f"{where}: relative difference {worst:.2e}"
+    assert fsdp2["logged"] == pytest.approx(fsdp2["plain_logged"], rel=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_resume_from_a_checkpoint_runs_the_same_steps_plans(world4: list[dict[str, Any]]) -> None:
     for res in world4:
         full = {h["step"]: h["plan_digest"] for h in res["dcp"]["history"]}
