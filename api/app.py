@@ -30,6 +30,7 @@ from api.limits import RequestGuardMiddleware
 from api.metrics import LatencyMiddleware, Metrics
 from api.pool import SolverPool
 from api.recalibration import Recalibrator
+from api.redoc_page import install_redoc
 from api.registry import CostModelRegistry
 from api.routers import (
     cost_models,
@@ -133,8 +134,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 lease.release()
             logger.info("planner service stopped")
 
-    # /docs and /redoc load Swagger UI and ReDoc from the installed package, not from a CDN.
+    # /docs and /redoc load Swagger UI and ReDoc from the installed package, not from a CDN;
+    # /redoc is api.redoc_page's (the bundle's logo served here too).
     app = FastAPIOffline(
+        redoc_url=None,
         title="dcp-planner service",
         version=API_VERSION,
         summary="Per-step sequence-parallel plans for variable-length training: plan a batch, "
@@ -144,6 +147,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         swagger_ui_parameters={"validatorUrl": None},
         dependencies=[Writer],  # every route's token check (api.auth), documented in the OpenAPI document
     )
+    install_redoc(app, favicon_url="/docs-assets/favicon.png")
     app.state.metrics = Metrics()
     for router in (plans.router, epochs.router, report.router, cost_models.router, measurements.router,
                    plan_measurements.router, presets.router, health.router, dashboard.router):

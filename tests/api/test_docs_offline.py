@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
 from html.parser import HTMLParser
+from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlparse
 
@@ -68,3 +72,36 @@ def test_docs_page_assets_come_from_the_service(server_factory: Any, page: str) 
                       if not ref.startswith("data:")]
     assert any(url.endswith("/openapi.json") for url in seen)
     assert any(url.endswith(".js") for url in seen)
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def _page_requests(net_log: Path, origin: str) -> list[str]:
+    """URLs the page itself asked for (Chromium's net log: requests whose initiator is the page's
+    origin; the browser's own update and account checks have none)."""
+    log = json.loads(net_log.read_text())
+    start_job = log["constants"]["logEventTypes"]["URL_REQUEST_START_JOB"]
+    return [event["params"]["url"] for event in log["events"]
+            if event["type"] == start_job and event.get("params", {}).get("initiator") == origin]
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium (/usr/bin/chromium)")
+def test_redoc_in_a_browser_requests_nothing_off_the_service(server_factory: Any, tmp_path: Path) -> None:
+    # ReDoc's bundle draws its side menu's logo from cdn.redoc.ly: the one external request left.
+    server = server_factory(token=None).start()
+    net_log = tmp_path / "net.json"
+    done = subprocess.run(
+        [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
+         f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=20000", f"--log-net-log={net_log}",
+         "--dump-dom", f"{server.url}/redoc"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "API docs by Redocly" in done.stdout  # ReDoc rendered its side menu (where the logo is)
+    requested = _page_requests(net_log, server.url)
+    assert any(url.endswith("/openapi.json") for url in requested), requested
+    assert any(url.endswith("logo-mini.svg") for url in requested), requested
+    off = [url for url in requested if urlparse(url).netloc != urlparse(server.url).netloc]
+    assert not off, f"/redoc requested {off}"
+    for url in requested:
+        assert server.request("GET", urlparse(url).path).status_code == 200, url
