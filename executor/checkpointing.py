@@ -44,14 +44,17 @@ def _apply(layer: Layer, h: torch.Tensor, ctx: SPContext, recompute: bool) -> to
 
 
 def run_layers(layers: Sequence[Layer], h: torch.Tensor, ctx: SPContext, *,
-               recompute_layers: Sequence[int]) -> torch.Tensor:
+               recompute_layers: Sequence[int], extra_rows: int = 0) -> torch.Tensor:
     """Run ``layers`` on the local tokens ``h``, checkpointing per sample.
 
     Args:
         layers: The layer stack; each maps ``(local_tokens, hidden)`` to the same shape.
-        h: Local (sequence-sharded) hidden states, sample after sample.
+        h: Local (sequence-sharded) hidden states, sample after sample; then, with
+            ``extra_rows``, that many rows of each sample, sample after sample (the whole text
+            tokens of a joint-attention model, :mod:`executor.joint`).
         ctx: The micro-batch context.
         recompute_layers: Policy ``k`` per sample of ``ctx.layout``.
+        extra_rows: Rows per sample after the local tokens, kept with their sample.
 
     Returns:
         The hidden states after the last layer, in the same local order.
@@ -64,13 +67,23 @@ def run_layers(layers: Sequence[Layer], h: torch.Tensor, ctx: SPContext, *,
             continue
         kept = [i for i, f in enumerate(flags) if f]
         plain = [i for i, f in enumerate(flags) if not f]
-        rows_kept = ctx.layout.local_rows(kept).to(h.device)
-        rows_plain = ctx.layout.local_rows(plain).to(h.device)
+        rows_kept = _rows(ctx, kept, extra_rows).to(h.device)
+        rows_plain = _rows(ctx, plain, extra_rows).to(h.device)
         out_kept = _apply(layer, h.index_select(0, rows_kept), ctx.subset(kept), True)
         out_plain = _apply(layer, h.index_select(0, rows_plain), ctx.subset(plain), False)
         order = torch.argsort(torch.cat([rows_kept, rows_plain]))
         h = torch.cat([out_kept, out_plain]).index_select(0, order)
     return h
+
+
+def _rows(ctx: SPContext, samples: Sequence[int], extra_rows: int) -> torch.Tensor:
+    """Rows of ``samples`` in a layer input: their local tokens, then their extra rows."""
+    rows = ctx.layout.local_rows(samples)
+    if not extra_rows:
+        return rows
+    local = ctx.layout.local_tokens
+    extra = [local + s * extra_rows + torch.arange(extra_rows) for s in samples]
+    return torch.cat([rows, *extra])
 
 
 def run_split_by_policy(fn: Callable[..., torch.Tensor], h: torch.Tensor, ctx: SPContext, *,

@@ -48,11 +48,16 @@ class ModelConfig:
     """Latent channels per patch, input and output (2D and 3D)."""
     text_tokens: int = 3
     """Text tokens each 3D block cross-attends to (3D only)."""
+    joint_text_tokens: int = 0
+    """Text tokens per sample in each block's joint self-attention (MMDiT style,
+    :class:`executor.joint.JointDiT3D` only; 0 for the other models)."""
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden", "num_heads", "ffn_hidden", "vocab", "in_channels", "text_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.joint_text_tokens < 0:
+            raise ValueError(f"joint_text_tokens must be >= 0, got {self.joint_text_tokens}")
         if self.hidden % self.num_heads != 0:
             raise ValueError(f"hidden={self.hidden} is not divisible by num_heads={self.num_heads}")
         if self.num_kv_heads is not None and (self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads):
@@ -226,13 +231,17 @@ class VideoDiT(nn.Module):
     def forward(self, patches: torch.Tensor, ctx: SPContext, *,
                 recompute_layers: Sequence[int]) -> torch.Tensor:
         """Local patches ``(local_tokens, in_channels)`` -> ``(local_tokens, in_channels)``."""
-        positions = ctx.local_positions().to(patches.device)
-        spatial = ctx.local_spatial().to(patches.device)
-        pos = (_sincos(positions % spatial, self.config.hidden, patches.dtype)
-               + _sincos(positions // spatial, self.config.hidden, patches.dtype))
-        h = self.embed(patches) + pos
+        h = self.embed(patches) + self.position_embedding(ctx, patches.dtype)
         h = run_layers(list(self.layers), h, ctx, recompute_layers=recompute_layers)
         return self.head(self.norm(h))
+
+    def position_embedding(self, ctx: SPContext, dtype: torch.dtype) -> torch.Tensor:
+        """Sin-cos embedding of every local token's in-frame position plus its frame's."""
+        device = self.embed.weight.device
+        positions = ctx.local_positions().to(device)
+        spatial = ctx.local_spatial().to(device)
+        return (_sincos(positions % spatial, self.config.hidden, dtype)
+                + _sincos(positions // spatial, self.config.hidden, dtype))
 
     @staticmethod
     def token_losses(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -172,20 +172,36 @@ def qkv_seq_to_head(qkv: torch.Tensor, layout: PackedLayout, group: Group | None
     Raises:
         ValueError: when the heads do not split over the group (:func:`check_kv_heads`).
     """
+    units = qkv_units(qkv, group_size=layout.group_size)
+    tokens, num_units, width, head_dim = units.shape
+    full = seq_to_head(units.reshape(tokens, num_units, width * head_dim), layout, group)
+    return split_units(full.view(full.shape[0], num_units // layout.group_size, width, head_dim))
+
+
+def qkv_units(qkv: torch.Tensor, *, group_size: int) -> torch.Tensor:
+    """``(tokens, H_kv, r + 2, Dh)`` -> the exchange units ``(tokens, U, H/U + 2, Dh)``: a key/value
+    head (or, past ``H_kv``, a replica of it) with the query heads that use it; ``U = max(H_kv, d)``
+    and group rank ``i`` of :func:`qkv_seq_to_head` gets units ``i U/d .. (i+1) U/d - 1``.
+
+    Raises:
+        ValueError: when the heads do not split over the group (:func:`check_kv_heads`).
+    """
     tokens, kv_heads, width, head_dim = qkv.shape
     rep = width - 2
-    d = layout.group_size
-    check_kv_heads(num_heads=kv_heads * rep, num_kv_heads=kv_heads, group_size=d)
-    units = max(kv_heads, d)  # exchange units: a key/value head (or a replica) with its queries
-    per_unit = kv_heads * rep // units
-    if units > kv_heads:
-        copies = units // kv_heads
-        q = qkv[:, :, :rep].reshape(tokens, kv_heads, copies, per_unit, head_dim)
-        kv = qkv[:, :, None, rep:].expand(tokens, kv_heads, copies, 2, head_dim)
-        qkv = torch.cat([q, kv], dim=3).reshape(tokens, units, per_unit + 2, head_dim)
-    full = seq_to_head(qkv.reshape(tokens, units, (per_unit + 2) * head_dim), layout, group)
-    total, local_units = full.shape[0], units // d
-    full = full.view(total, local_units, per_unit + 2, head_dim)
-    q = full[:, :, :per_unit].reshape(total, local_units * per_unit, head_dim)
-    k, v = full[:, :, per_unit], full[:, :, per_unit + 1]
-    return q, k, v
+    check_kv_heads(num_heads=kv_heads * rep, num_kv_heads=kv_heads, group_size=group_size)
+    units = max(kv_heads, group_size)
+    if units == kv_heads:
+        return qkv
+    copies, per_unit = units // kv_heads, kv_heads * rep // units
+    q = qkv[:, :, :rep].reshape(tokens, kv_heads, copies, per_unit, head_dim)
+    kv = qkv[:, :, None, rep:].expand(tokens, kv_heads, copies, 2, head_dim)
+    return torch.cat([q, kv], dim=3).reshape(tokens, units, per_unit + 2, head_dim)
+
+
+def split_units(units: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Exchange units ``(tokens, u, p + 2, Dh)`` -> ``q`` ``(tokens, u p, Dh)``, ``k`` and ``v``
+    ``(tokens, u, Dh)`` (query head ``j`` uses key/value head ``j // p``)."""
+    tokens, num_units, width, head_dim = units.shape
+    per_unit = width - 2
+    q = units[:, :, :per_unit].reshape(tokens, num_units * per_unit, head_dim)
+    return q, units[:, :, per_unit], units[:, :, per_unit + 1]

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from costmodel.specs import Sample
 from executor.context import SPContext
 from executor.data import SyntheticDataset
+from executor.joint import JointDiT3D
 from executor.layout import PackedLayout
 from executor.models import DiT3D, Llama1D, ModelConfig, STDiT2D, init_weights
 from executor.runtime import sample_shape, token_weights
@@ -30,6 +31,8 @@ from planner.plan import (
 )
 
 CONFIG = ModelConfig(num_layers=3, hidden=16, num_heads=4, ffn_hidden=32, vocab=32, in_channels=3)
+JOINT_TEXT_TOKENS = 2
+"""Text tokens per sample of the joint-attention 3D model (kind ``3d_joint``)."""
 
 GroupSpec = tuple[list[int], list[list[tuple[Sample, int]]]]
 """(ranks, micro-batches of (sample, recompute_layers))."""
@@ -72,9 +75,11 @@ def make_plan(groups: Sequence[GroupSpec], *, num_ranks: int, step: int = 0,
 def build_model(kind: str, *, seed: int = 0, dtype: torch.dtype = torch.float64,
                 kv_heads: int | None = None) -> torch.nn.Module:
     """A reference model (fp64 by default), deterministically initialised; ``kv_heads``: grouped-query
-    self-attention with that many key/value heads (``CONFIG.num_heads`` query heads)."""
-    config = dataclasses.replace(CONFIG, num_kv_heads=kv_heads)
-    model = {"1d": Llama1D, "2d": STDiT2D, "3d": DiT3D}[kind](config)
+    self-attention with that many key/value heads (``CONFIG.num_heads`` query heads); kind
+    ``3d_joint``: the 3D model with joint (MMDiT-style) text attention."""
+    config = dataclasses.replace(CONFIG, num_kv_heads=kv_heads,
+                                 joint_text_tokens=JOINT_TEXT_TOKENS if kind == "3d_joint" else 0)
+    model = {"1d": Llama1D, "2d": STDiT2D, "3d": DiT3D, "3d_joint": JointDiT3D}[kind](config)
     model = model.to(dtype)
     init_weights(model, seed=seed)
     return model
@@ -83,8 +88,8 @@ def build_model(kind: str, *, seed: int = 0, dtype: torch.dtype = torch.float64,
 def dataset_for(plan: Plan, kind: str, *, dtype: torch.dtype = torch.float64) -> SyntheticDataset:
     """Deterministic data for the plan's samples."""
     samples = [ps.sample for g in plan.groups for mb in g.micro_batches for ps in mb.samples]
-    return SyntheticDataset(samples, kind=kind, vocab=CONFIG.vocab, channels=CONFIG.in_channels,
-                            seed=7, dtype=dtype)
+    return SyntheticDataset(samples, kind="3d" if kind == "3d_joint" else kind, vocab=CONFIG.vocab,
+                            channels=CONFIG.in_channels, seed=7, dtype=dtype)
 
 
 def reference_backward(model: torch.nn.Module, plan: Plan, kind: str) -> None:

@@ -13,7 +13,9 @@ Parameters are read by name from the state of a model of the same architecture (
 ``norm``, ``head``; ``STDiT2D``: ``embed``, ``layers.i.{spatial,temporal}.{attn_norm, attn.qkv,
 attn.out, mlp_norm, mlp.0, mlp.2}``, ``norm``, ``head``; ``DiT3D``: ``embed``, ``layers.i.{attn_norm,
 attn.qkv, attn.out, cross_norm, cross.text, cross.q, cross.kv, cross.out, mlp_norm, mlp.0, mlp.2}``,
-``norm``, ``head``): the definitions below are the
+``norm``, ``head``; ``JointDiT3D``: ``embed``, ``text``, ``layers.i.{attn_norm, text_attn_norm, attn.qkv,
+attn.text_qkv, attn.out, attn.text_out, mlp_norm, mlp.0, mlp.2, text_mlp_norm, text_mlp.0, text_mlp.2}``
+(the last layer without the text output and MLP), ``norm``, ``head``): the definitions below are the
 architecture's, the numbers are the model's. With grouped-query attention (``num_kv_heads``) the
 ``attn.qkv`` rows hold, per key/value head, its query heads, its key and its value.
 """
@@ -231,6 +233,48 @@ def dit3d_prediction(params: Params, patches: torch.Tensor, *, frames: int, num_
     return linear(h, params["head.weight"], params["head.bias"])
 
 
+# ----------------------------------------------------------------------------- 3D: joint text (MMDiT)
+def _gelu_mlp(params: Params, prefix: str, x: torch.Tensor) -> torch.Tensor:
+    """``W2 gelu(W1 layer_norm(x) + b1) + b2`` with the norm ``<prefix>_norm``."""
+    x = layer_norm(x, params[prefix + "_norm.weight"], params[prefix + "_norm.bias"])
+    x = gelu_tanh(linear(x, params[prefix + ".0.weight"], params[prefix + ".0.bias"]))
+    return linear(x, params[prefix + ".2.weight"], params[prefix + ".2.bias"])
+
+
+def joint_dit3d_prediction(params: Params, patches: torch.Tensor, *, frames: int, num_layers: int,
+                           num_heads: int, num_kv_heads: int | None = None) -> torch.Tensor:
+    """Per-patch prediction ``(n, channels)`` of one whole clip with joint text attention (MMDiT,
+    Esser et al. 2024): the text stream starts at ``text`` (``J`` tokens); per block both streams
+    are layer-normed and projected with their own weights and attend together over the ``J + n``
+    tokens of ``[text; clip]`` (every token to every token), each adds its own output projection,
+    then its own GELU MLP. The last block is context-pre-only (SD3): the text gives keys and values
+    only (its queries are computed and unused, no text output or MLP). Only the clip is predicted."""
+    n = patches.shape[0]
+    spatial = n // frames
+    hidden = params["embed.weight"].shape[0]
+    t = torch.arange(n)
+    h = (linear(patches, params["embed.weight"], params["embed.bias"])
+         + sincos(t % spatial, hidden, patches.dtype) + sincos(t // spatial, hidden, patches.dtype))
+    text = params["text"]
+    j = text.shape[0]
+    for i in range(num_layers):
+        p = f"layers.{i}."
+        last = i == num_layers - 1
+        x = layer_norm(h, params[p + "attn_norm.weight"], params[p + "attn_norm.bias"])
+        xt = layer_norm(text, params[p + "text_attn_norm.weight"], params[p + "text_attn_norm.bias"])
+        q, k, v = qkv_heads(x, params[p + "attn.qkv.weight"], num_heads, num_kv_heads)
+        qt, kt, vt = qkv_heads(xt, params[p + "attn.text_qkv.weight"], num_heads, num_kv_heads)
+        o = attention(torch.cat([qt, q]).transpose(0, 1), torch.cat([kt, k]).transpose(0, 1),
+                      torch.cat([vt, v]).transpose(0, 1), causal=False).transpose(0, 1)
+        h = h + linear(o[j:].reshape(n, -1), params[p + "attn.out.weight"])
+        h = h + _gelu_mlp(params, p + "mlp", h)
+        if not last:
+            text = text + linear(o[:j].reshape(j, -1), params[p + "attn.text_out.weight"])
+            text = text + _gelu_mlp(params, p + "text_mlp", text)
+    h = layer_norm(h, params["norm.weight"], params["norm.bias"])
+    return linear(h, params["head.weight"], params["head.bias"])
+
+
 # ----------------------------------------------------------------------------- the step
 def step_loss(params: Params, samples: Sequence[NaiveSample], *, kind: str, normalizer: str,
               num_layers: int, num_heads: int, num_kv_heads: int | None = None) -> torch.Tensor:
@@ -239,7 +283,7 @@ def step_loss(params: Params, samples: Sequence[NaiveSample], *, kind: str, norm
     Args:
         params: Parameter tensors by name.
         samples: Every sample of the step (any order).
-        kind: ``1d`` (cross-entropy), ``2d`` or ``3d`` (mean squared error over channels).
+        kind: ``1d`` (cross-entropy), ``2d``, ``3d`` or ``3d_joint`` (mean squared error over channels).
         normalizer: ``tokens`` (mean over all tokens) or ``samples`` (mean of per-sample means).
         num_layers: Layers of the model.
         num_heads: Attention heads.
@@ -251,9 +295,10 @@ def step_loss(params: Params, samples: Sequence[NaiveSample], *, kind: str, norm
             logits = llama_logits(params, sample.inputs, num_layers=num_layers, num_heads=num_heads,
                                   num_kv_heads=num_kv_heads)
             per_sample.append(cross_entropy_per_token(logits, sample.targets))
-        elif kind == "3d":
-            pred = dit3d_prediction(params, sample.inputs, frames=sample.frames, num_layers=num_layers,
-                                    num_heads=num_heads, num_kv_heads=num_kv_heads)
+        elif kind in ("3d", "3d_joint"):
+            predict = joint_dit3d_prediction if kind == "3d_joint" else dit3d_prediction
+            pred = predict(params, sample.inputs, frames=sample.frames, num_layers=num_layers,
+                           num_heads=num_heads, num_kv_heads=num_kv_heads)
             per_sample.append(((pred - sample.targets) ** 2).sum(dim=-1) / pred.shape[-1])
         else:
             pred = stdit_prediction(params, sample.inputs, frames=sample.frames, num_layers=num_layers,

@@ -32,6 +32,9 @@ L = CONFIG.num_layers
 GQA_CASES = [("1d", 2, 0), ("1d", 2, 1), ("1d", 2, 2), ("1d", 1, 1), ("3d", 2, 0), ("3d", 2, 1), ("3d", 1, 1)]
 """(kind, key/value heads, plan index) run with grouped-query self-attention (``CONFIG.num_heads`` = 4
 query heads): groups of 4 are past 2 key/value heads, groups of 2 and 4 past 1."""
+JOINT_CASES = [(4, 0), (4, 1), (2, 1), (1, 0)]
+"""(key/value heads, video plan index) run by the 3D model with joint text attention (``3d_joint``:
+``executor.joint.JointDiT3D``): multi-head, then past 2 and 1 key/value heads."""
 
 
 def plans_1d() -> list[Plan]:
@@ -144,6 +147,10 @@ def worker(rank: int, port: int, out_dir: str) -> None:
             model = build_model(kind, kv_heads=kv_heads)
             results[f"loss_{kind}_kv{kv_heads}_{i}"] = run_step(executor, model, gqa_plan(kind, i), kind)
             results[f"grad_{kind}_kv{kv_heads}_{i}"] = _grads(model)
+        for kv_heads, i in JOINT_CASES:
+            model = build_model("3d_joint", kv_heads=kv_heads)
+            results[f"loss_3d_joint_kv{kv_heads}_{i}"] = run_step(executor, model, plans_2d()[i], "3d_joint")
+            results[f"grad_3d_joint_kv{kv_heads}_{i}"] = _grads(model)
         # A planner-made plan past the key/value head: rank 0 plans, every rank runs the same plan.
         payload: list[str | None] = [planned_gqa_plan().model_dump_json() if rank == 0 else None]
         dist.broadcast_object_list(payload, src=0)
