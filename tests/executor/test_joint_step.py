@@ -37,6 +37,7 @@ from executor.groups import GroupRegistry
 from executor.joint import JointDiT3D, JointDiT3DBlock, joint_attention
 from executor.layout import PackedLayout, SampleShape
 from executor.models import ModelConfig
+from executor.ring_layout import RingLayout
 from executor.runtime import Executor
 from planner.plan import Plan
 from tests.executor import scenarios
@@ -209,3 +210,10 @@ def test_joint_attention_refuses_text_rows_that_do_not_match_the_samples() -> No
     block = JointDiT3DBlock(dataclasses.replace(CONFIG, joint_text_tokens=JOINT_TEXT_TOKENS))
     with pytest.raises(ValueError, match="joint block: 8 rows, expected 7 local clip tokens"):
         block(torch.zeros(8, CONFIG.hidden), ctx)
+
+
+def test_joint_attention_refuses_a_ring() -> None:
+    ring = RingLayout(samples=(SampleShape(tokens=4, frames=1),), ulysses_degree=1, ring_degree=1, index_in_group=0)
+    ctx = SPContext(layout=ring.ulysses_layout(), group=None, ring=ring)
+    with pytest.raises(ValueError, match="pure Ulysses groups only"):
+        joint_attention(torch.zeros(4, 4, 3, 4), torch.zeros(2, 4, 3, 4), ctx, text_tokens=JOINT_TEXT_TOKENS)
