@@ -1,16 +1,22 @@
 """The README's Trainer block runs as written: ``examples/train_hf_trainer.py`` under torchrun, 4 gloo
-ranks, plans made locally, the ``Trainer``'s logging and checkpoints."""
+ranks, plans made locally, the ``Trainer``'s logging and checkpoints; with ``--service``, the example's
+measured step times reach a real ``dcp serve`` without measurement code in the script."""
 
 from __future__ import annotations
 
+import json
 import re
+import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from dcp_cli.net import free_port
+from tests.executor.service import Service
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -43,3 +49,49 @@ def test_readme_trainer_block_runs_as_written(tmp_path: Path) -> None:
     assert "done: 4 steps on 4 ranks (local plans)" in result.stdout
     for step in (2, 4):  # the Trainer's own checkpoints (save_steps=2)
         assert (tmp_path / "runs" / "hf-trainer" / f"checkpoint-{step}" / "trainer_state.json").is_file()
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    tmp = tmp_path_factory.mktemp("hf_trainer_example_serve")
+    svc = Service(port=free_port(), db_path=tmp / "plans.sqlite", log_path=tmp / "serve.log")
+    svc.start()
+    yield svc
+    svc.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_example_posts_measured_steps_to_the_service(service: Service, tmp_path: Path) -> None:
+    """``examples/train_hf_trainer.py --service``: the script has no measurement code; DCPTrainer posts
+    each rank's measured micro-batch times of every step to the recalibration route of a real
+    ``dcp serve``, read back here through the route and from the service's SQLite store."""
+    steps, epoch_id = 3, "hf-trainer-example-measured"
+    source = (ROOT / "examples" / "train_hf_trainer.py").read_text()
+    assert not any(name in source for name in ("executor.measure", "MeasurementReporter", "StepTimer",
+                                                "open_reporting", "/measurements"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), str(ROOT / "examples" / "train_hf_trainer.py"), "--service",
+           "--url", service.url, "--epoch-id", epoch_id, "--steps", str(steps),
+           "--output-dir", str(tmp_path / "run")]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=280, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert f"done: {steps} steps on 4 ranks (service plans)" in done.stdout
+
+    report = httpx.get(f"{service.url}/v1/epochs/{epoch_id}/recalibration", timeout=10).json()
+    assert report["measured_steps"] == steps, report
+    micro_batches = {}
+    for step in range(steps):
+        plan = httpx.get(f"{service.url}/v1/epochs/{epoch_id}/steps/{step}", timeout=10).json()
+        micro_batches[step] = sum(len(group["micro_batches"]) for group in plan["plan"]["groups"])
+    # one prediction error per group and micro-batch: every group's measured times arrived
+    assert {s["step"]: s["num_micro_batches"] for s in report["steps"]} == micro_batches, report["steps"]
+
+    with sqlite3.connect(f"file:{service.db_path}?mode=ro", uri=True) as conn:
+        rows = conn.execute("SELECT step, rank, times_s, peak_bytes FROM measurements WHERE epoch_id=? "
+                            "ORDER BY step, rank", (epoch_id,)).fetchall()
+    assert [(step, rank) for step, rank, _, _ in rows] == [(s, r) for s in range(steps) for r in range(4)]
+    for step, rank, times_json, peak_bytes in rows:
+        times_s = json.loads(times_json)
+        assert times_s and all(0 < t < 60 for t in times_s), (step, rank, times_s)
+        assert peak_bytes is None  # CPU: no allocator peak (StepTimer reads torch.cuda's on GPUs)
