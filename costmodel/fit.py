@@ -24,7 +24,7 @@ from costmodel.analytic import (
     linear_flops_per_token_layer,
     num_params,
 )
-from costmodel.fit_comm import fit_comm
+from costmodel.fit_comm import fit_comm, p2p_term
 from costmodel.fit_diagnosis import diagnose
 from costmodel.fit_terms import (
     SplitConfig,
@@ -64,6 +64,7 @@ REFIT_ADVICE = {
     "head_time": "measure the head at more sizes (dcp profile --head-sizes 10 --repeats 9)",
     "alltoall": "measure the collectives with more repeats (dcp profile-comm --repeats 30)",
     "allreduce": "measure the collectives with more repeats (dcp profile-comm --repeats 30)",
+    "p2p": "measure the p2p hops with more repeats (dcp profile-comm --ops p2p --repeats 30)",
 }
 """What to do when a term's held-out error is too high (the refusal message says it)."""
 TERM_NAMES = ("compute_time", "activation_bytes", "peak_bytes", "head_time", "alltoall", "allreduce")
@@ -260,7 +261,12 @@ def fit_profiles(profiles: Sequence[Profile], config: FitConfig | None = None) -
                      "there are any")
     terms.update(comm_res)
     comm_coef = _comm_coefficients(links, cfg.comm_fallback_hardware or header.hardware, model, notes)
+    p2p = p2p_term([r for r in comm if r.op == "p2p"], fallback_hardware=cfg.comm_fallback_hardware
+                   or header.hardware, notes=notes)
+    if p2p is not None:
+        terms["p2p"] = p2p[1]
     comm_coef = comm_coef.model_copy(update={
+        "p2p": p2p[0] if p2p is not None else None,
         "alltoall_bytes_per_token_layer": a2a_bytes, "alltoall_ops_per_layer": a2a_ops,
         "alltoall_kv_head_bytes_per_token_layer": kv_head_bytes_per_token_layer(model, dtype_bytes=header.dtype_bytes),
         "grad_bytes_per_param": float(header.dtype_bytes)})

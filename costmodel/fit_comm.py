@@ -1,4 +1,6 @@
-"""Fitter of the collectives for ``costmodel.fit``: per op, placement, group size and node count.
+"""Fitter of the collectives for ``costmodel.fit``: per op, placement, group size and node count;
+and of ring attention's p2p links (:func:`fit_p2p`, ``alpha + bytes / bandwidth`` as
+``costmodel.ring_time.p2p_time_s`` times a hop).
 
 The form is ``alpha*steps + wire/bandwidth`` (``costmodel.collectives.collective_time_s``), so a
 fitted link reproduces the records it was fitted on. numpy only: the service fits without torch.
@@ -9,11 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from scipy.optimize import nnls
 
 from costmodel.collectives import latency_steps, wire_bytes
 from costmodel.fit_terms import FloatArray, SplitConfig, TermResult, fit_linear_term, mape, split_indices, timing
+from costmodel.presets import load_hardware
 from costmodel.profiling.format import CommRecord
-from costmodel.schema import LinkFit
+from costmodel.ring_time import default_p2p_links, p2p_time_s
+from costmodel.schema import LinkFit, P2PLinks
 
 _MIN_BANDWIDTH_BYTES_PER_S = 1e-30  # floor for 1/bandwidth; keeps bytes_per_s finite
 
@@ -77,3 +82,57 @@ def fit_comm(records: Sequence[CommRecord], split: SplitConfig
             m, p = np.concatenate(measured), np.concatenate(predicted)
             results[op] = TermResult(op, mape(m, p), num_train, len(m), m, p)
     return fits, results
+
+
+def fit_p2p(records: Sequence[CommRecord]) -> tuple[P2PLinks, dict[str, float]]:
+    """Fit ``alpha + bytes / bandwidth`` per placement to the ``p2p`` records (least squares,
+    relative errors, non-negative latency) and report each placement's MAPE on those records.
+
+    Raises:
+        ValueError: without intra-node p2p records of at least two message sizes.
+    """
+    fits: dict[str, LinkFit] = {}
+    errors: dict[str, float] = {}
+    for placement in ("intra", "inter"):
+        recs = [r for r in records if r.op == "p2p" and r.placement == placement]
+        if len({r.bytes_per_rank for r in recs}) < 2:
+            continue
+        x = np.array([r.bytes_per_rank for r in recs])
+        y = np.array([r.time_s for r in recs])
+        # relative least squares, both terms non-negative; a slope of 0 (times that do not grow
+        # with the size, e.g. on a loaded CPU) leaves the bandwidth at its 1e30 B/s floor
+        coef, _ = nnls(np.stack([np.ones_like(x), x], axis=1) / y[:, None], np.ones_like(y))
+        alpha, per_byte = float(coef[0]), max(float(coef[1]), 1e-30)
+        fits[placement] = LinkFit(placement=placement, group_size=2, num_nodes=1 if placement == "intra" else 2,  # type: ignore[arg-type]
+                                  alpha_s=alpha, bytes_per_s=1.0 / per_byte)
+        errors[placement] = float(np.mean(np.abs(alpha + x * per_byte - y) / y))
+    if "intra" not in fits:
+        raise ValueError(f"fitting p2p links needs intra-node p2p records of two or more sizes; got "
+                         f"{sum(r.op == 'p2p' for r in records)} p2p records")
+    return P2PLinks(intra=fits["intra"], inter=fits.get("inter")), errors
+
+
+def p2p_term(records: Sequence[CommRecord], *, fallback_hardware: str, notes: list[str]
+             ) -> tuple[P2PLinks, TermResult] | None:
+    """The p2p links of a fit (:func:`fit_p2p`) and their error on the records they were fitted on
+    (every record, as ``p2p_time_s`` times it); None without p2p records. An unmeasured inter-node
+    link is the hardware preset's analytic one (``costmodel.ring_time.default_p2p_links``), noted.
+
+    Raises:
+        ValueError: from :func:`fit_p2p` (no intra-node records of two sizes).
+    """
+    if not records:
+        return None
+    links, _ = fit_p2p(records)
+    if links.inter is None:
+        try:
+            links = links.model_copy(update={"inter": default_p2p_links(load_hardware(fallback_hardware)).inter})
+            notes.append(f"p2p inter: not measured, analytic default for {fallback_hardware}")
+        except ValueError:
+            notes.append(f"p2p inter: not measured and no hardware preset {fallback_hardware!r}: rings across "
+                         "nodes use the cluster hardware's analytic link")
+    measured = np.array([r.time_s for r in records], dtype=np.float64)
+    predicted = np.array([float(p2p_time_s(links, r.bytes_per_rank, crosses_nodes=r.placement == "inter"))
+                          for r in records], dtype=np.float64)
+    notes.append(f"p2p links fitted to {len(records)} p2p records, checked on the same records")
+    return links, TermResult("p2p", mape(measured, predicted), len(records), len(records), measured, predicted)

@@ -32,7 +32,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from costmodel.model_terms import KIND_TERMS
 from costmodel.specs import ModelSpec
@@ -143,6 +143,28 @@ class LinkFit(_Frozen):
     bytes_per_s: float = Field(gt=0, description="Bandwidth per rank in bytes per second.")
 
 
+class P2PLinks(_Frozen):
+    """Point-to-point links of a ring hop (issue 25): one inside a node, one across nodes
+    (``LinkFit``s with ``group_size`` 2: a hop is one rank sending to the next). A hop of ``b``
+    bytes takes ``alpha_s + b / bytes_per_s`` (``costmodel.ring_time.p2p_time_s``)."""
+
+    intra: LinkFit = Field(description="A hop between two GPUs of one node.")
+    inter: LinkFit | None = Field(default=None, description="A hop between nodes (None: not measured).")
+
+    def link(self, *, crosses_nodes: bool) -> LinkFit:
+        """The link of a hop.
+
+        Raises:
+            ValueError: for a hop across nodes without an inter-node link.
+        """
+        if not crosses_nodes:
+            return self.intra
+        if self.inter is None:
+            raise ValueError("a ring across nodes needs an inter-node p2p link; profile it "
+                             "(dcp profile-comm --ops p2p on two nodes, or --gpus-per-node to emulate)")
+        return self.inter
+
+
 class CommCoefficients(_Frozen):
     """Communication coefficients."""
 
@@ -161,6 +183,19 @@ class CommCoefficients(_Frozen):
     alltoall: list[LinkFit] = Field(min_length=1, description="All-to-all alpha-beta fits.")
     allreduce: list[LinkFit] = Field(min_length=1, description="All-reduce alpha-beta fits.")
     grad_bytes_per_param: float = Field(default=2.0, gt=0, description="Gradient bytes per parameter.")
+    p2p: P2PLinks | None = Field(default=None, description=(
+        "Point-to-point links of ring attention's key/value hops (fitted by dcp fit from p2p records "
+        "of dcp profile-comm --ops p2p). None: the cluster hardware's analytic links "
+        "(costmodel.ring_time.default_p2p_links). Left out of the JSON when None, so files without "
+        "it keep their bytes and digests."))
+
+    @model_serializer(mode="wrap")
+    def _omit_default_p2p(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
+        # No return annotation: pydantic then keeps the model's own serialization schema
+        data: dict[str, object] = handler(self)
+        if self.p2p is None:
+            data.pop("p2p", None)
+        return data
 
     def fits_for(self, kind: Literal["alltoall", "allreduce"]) -> list[LinkFit]:
         """The fits of one collective."""

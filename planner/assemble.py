@@ -1,6 +1,7 @@
 """Drafts (the solvers' internal plans) and their exact evaluation and assembly into a ``Plan``.
 
-A draft names, per group, its size, its first rank and its ordered micro-batches of
+A draft names, per group, its size, its first rank, its attention layout (``ring_degree``: Ulysses
+over ``size / ring_degree`` ranks x ring over ``ring_degree``) and its ordered micro-batches of
 ``(sample index, recompute layers)``. Every number in the assembled plan comes from the cost
 model for the actual placement (nodes spanned), never from a solver's approximation.
 """
@@ -13,7 +14,7 @@ from itertools import chain
 
 import numpy as np
 
-from costmodel.evaluate import CostModel, nodes_spanned
+from costmodel.evaluate import CostModel, GroupLayout, nodes_spanned
 from costmodel.specs import Sample
 from planner.plan import (
     GroupPlan,
@@ -35,6 +36,8 @@ class DraftGroup:
     first_rank: int
     micro_batches: list[list[tuple[int, int]]] = field(default_factory=list)
     """Ordered micro-batches of ``(sample index, recompute layers)``."""
+    ring_degree: int = 1
+    """Ring degree of the group's attention layout (1: pure Ulysses)."""
 
 
 Draft = list[DraftGroup]
@@ -76,19 +79,25 @@ def group_costs(group: DraftGroup, arrays: BatchArrays, cost_model: CostModel) -
     return draft_costs([group], arrays, cost_model)[0]
 
 
-def _by_placement(draft: Draft, cost_model: CostModel) -> dict[tuple[int, int], list[int]]:
-    """Groups with micro-batches by ``(size, nodes spanned)``, in draft order."""
+Placement = tuple[int, int, GroupLayout | None]
+"""``(size, nodes spanned, layout)`` of a group: what its costs depend on besides its samples."""
+
+
+def _by_placement(draft: Draft, cost_model: CostModel) -> dict[Placement, list[int]]:
+    """Groups with micro-batches by placement (size, nodes spanned, ring layout), in draft order."""
     gpn = cost_model.cluster.gpus_per_node
-    buckets: dict[tuple[int, int], list[int]] = {}
+    buckets: dict[Placement, list[int]] = {}
     for gi, g in enumerate(draft):
         if g.micro_batches:
             nodes = nodes_spanned(first_rank=g.first_rank, group_size=g.size, gpus_per_node=gpn)
-            buckets.setdefault((g.size, nodes), []).append(gi)
+            layout = None if g.ring_degree == 1 else cost_model.place(
+                first_rank=g.first_rank, group_size=g.size, ring_degree=g.ring_degree)
+            buckets.setdefault((g.size, nodes, layout), []).append(gi)
     return buckets
 
 
 def _sample_times(mbs: list[list[tuple[int, int]]], arrays: BatchArrays, cost_model: CostModel,
-                  *, size: int, nodes: int
+                  *, size: int, nodes: int, layout: GroupLayout | None = None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[float]]:
     """Samples' seconds of micro-batches on one placement, and each micro-batch's seconds:
     ``(sample indices, policies, micro-batch start offsets, sample seconds, micro-batch
@@ -100,29 +109,36 @@ def _sample_times(mbs: list[list[tuple[int, int]]], arrays: BatchArrays, cost_mo
     starts = np.asarray(np.cumsum([0] + [len(mb) for mb in mbs[:-1]]), dtype=np.int64)
     times = np.asarray(cost_model.sample_time_s(
         arrays.tokens[idx], group_size=size, recompute_layers=ks, frames=arrays.frames[idx],
-        spatial=arrays.spatial[idx], num_nodes=nodes), dtype=np.float64)
+        spatial=arrays.spatial[idx], num_nodes=nodes, layout=layout), dtype=np.float64)
     # CostModel.microbatch_fixed_s for every micro-batch at once: the overhead, one
     # forward+backward call per layer plus one per layer where policies differ, one
     # forward call per recomputed layer (CostModel.layer_calls). The validator recomputes
     # each micro-batch with CostModel.microbatch_time_s itself.
     hi = np.maximum.reduceat(ks, starts)
     lo = np.minimum.reduceat(ks, starts)
-    call_f, call_b = cost_model.layer_call_s(group_size=size, num_nodes=nodes)
+    call_f, call_b = cost_model.layer_call_s(group_size=size, num_nodes=nodes, layout=layout)
     fixed_s = (cost_model.file.compute.microbatch_overhead_s
                + (cost_model.num_layers + hi - lo) * (call_f + call_b) + hi * call_f)
-    return idx, ks, starts, times, (fixed_s + np.add.reduceat(times, starts)).tolist()
+    mb_times = fixed_s + np.add.reduceat(times, starts)
+    if layout is not None and layout.ring_degree > 1:  # per layer call, not per sample
+        tokens = arrays.tokens[idx].tolist()
+        ends = [*starts[1:].tolist(), len(idx)]
+        ks_list = ks.tolist()
+        mb_times = mb_times + np.array([cost_model.ring_exposed_s(tokens[a:b], ks_list[a:b], layout=layout)
+                                        for a, b in zip(starts.tolist(), ends, strict=True)])
+    return idx, ks, starts, times, mb_times.tolist()
 
 
 def draft_costs(draft: Draft, arrays: BatchArrays, cost_model: CostModel) -> list[GroupCosts]:
     """Exact costs of every group of a draft (one cost-model call per size and node span)."""
     fixed = cost_model.fixed_bytes()
     out = [GroupCosts(np.zeros(0), np.zeros(0), [], []) for _ in draft]
-    for (size, nodes), members in _by_placement(draft, cost_model).items():
+    for (size, nodes, layout), members in _by_placement(draft, cost_model).items():
         mbs = [mb for gi in members for mb in draft[gi].micro_batches]
         idx, ks, starts, times, mb_times = _sample_times(mbs, arrays, cost_model, size=size,
-                                                         nodes=nodes)
+                                                         nodes=nodes, layout=layout)
         acts = np.asarray(cost_model.activation_bytes(arrays.tokens[idx], group_size=size,
-                                                      recompute_layers=ks), dtype=np.float64)
+                                                      recompute_layers=ks, layout=layout), dtype=np.float64)
         mb_peaks = (fixed + np.add.reduceat(acts, starts)).tolist()
         pos = first_mb = 0
         for gi in members:
@@ -144,9 +160,9 @@ def draft_step_time_s(draft: Draft, arrays: BatchArrays, cost_model: CostModel, 
     ``grad_sync_s``: ``cost_model.grad_sync_time_s()`` when the caller has it.
     """
     slowest = 0.0
-    for (size, nodes), members in _by_placement(draft, cost_model).items():
+    for (size, nodes, layout), members in _by_placement(draft, cost_model).items():
         mbs = [mb for gi in members for mb in draft[gi].micro_batches]
-        mb_times = _sample_times(mbs, arrays, cost_model, size=size, nodes=nodes)[4]
+        mb_times = _sample_times(mbs, arrays, cost_model, size=size, nodes=nodes, layout=layout)[4]
         first_mb = 0
         for gi in members:
             count = len(draft[gi].micro_batches)
@@ -205,7 +221,7 @@ def assemble_plan(draft: Draft, samples: Sequence[Sample], *, cost_model: CostMo
         peak = max(costs.microbatch_peak_bytes, default=fixed_bytes)
         groups.append(GroupPlan(ranks=list(range(g.first_rank, g.first_rank + g.size)),
                                 micro_batches=mbs, predicted_time_s=group_time,
-                                predicted_peak_mem_bytes=peak))
+                                predicted_peak_mem_bytes=peak, ring_degree=g.ring_degree))
     sync = cost_model.grad_sync_time_s()
     return Plan(
         step=meta.step,

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from costmodel.evaluate import CostModel
 from planner.plan import Plan
+from planner.validate import group_layout
 
 _REL_TOL = 1e-6
 """Relative tolerance between the plan's predicted peaks and the cost model's."""
@@ -118,18 +119,21 @@ def plan_memory(plan: Plan, cost_model: CostModel, *,
     out: list[GroupMemory] = []
     for group in sorted(plan.groups, key=lambda g: g.first_rank):
         parts: list[MicroBatchMemory] = []
+        layout = group_layout(group, cost_model)
         for m, mb in enumerate(group.micro_batches):
             tokens = [ps.sample.tokens for ps in mb.samples]
             ks = [ps.recompute_layers for ps in mb.samples]
             total = cost_model.microbatch_peak_bytes([ps.sample for ps in mb.samples], group_size=group.size,
-                                                     recompute_layers=ks)
+                                                     recompute_layers=ks, layout=layout)
             if not math.isclose(total, mb.predicted_peak_mem_bytes, rel_tol=_REL_TOL):
                 raise ValueError(
                     f"group at rank {group.first_rank}, micro-batch {m}: the plan predicts a peak of "
                     f"{mb.predicted_peak_mem_bytes:.6g} bytes, cost model {cost_model.file.id!r} gives "
                     f"{total:.6g}: use the cost model and cluster the plan was made with")
-            full_act = float(cost_model.activation_bytes(tokens, group_size=group.size, recompute_layers=ks).sum())
-            kept = float(kept_only.activation_bytes(tokens, group_size=group.size, recompute_layers=ks).sum())
+            full_act = float(cost_model.activation_bytes(tokens, group_size=group.size, recompute_layers=ks,
+                                                         layout=layout).sum())
+            kept = float(kept_only.activation_bytes(tokens, group_size=group.size, recompute_layers=ks,
+                                                    layout=layout).sum())
             parts.append(MicroBatchMemory(
                 index=m, params_bytes=states.params_bytes, grads_bytes=states.grads_bytes,
                 optimizer_bytes=optimizer, fixed_working_bytes=fixed_working, activations_bytes=kept,

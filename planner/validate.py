@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from costmodel.evaluate import CostModel, nodes_spanned
+from costmodel.evaluate import CostModel, GroupLayout, nodes_spanned
 from costmodel.specs import Sample
 from costmodel.units import fmt_bytes
 from planner.plan import GroupPlan, Plan
@@ -66,6 +66,14 @@ class SimulationReport:
     """Peak bytes of every rank (model states alone for ranks of idle groups)."""
 
 
+def group_layout(group: GroupPlan, cost_model: CostModel) -> GroupLayout | None:
+    """The cost model's layout of a group: None for pure Ulysses (``ring_degree == 1``, priced as
+    before rings existed), else its ``u x r`` on its placement (:meth:`CostModel.place`)."""
+    if group.ring_degree == 1:
+        return None
+    return cost_model.place(first_rank=group.first_rank, group_size=group.size, ring_degree=group.ring_degree)
+
+
 def simulate(plan: Plan, cost_model: CostModel) -> SimulationReport:
     """Replay a plan on the cost model (not on the plan's own predictions)."""
     gpn = cost_model.cluster.gpus_per_node
@@ -73,15 +81,16 @@ def simulate(plan: Plan, cost_model: CostModel) -> SimulationReport:
     peak = [cost_model.fixed_bytes()] * plan.num_ranks
     for group in plan.groups:
         nodes = nodes_spanned(first_rank=group.first_rank, group_size=group.size, gpus_per_node=gpn)
+        layout = group_layout(group, cost_model)
         clock = 0.0
         spans = []
         for mb in group.micro_batches:
             samples = [ps.sample for ps in mb.samples]
             ks = [ps.recompute_layers for ps in mb.samples]
             t = cost_model.microbatch_time_s(samples, group_size=group.size, recompute_layers=ks,
-                                             num_nodes=nodes)
+                                             num_nodes=nodes, layout=layout)
             mem = cost_model.microbatch_peak_bytes(samples, group_size=group.size,
-                                                   recompute_layers=ks)
+                                                   recompute_layers=ks, layout=layout)
             spans.append(MicroBatchSpan(start_s=clock, end_s=clock + t, peak_mem_bytes=mem))
             clock += t
             for r in group.ranks:
@@ -147,9 +156,9 @@ def _check_groups(plan: Plan, cost_model: CostModel) -> list[str]:
 
 def _check_ring_layout(g: GroupPlan, cost_model: CostModel) -> list[str]:
     """A Ulysses x ring group (issue 25): the Ulysses degree is one the heads allow, the model's
-    attention is whole-sample (a ring does not cut 2D spatial/temporal attention), every sample
-    cuts into the ``2 x ring_degree`` zig-zag chunks (executor/ring_layout.py), and the cost model
-    prices the layout."""
+    attention is whole-sample (a ring does not cut 2D spatial/temporal attention), and every sample
+    cuts into the ``2 x ring_degree`` zig-zag chunks (executor/ring_layout.py). The cost model
+    prices the layout (``costmodel.evaluate``, ``layout``)."""
     model = cost_model.file.model
     where = (f"group at rank {g.first_rank} (size {g.size}, ulysses_degree={g.ulysses_degree} x "
              f"ring_degree={g.ring_degree})")
@@ -164,8 +173,6 @@ def _check_ring_layout(g: GroupPlan, cost_model: CostModel) -> list[str]:
             if ps.sample.tokens < 2 * g.ring_degree:
                 problems.append(f"{where}: sample {ps.sample.id!r} has {ps.sample.tokens} tokens, fewer than the "
                                 f"{2 * g.ring_degree} chunks (2 x ring_degree) a ring cuts every sample into")
-    problems.append(f"{where}: the cost model does not price ring layouts yet (costmodel/ring.py has the "
-                    "terms; costmodel/evaluate.py does not call them)")
     return problems
 
 

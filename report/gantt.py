@@ -36,6 +36,7 @@ COLORS: dict[str, str] = {
     "compute": "#4C78A8",
     "recompute": "#F58518",
     "alltoall": "#B279A2",
+    "ring": "#E45756",
     "grad_sync": "#54A24B",
     "idle": "#E6E6E6",
 }
@@ -45,6 +46,7 @@ LABELS: dict[str, str] = {
     "compute": "compute (forward + backward)",
     "recompute": "recompute (checkpointing)",
     "alltoall": "all-to-all (Ulysses SP)",
+    "ring": "ring hops not hidden, merges",
     "grad_sync": "gradient sync (all ranks)",
     "idle": "idle (waiting for the slowest group)",
 }
@@ -121,7 +123,7 @@ def _draw_panel(ax: Axes, panel: GanttPanel, *, px_per_rank: float) -> None:
         for mb in g.micro_batches:
             x = mb.start_s
             for kind, width in (("compute", mb.compute_s), ("recompute", mb.recompute_s),
-                                ("alltoall", mb.alltoall_s)):
+                                ("alltoall", mb.alltoall_s), ("ring", mb.ring_s)):
                 if width > 0:
                     boxes[kind].append(_box(x, x + width, y0, y1))
                     x += width
@@ -148,7 +150,7 @@ def _draw_panel(ax: Axes, panel: GanttPanel, *, px_per_rank: float) -> None:
     total = sum(shares.values()) or 1.0
     split = ", ".join(f"{name} {shares[kind] / total:.1%}" for kind, name in (
         ("compute", "compute"), ("recompute", "recompute"), ("alltoall", "all-to-all"),
-        ("idle", "idle"), ("grad_sync", "gradient sync")))
+        *((("ring", "ring"),) if shares["ring"] > 0 else ()), ("idle", "idle"), ("grad_sync", "gradient sync")))
     ax.set_title(f"{panel.title}\nGPU time: {split}", loc="left")
     ax.axvline(tl.step_time_s, color="black", linewidth=1.0)
     if panel.lower_bound_s is not None and panel.lower_bound_s > 0:

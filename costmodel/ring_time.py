@@ -1,0 +1,187 @@
+"""Time and memory of ring attention on one rank (issue 25): the pure functions, no cost model.
+
+The one definition of a ring's cost: :mod:`costmodel.evaluate` prices ``u x r`` groups with it,
+:mod:`costmodel.ring` fits its p2p links (and re-exports these names). On one rank, per layer and
+pass, for a micro-batch of samples of ``s_i`` tokens in a group of ``d = u x r``:
+
+* every ring step attends the rank's queries (``sum s_i / r`` tokens, ``H/u`` heads) to one
+  key/value block; with the zig-zag chunks (``executor/ring_layout.py``) every step does the same
+  share of the pairs, ``sum s_i^2 / (u r^2)`` at the cost model's ``per_attn_pair`` (the ``r``
+  steps add up to the ``s^2/d`` a Ulysses group of ``d`` computes);
+* a hop moves one block of ``sum s_i / r`` tokens' keys and values for this rank's key/value
+  heads (``max(H_kv/u, 1)``: past ``H_kv`` Ulysses replicates a head, :mod:`costmodel.specs`); it
+  is posted before the step's attention, so a step takes ``max(compute, hop)``; ``r - 1`` such
+  steps, then the last block's compute alone, then ``r - 1`` log-sum-exp merges of the running
+  output (read it, read the block's, write it: 3 x fp32 per query and head channel, at the HBM
+  bandwidth). Backward sends keys and values and their gradients (twice the bytes) per step and
+  the gradients' last hop home.
+
+A p2p transfer costs ``alpha + bytes / bandwidth`` (:func:`p2p_time_s`) on an intra-node or an
+inter-node link (:class:`costmodel.schema.P2PLinks`). Memory: the ring holds the block in hand
+and the one arriving (forward), keys, values and their gradients of both (backward):
+:func:`ring_kv_buffer_bytes` per rank, transient on top of the Ulysses working set.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel.schema import LinkFit, P2PLinks
+from costmodel.specs import HardwareSpec, ModelSpec
+
+MERGE_BYTES_PER_CHANNEL = 12.0
+"""HBM bytes of one log-sum-exp merge per query and head channel: read the running fp32 output,
+read the block's, write the result."""
+
+KV_ELEMENT_BYTES = 2.0
+"""Bytes of one key or value element on the wire and in the ring's buffers (bf16)."""
+
+
+def p2p_time_s(links: P2PLinks, bytes_per_hop: float | np.ndarray, *, crosses_nodes: bool) -> np.ndarray:
+    """Seconds of one hop of ``bytes_per_hop`` bytes: ``alpha + bytes / bandwidth``."""
+    link = links.link(crosses_nodes=crosses_nodes)
+    return np.asarray(link.alpha_s + np.asarray(bytes_per_hop, dtype=np.float64) / link.bytes_per_s)
+
+
+def default_p2p_links(hardware: HardwareSpec, *, alpha_intra_s: float = 10e-6,
+                      alpha_inter_s: float = 20e-6) -> P2PLinks:
+    """Unfitted links from the hardware's public bandwidths (NVLink per direction inside a node,
+    the per-GPU network across nodes); the latencies are placeholders of the order NCCL's p2p
+    has, to be replaced by ``costmodel.ring.fit_p2p`` on ``dcp profile-comm`` records."""
+    return P2PLinks(
+        intra=LinkFit(placement="intra", group_size=2, num_nodes=1, alpha_s=alpha_intra_s,
+                      bytes_per_s=hardware.nvlink_bytes_per_s_per_direction),
+        inter=LinkFit(placement="inter", group_size=2, num_nodes=2, alpha_s=alpha_inter_s,
+                      bytes_per_s=hardware.network_bytes_per_s_per_gpu))
+
+
+def kv_bytes_per_token(model: ModelSpec, *, ulysses_degree: int, element_bytes: float = KV_ELEMENT_BYTES) -> float:
+    """Bytes of one token's keys and values for the key/value heads a rank holds after the Ulysses
+    swap over ``u`` ranks (``H_kv / u``, at least one replicated head past ``H_kv``)."""
+    heads = max(model.kv_heads / ulysses_degree, 1.0)
+    return 2.0 * heads * model.head_size * element_bytes
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class RingLayerTime:
+    """One layer's attention on one rank of a ``u x r`` group, per pass."""
+
+    forward_s: float
+    """Ring attention of the forward: steps of ``max(compute, hop)``, the last block, the merges."""
+    backward_s: float
+    """Its backward: steps of ``max(compute, 2 hops' bytes)``, the last block, the gradients' hop home."""
+    exposed_forward_s: float
+    """What the forward ring adds to its ``s^2/d`` pairs of compute (unhidden hops and merges)."""
+    exposed_backward_s: float
+    """What the backward ring adds to its compute."""
+    alltoall_forward_s: float
+    """The Ulysses all-to-alls over ``u`` of one pass (forward; backward moves the same)."""
+
+
+def ring_attention_time_s(tokens: Sequence[int] | Sequence[float], *, ulysses_degree: int, ring_degree: int,
+                          forward_s_per_pair: float, backward_s_per_pair: float, kv_bytes_per_token: float,
+                          query_channels: int, links: P2PLinks, crosses_nodes: bool,
+                          hbm_bytes_per_s: float, additive_only: bool = False) -> tuple[float, float, float, float]:
+    """``(forward, backward, exposed forward, exposed backward)`` seconds of one layer's ring.
+
+    Args:
+        tokens: Tokens of each sample of the micro-batch (or of one layer call's samples).
+        ulysses_degree: ``u``.
+        ring_degree: ``r``.
+        forward_s_per_pair: Seconds per (query, key) pair of a forward on one GPU (all heads).
+        backward_s_per_pair: The same for the backward.
+        kv_bytes_per_token: Key and value bytes of one token for this rank's heads.
+        query_channels: Heads x head size of this rank's queries (``H/u x Dh``).
+        links: The p2p links.
+        crosses_nodes: Whether the ring's hops cross nodes.
+        hbm_bytes_per_s: Memory bandwidth (merges).
+        additive_only: Expose only what is additive over samples and so bounds a sample's share
+            from below: the merges (forward) and the bytes of the gradients' hop home without its
+            latency (backward); every hop counted as hidden. For lower bounds.
+
+    Raises:
+        ValueError: for a degree below 1 or a non-positive sample.
+    """
+    u, r = ulysses_degree, ring_degree
+    s = np.asarray(tokens, dtype=np.float64)
+    if u < 1 or r < 1 or (s <= 0).any():
+        raise ValueError(f"need u, r >= 1 and positive tokens; got u={u}, r={r}, tokens={list(tokens)}")
+    out = ring_steps_s(np.asarray(float((s**2).sum()) / (u * r * r)), np.asarray(float(s.sum()) / r),
+                       ring_degree=r, forward_s_per_pair=forward_s_per_pair, backward_s_per_pair=backward_s_per_pair,
+                       kv_bytes_per_token=kv_bytes_per_token, query_channels=query_channels, links=links,
+                       crosses_nodes=crosses_nodes, hbm_bytes_per_s=hbm_bytes_per_s, additive_only=additive_only)
+    return float(out[0]), float(out[1]), float(out[2]), float(out[3])
+
+
+def ring_steps_s(pairs_per_step: np.ndarray, block_tokens: np.ndarray, *, ring_degree: int,
+                 forward_s_per_pair: float, backward_s_per_pair: float, kv_bytes_per_token: float,
+                 query_channels: int, links: P2PLinks, crosses_nodes: bool, hbm_bytes_per_s: float,
+                 additive_only: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`ring_attention_time_s` from each call's pairs per step and block tokens (arrays: one
+    entry per call, e.g. every sample alone), the one formula of a ring's steps."""
+    r = ring_degree
+    fwd_block, bwd_block = forward_s_per_pair * pairs_per_step, backward_s_per_pair * pairs_per_step
+    if r == 1:
+        zero = np.zeros_like(fwd_block)
+        return fwd_block, bwd_block, zero, zero
+    link = links.link(crosses_nodes=crosses_nodes)
+    block_bytes = block_tokens * kv_bytes_per_token
+    merges = (r - 1) * block_tokens * query_channels * MERGE_BYTES_PER_CHANNEL / hbm_bytes_per_s
+    if additive_only:  # every hop hidden; the last one's bytes without its latency
+        forward = r * fwd_block + merges
+        backward = r * bwd_block + block_bytes / link.bytes_per_s
+    else:
+        hop, hop2 = link.alpha_s + block_bytes / link.bytes_per_s, link.alpha_s + 2 * block_bytes / link.bytes_per_s
+        forward = (r - 1) * np.maximum(fwd_block, hop) + fwd_block + merges
+        backward = (r - 1) * np.maximum(bwd_block, hop2) + bwd_block + hop
+    return forward, backward, forward - r * fwd_block, backward - r * bwd_block
+
+
+def ring_kv_buffer_bytes(tokens: Sequence[int] | Sequence[float], model: ModelSpec, *, ulysses_degree: int,
+                         ring_degree: int, element_bytes: float = KV_ELEMENT_BYTES) -> float:
+    """Extra bytes one rank holds for the ring at its peak: two key/value blocks in forward (the
+    block in hand and the one arriving), four in backward (both blocks' keys and values and their
+    gradients); 0 for a pure Ulysses group (``ring_degree == 1``)."""
+    if ring_degree <= 1:
+        return 0.0
+    block = math.fsum(tokens) / ring_degree * kv_bytes_per_token(model, ulysses_degree=ulysses_degree,
+                                                                  element_bytes=element_bytes)
+    return 4.0 * block
+
+
+def calls_exposed_s(tokens: Sequence[float], recompute_layers: Sequence[int], *, num_layers: int,
+                    exposed: Callable[[list[float]], tuple[float, float]]) -> float:
+    """What a ring adds to one micro-batch over all its layer calls, given ``exposed(tokens of one
+    call) -> (forward, backward)`` seconds of one layer's ring on those samples.
+
+    A sample of policy ``k`` recomputes its first ``k`` layers. At layer ``l`` the samples with
+    ``k > l`` (checkpointed there) and the others run as separate calls when both are present, each
+    its own ring over its own samples (``CostModel.layer_calls``); each call pays its forward and
+    backward ring, the checkpointed call also its forward again in the recompute.
+
+    Raises:
+        ValueError: when the samples and the policies differ in number.
+    """
+    if len(tokens) != len(recompute_layers):
+        raise ValueError(f"{len(tokens)} samples but {len(recompute_layers)} policies")
+    if not tokens:
+        return 0.0
+    cuts = sorted({0, num_layers, *(min(max(int(k), 0), num_layers) for k in recompute_layers)})
+    total = 0.0
+    for lo, hi in itertools.pairwise(cuts):
+        kept = [float(s) for s, k in zip(tokens, recompute_layers, strict=True) if k > lo]  # recomputed here
+        plain = [float(s) for s, k in zip(tokens, recompute_layers, strict=True) if k <= lo]
+        per_layer = 0.0
+        if kept:
+            f, b = exposed(kept)
+            per_layer += 2 * f + b
+        if plain:
+            f, b = exposed(plain)
+            per_layer += f + b
+        total += (hi - lo) * per_layer
+    return total
