@@ -29,11 +29,14 @@ def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size:
 
     ``baselines_s`` and ``speedups`` also hold ``strongest``: the fastest baseline of the step
     but ``naive`` (``planner.baselines.strongest``). ``model`` (a preset or a config's spec)
-    replaces the workload's model with its analytic cost model on the cluster's hardware.
+    replaces the workload's model: with its analytic cost model on the cluster's hardware, or
+    with ``cost_model_file`` when that file was fitted for this very model (a small model
+    profiled on a CPU, planned on ``cpu:N``).
 
     Raises:
-        ValueError: for an unknown preset, a cost model made for another model or hardware, both
-            a cost model and a model, or a model of the other kind than the workload (text/video).
+        ValueError: for an unknown preset, a cost model made for another model or hardware (the
+            workload's, or ``model`` when given), or a model of the other kind than the workload
+            (text/video).
     """
     from costmodel.analytic import analytic_cost_model
     from costmodel.evaluate import CostModel
@@ -47,9 +50,14 @@ def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size:
     spec = WorkloadSpec.preset(workload)
     cluster_spec = load_cluster(cluster)
     if cost_model_file is not None and model is not None:
-        raise ValueError(f"give one of --cost-model and --model / --model-config, not both (the cost "
-                         f"model {cost_model_file.id!r} is for model {cost_model_file.model.name!r})")
-    if model is not None:
+        if cost_model_file.model != model:
+            raise ValueError(f"cost model {cost_model_file.id!r} is for model {cost_model_file.model.name!r} "
+                             f"({_shape(cost_model_file.model)}), --model / --model-config names "
+                             f"{model.name!r} ({_shape(model)}): give the model the file was fitted for, "
+                             f"or leave it out to plan the workload's model {spec.model!r}")
+        cost_model = cost_model_file
+        CostModel(file=cost_model, cluster=cluster_spec)  # hardware and sharding checks
+    elif model is not None:
         cost_model = analytic_cost_model(model, cluster_spec.hardware)
     elif cost_model_file is None:
         cost_model = default_cost_model_file(spec.model, cluster_spec.hardware.name)
@@ -58,7 +66,9 @@ def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size:
         if cost_model.model.name != spec.model:
             raise ValueError(f"cost model {cost_model.id!r} is for model {cost_model.model.name!r}, "
                              f"workload {workload!r} trains {spec.model!r}: fit one for "
-                             f"{spec.model!r} (dcp profile --model {spec.model}; dcp fit)")
+                             f"{spec.model!r} (dcp profile --model {spec.model}; dcp fit), or name "
+                             f"{cost_model.model.name!r} with --model / --model-config to plan the "
+                             f"workload's samples under it")
         CostModel(file=cost_model, cluster=cluster_spec)  # hardware and sharding checks
     config = PlannerConfig.for_budget(budget_s, seed=seed)
     rows = []
@@ -93,6 +103,12 @@ def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size:
     return rows
 
 
+def _shape(model: ModelSpec) -> str:
+    """A model's shape in a message: layers, hidden size, query / key-value heads, FFN size."""
+    return (f"{model.num_layers} layers, hidden {model.hidden}, {model.num_heads}/{model.kv_heads} heads, "
+            f"ffn {model.ffn_hidden}")
+
+
 def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Whole-run figures: total time of the plans and of each baseline, throughput speedups."""
     plan_total = sum(r["step_time_s"] for r in rows)
@@ -119,9 +135,11 @@ def register(app: typer.Typer) -> None:
         cluster: str = typer.Option(..., "--cluster", "-c", help="Cluster preset (or cpu:N, cpu:NxG)."),
         cost_model: Path | None = typer.Option(
             None, "--cost-model", help="A cost-model file (dcp fit) instead of the analytic default; "
-                                      "its hardware must be the cluster's."),
+                                      "its hardware must be the cluster's, its model the workload's "
+                                      "or the one --model / --model-config names."),
         model: str | None = model_option(help_text="Model preset instead of the workload's (its "
-                                                   "analytic cost model on the cluster's hardware)."),
+                                                   "analytic cost model on the cluster's hardware, or "
+                                                   "--cost-model fitted for it)."),
         model_config: Path | None = model_config_option(),
         steps: int = typer.Option(5, "--steps", "-k", min=1, help="Steps to plan."),
         seed: int = typer.Option(0, "--seed", "-s", help="Sampler and planner seed."),
