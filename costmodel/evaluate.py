@@ -382,7 +382,9 @@ class CostModel:
         when they agree. Under a ring layout (``u x r``) the key/value replication is the Ulysses
         subgroup's (``kv_replicas(u)``) and each sample adds the ring's key/value buffers,
         ``4 s/r`` tokens of this rank's key/value heads (:func:`costmodel.ring_time.ring_kv_buffer_bytes`,
-        linear in the tokens, so additive as the rest).
+        linear in the tokens, so additive as the rest). A joint-attention (MMDiT) model's sample
+        adds its ``J`` text tokens, whole on every rank of the group (``executor/joint.py``):
+        ``J * (max(L-k, [k>0])*none + k*full)``, per sample and not divided by ``d``.
         """
         u, _ = self._alltoall_group(group_size, None, layout)
         s = np.asarray(tokens, dtype=np.float64)
@@ -397,7 +399,9 @@ class CostModel:
         ring: float | FloatArray = 0.0
         if layout is not None and layout.ring_degree > 1:  # = ring_kv_buffer_bytes per sample
             ring = 4.0 * s / layout.ring_degree * kv_bytes_per_token(self.file.model, ulysses_degree=u)
-        return np.asarray(s / group_size * per_token + ring, dtype=np.float64)
+        # joined text tokens (MMDiT): kept per layer like tokens, whole on every rank of the group
+        text = self.file.model.joint_attention_tokens * (kept_none_layers * none + k * a.bytes_per_token_layer_full)
+        return np.asarray(s / group_size * per_token + ring + text, dtype=np.float64)
 
     def fixed_working_bytes(self) -> float:
         """Working memory of any micro-batch: the fixed buffers plus the per-layer ones."""

@@ -32,8 +32,11 @@ Kinds:
       attention [E24]: pairs ``(s + J)^2`` = ``s^2`` (the attention term) + ``2*s*J`` (per video
       token) + ``J^2`` (per sample), and the text stream's own projections and MLP on ``J``
       tokens per sample.
-  Not counted yet: the joined text tokens' own kept activations (``J`` x the per-token bytes per
-  sample and layer, not split by the group); the schema has no per-sample byte term.
+  The joined text tokens' own kept activations are per sample: under Ulysses a sample's ``J``
+  text tokens are whole on every rank of its group (``executor/joint.py``), so each rank keeps
+  ``J`` x the per-token bytes of each layer (kept, or its checkpointed input) for the sample, not
+  split by the group; ``CostModel.activation_bytes`` adds them from the file's per-token bytes.
+  Not counted: the text rows' share of a layer's backward transient and of the working buffers.
 """
 
 from __future__ import annotations

@@ -42,8 +42,12 @@ LOAD_CAP = 0.05
 
 
 def max_tokens_per_rank(table: CostTable) -> int:
-    """Tokens a rank holds without recomputation under the activation budget (at least 1)."""
-    per_token = float(table.cost_model.activation_bytes(1, group_size=1, recompute_layers=0))
+    """Tokens a rank holds without recomputation under the activation budget (at least 1): the
+    budget over the bytes each more token keeps (a joint-attention model's per-sample text bytes,
+    ``CostModel.activation_bytes``, are not per token)."""
+    cm = table.cost_model
+    per_token = float(cm.activation_bytes(2, group_size=1, recompute_layers=0)
+                      - cm.activation_bytes(1, group_size=1, recompute_layers=0))
     return max(1, math.floor(table.budget_bytes / per_token))
 
 
