@@ -62,3 +62,8 @@ if [[ "${RUN_1D:-0}" == "1" ]]; then
     --repeats "$REPEATS" --out "$out1d"
   echo "1D done -> $out1d"
 fi
+
+if [[ "$DEVICE" == "cuda" && "${RUN_TRAINERS:-1}" == "1" ]]; then
+  # torchtitan's Llama 3 under a DCP plan (issue 27), about 2 minutes; RUN_TRAINERS=0 skips it.
+  PY="$PY" bash bench/gpu_trainers.sh || echo "gpu_trainers.sh FAILED"
+fi
