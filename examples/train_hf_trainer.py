@@ -7,7 +7,9 @@ Run (needs ``pip install -e '.[hf]'``)::
 
 An ordinary ``Trainer`` script: a random-initialised ``LlamaForCausalLM`` built from a config (no
 download), the documents of ``examples/data/hf_trainer_docs.jsonl`` tokenized as UTF-8 bytes,
-``TrainingArguments`` with logging, a linear schedule and checkpoints. The lines marked ``# [dcp]``
+``TrainingArguments`` with logging, a linear schedule, checkpoints and an evaluation every 2 steps on
+the first 8 documents (the ``Trainer``'s own loop: DCPTrainer pads them itself when the script gives
+no ``data_collator``). The lines marked ``# [dcp]``
 are what DCP adds: the manifest of the dataset, where plans come from, and ``DCPTrainer`` in place of
 ``Trainer``. With ``--service`` (plans from ``dcp serve`` at ``--url``) rank 0 also starts the epoch
 job on the service (in production an operator does that once) and every rank posts its measured
@@ -97,7 +99,8 @@ def main() -> None:
     torch.set_num_threads(1)
     training_args = TrainingArguments(
         output_dir=args.output_dir, max_steps=args.steps, learning_rate=args.lr, lr_scheduler_type="linear",
-        logging_steps=1, save_steps=2, save_strategy="steps", use_cpu=True, ddp_backend="gloo",
+        logging_steps=1, save_steps=2, save_strategy="steps", eval_strategy="steps", eval_steps=2,
+        per_device_eval_batch_size=2, use_cpu=True, ddp_backend="gloo",
         report_to=[], seed=args.seed, disable_tqdm=True)
     rank, world = training_args.process_index, training_args.world_size  # initialises torch.distributed
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(name)s: %(message)s")
@@ -122,13 +125,15 @@ def main() -> None:
                             samples_per_step=args.samples_per_step, seed=args.seed)
         plans = ServicePlans(client, epoch_id=epoch_id, rank=rank)
     trainer = DCPTrainer(model=model, args=training_args, train_dataset=dataset,  # [dcp] was Trainer(
-                         plans=plans, id_column="id")  # [dcp]
+                         eval_dataset=dataset[:8], plans=plans, id_column="id")  # [dcp]
     trainer.train()
 
     if rank == 0:
         for entry in trainer.state.log_history:
             if "loss" in entry:
                 print(f"step {entry['step'] - 1}: loss {entry['loss']:.4f}", flush=True)
+            if "eval_loss" in entry:
+                print(f"eval after step {entry['step'] - 1}: eval_loss {entry['eval_loss']:.4f}", flush=True)
         print(f"done: {trainer.state.global_step} steps on {world} ranks "
               f"({'local' if local else 'service'} plans)", flush=True)
     if isinstance(plans, ServicePlans):

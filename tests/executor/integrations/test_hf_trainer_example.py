@@ -47,6 +47,8 @@ def test_readme_trainer_block_runs_as_written(tmp_path: Path) -> None:
     assert len(losses) == 4, result.stdout
     assert losses[-1] < losses[0]  # it trains
     assert "done: 4 steps on 4 ranks (local plans)" in result.stdout
+    evals = [float(x) for x in re.findall(r"^eval after step \d+: eval_loss ([0-9.]+)", result.stdout, re.MULTILINE)]
+    assert len(evals) == 2 and evals[1] < evals[0], result.stdout  # eval_strategy='steps' (2, 4) under DCP
     for step in (2, 4):  # the Trainer's own checkpoints (save_steps=2)
         assert (tmp_path / "runs" / "hf-trainer" / f"checkpoint-{step}" / "trainer_state.json").is_file()
 
