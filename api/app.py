@@ -21,6 +21,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 
+from api.auth import PUBLIC_PATHS
 from api.deps import ServiceState, Writer
 from api.errors import install_error_handlers
 from api.fastpath import RankViewFastPath
@@ -148,6 +149,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         dependencies=[Writer],  # every route's token check (api.auth), documented in the OpenAPI document
     )
     install_redoc(app, favicon_url="/docs-assets/favicon.png")
+    _document_public_routes(app)
     app.state.metrics = Metrics()
     for router in (plans.router, epochs.router, report.router, cost_models.router, measurements.router,
                    plan_measurements.router, presets.router, health.router, dashboard.router):
@@ -172,3 +174,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(LatencyMiddleware, metrics=app.state.metrics)
     return app
+
+
+def _document_public_routes(app: FastAPI) -> None:
+    """The app-wide token dependency puts the bearer scheme on every operation of the OpenAPI
+    document; the public routes (``api.auth.PUBLIC_PATHS``: health, readiness, metrics, the
+    dashboard's static page) take no token, and their operations say so with an empty security
+    requirement (schemathesis' ``ignored_auth`` flagged them as auth declared but not enforced)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, object]:
+        if app.openapi_schema is None:
+            schema = build()
+            paths: dict[str, dict[str, dict[str, object]]] = schema.get("paths", {})
+            for path in PUBLIC_PATHS:
+                for operation in paths.get(path, {}).values():
+                    operation["security"] = []
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = openapi  # type: ignore[method-assign]
