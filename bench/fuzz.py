@@ -6,14 +6,20 @@ Run::
     .venv/bin/python bench/fuzz.py --max-time-s 45 --out /tmp/fuzz.json   # what the test suite runs
 
 For each mode (``open``: no token configured; ``token``: ``DCP_AUTH_TOKEN`` set and every
-request sending it) a fresh server is started on its own SQLite file, ``schemathesis run`` is
-pointed at its ``/openapi.json`` with the response checks ``not_a_server_error``,
-``status_code_conformance``, ``content_type_conformance``, ``response_headers_conformance`` and
-``response_schema_conformance`` (all phases: examples, coverage, fuzzing, stateful), and then
-the server's own Prometheus counters give the requests it answered by status code. A mode
-passes when schemathesis reports no failure, the server answered no 5xx, and its log holds no
-traceback. Writes a JSON summary (``--out``) and prints a table; the exit code is 1 when a
-mode fails.
+request sending it) a fresh server is started on its own SQLite file and a populated data
+directory (``bench/fuzz_state.py``: manifests, two uploaded cost models, three planned epochs
+and a cancelled one). ``schemathesis run`` is pointed at its ``/openapi.json`` with a
+``schemathesis.toml`` whose dictionaries make path parameters and body fields name those
+resources part of the time, all phases (examples, coverage, fuzzing, stateful with the links
+schemathesis infers from responses), and the checks ``not_a_server_error``,
+``status_code_conformance``, ``content_type_conformance``, ``response_headers_conformance``,
+``response_schema_conformance``, ``use_after_free`` and ``ensure_resource_availability``; in
+token mode also ``ignored_auth`` (each operation is re-sent without and with a wrong token and
+must be refused). Then a raw-socket phase (``bench/fuzz_raw.py``) sends slow, chunked, huge,
+nested and truncated bodies. The server's own Prometheus counters give the requests it answered
+by status code. A mode passes when schemathesis reports no failure, the raw phase none, the
+server answered no 5xx and its log holds no traceback. Writes a JSON summary (``--out``) and
+prints a table; the exit code is 1 when a mode fails.
 """
 
 from __future__ import annotations
@@ -28,11 +34,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import httpx
 from _service import free_port, wait_ready  # bench/ (the script's folder) is on sys.path
+from fuzz_raw import run_raw_phase  # bench/ (the script's folder) is on sys.path
+from fuzz_state import populate, schemathesis_config, write_data_dir  # bench/ is on sys.path
 from prometheus_client.parser import text_string_to_metric_families
 from provenance import provenance  # bench/ (the script's folder) is on sys.path
 
@@ -42,15 +52,21 @@ logger = logging.getLogger("bench.fuzz")
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,"
-          "response_headers_conformance,response_schema_conformance")
+          "response_headers_conformance,response_schema_conformance,use_after_free,"
+          "ensure_resource_availability")
+TOKEN_CHECKS = CHECKS + ",ignored_auth"
+"""In open mode the schema still declares the bearer scheme (it is the service's rule whenever a
+token is set), so ``ignored_auth`` would flag every 2xx: it runs in token mode only."""
 TOKEN = "fuzz-token"
+MAX_BODY_BYTES = 1_000_000
+BODY_READ_TIMEOUT_S = 3.0
 
 
 def _start_server(workdir: Path, *, token: str | None, workers: int) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    (workdir / "data").mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "DCP_DB_PATH": str(workdir / "plans.sqlite"), "DCP_DATA_DIR": str(workdir / "data"),
-           "DCP_NUM_WORKERS": str(workers), "DCP_MAX_BODY_BYTES": "1000000", "DCP_PLAN_TIME_LIMIT_S": "0.5"}
+           "DCP_NUM_WORKERS": str(workers), "DCP_MAX_BODY_BYTES": str(MAX_BODY_BYTES),
+           "DCP_PLAN_TIME_LIMIT_S": "0.5", "DCP_BODY_READ_TIMEOUT_S": str(BODY_READ_TIMEOUT_S)}
     env.pop("DCP_AUTH_TOKEN", None)
     if token:
         env["DCP_AUTH_TOKEN"] = token
@@ -77,6 +93,19 @@ def status_counts(metrics_text: str) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def route_status_counts(metrics_text: str) -> dict[str, dict[str, int]]:
+    """Requests the server answered by ``METHOD route`` and status, from its ``/metrics`` text."""
+    counts: dict[str, dict[str, int]] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != "dcp_http_request_duration_seconds":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_count") and sample.value:
+                route = counts.setdefault(f"{sample.labels['method']} {sample.labels['route']}", {})
+                route[sample.labels["status"]] = int(sample.value)
+    return dict(sorted(counts.items()))
+
+
 def _status_counts(url: str) -> dict[str, int]:
     return status_counts(httpx.get(f"{url}/metrics", timeout=30).text)
 
@@ -90,27 +119,45 @@ def _parse_summary(text: str) -> dict[str, int]:
     return found
 
 
+def _failures_excerpt(text: str) -> str:
+    """The FAILURES section of schemathesis' report, cut (empty when none)."""
+    start = text.find("FAILURES")
+    return text[start:start + 6000] if start >= 0 else ""
+
+
 def run_mode(mode: str, *, max_time_s: int, workers: int, seed: int, threads: int,
-             workdir: Path) -> dict[str, Any]:
+             workdir: Path, raw_rounds: int) -> dict[str, Any]:
     """Fuzz one fresh server; the summary of the run."""
     token = TOKEN if mode == "token" else None
+    manifest_paths = write_data_dir(workdir / "data")
     proc, url = _start_server(workdir, token=token, workers=workers)
-    # The start-up polls of /readyz (503 until the pool is warm) are not part of the run.
-    before = _status_counts(url)
-    load_before = os.getloadavg()
-    start = time.monotonic()
     try:
-        cmd = [str(Path(sys.executable).with_name("schemathesis")), "run", f"{url}/openapi.json",
-               "--max-time", str(max_time_s), "--checks", CHECKS, "--seed", str(seed), "-w", str(threads),
-               "--no-color", "--request-timeout", "120", "--suppress-health-check", "all"]
+        state = populate(url, token=token, manifest_paths=manifest_paths)
+        config = schemathesis_config(state, workdir / "schemathesis.toml")
+        # The start-up polls of /readyz (503 until the pool is warm) and the set-up requests are
+        # not part of the run.
+        before = _status_counts(url)
+        load_before = os.getloadavg()
+        start = time.monotonic()
+        cmd = [str(Path(sys.executable).with_name("schemathesis")), "--config-file", str(config), "run",
+               f"{url}/openapi.json", "--max-time", str(max_time_s), "--checks", TOKEN_CHECKS if token else CHECKS,
+               "--seed", str(seed), "-w", str(threads), "--no-color", "--request-timeout", "120",
+               "--suppress-health-check", "all"]
         if token:
             cmd += ["-H", f"Authorization: Bearer {token}"]
         result = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir,
                                 timeout=max_time_s * 3 + 300)
+        raw = run_raw_phase(url, token=token, max_body_bytes=MAX_BODY_BYTES, body_timeout_s=BODY_READ_TIMEOUT_S,
+                            rounds=raw_rounds)
         elapsed_s = time.monotonic() - start
         after = _status_counts(url)
         after["200"] -= 1  # the /metrics read of `before`
         counts = {code: n - before.get(code, 0) for code, n in after.items() if n - before.get(code, 0)}
+        # by route, set-up requests included (the run's share is `counts`)
+        by_route = route_status_counts(httpx.get(f"{url}/metrics", timeout=30).text)
+        method_probes = {k: v for k, v in by_route.items() if set(v) == {"405"}}  # one per route and verb
+        by_route = {k: v for k, v in by_route.items() if k not in method_probes}
+        by_route["(routes answering only 405, summed)"] = {"405": sum(v["405"] for v in method_probes.values())}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -126,6 +173,10 @@ def run_mode(mode: str, *, max_time_s: int, workers: int, seed: int, threads: in
     return {
         "mode": mode, "max_time_s": max_time_s, "elapsed_s": round(elapsed_s, 1), "seed": seed,
         "schemathesis_exit_code": result.returncode, "test_cases": summary,
+        "checks": (TOKEN_CHECKS if token else CHECKS).split(","), "state": asdict(state),
+        "raw_phase": raw, "requests_by_route_and_status": by_route,
+        "routes_answered_2xx": sum(any(c.startswith("2") for c in v) for v in by_route.values()),
+        "failures_excerpt": _failures_excerpt(result.stdout),
         "client_runtime_errors": int(runtime.group(1)) if runtime else 0,
         "requests_by_status": counts, "requests": sum(counts.values()), "server_5xx": num_5xx,
         "server_tracebacks": tracebacks, "load_avg_1m_before_after": [round(load_before[0], 2),
@@ -133,7 +184,7 @@ def run_mode(mode: str, *, max_time_s: int, workers: int, seed: int, threads: in
         "cpu_count": os.cpu_count(), "workdir": str(workdir),
         # Client-side runtime errors (schemathesis itself) are reported, not counted against the server.
         "passed": num_5xx == 0 and tracebacks == 0 and summary.get("failed", 0) == 0
-        and "Failures" not in result.stdout,
+        and "Failures" not in result.stdout and raw["num_failures"] == 0,
     }
 
 
@@ -147,31 +198,51 @@ def main() -> int:
                         help="schemathesis concurrent workers (2 can hit a CPython 3.11 ast.parse race in "
                              "hypothesis, a client-side 'Runtime Error')")
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--parallel", action="store_true",
+                        help="fuzz the modes at the same time (each its own server and client)")
+    parser.add_argument("--raw-rounds", type=int, default=3, help="times the raw-socket probe list is sent")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "fuzz.json")
     parser.add_argument("--workdir", type=Path, default=None, help="where servers keep their files")
     parser.add_argument("--quiet", "-q", action="store_true", help="No progress bar or log lines: the table only.")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     base = args.workdir or Path(tempfile.mkdtemp(prefix="dcp-fuzz-"))
     runs = []
     modes = args.modes.split(",")
     load_start = os.getloadavg()
+    def one(mode: str) -> dict[str, Any]:
+        logger.info("fuzzing mode %s for %d s ...", mode, args.max_time_s)
+        return run_mode(mode, max_time_s=args.max_time_s, workers=args.workers, seed=args.seed,
+                        threads=args.threads, workdir=base / mode, raw_rounds=args.raw_rounds)
+
     with progress_bar(f"fuzzing {len(modes)} mode(s), {args.max_time_s} s each", quiet=args.quiet,
                       total=len(modes)) as update:
-        for mode in modes:
-            logger.info("fuzzing mode %s for %d s ...", mode, args.max_time_s)
-            runs.append(run_mode(mode, max_time_s=args.max_time_s, workers=args.workers, seed=args.seed,
-                                 threads=args.threads, workdir=base / mode))
-            update(len(runs), len(modes))
-    print(f"{'mode':<6} {'requests':>9} {'cases':>9} {'failed':>7} {'5xx':>7} {'tb':>6} {'time_s':>8}  status codes")
+        if args.parallel:
+            with ThreadPoolExecutor(max_workers=len(modes)) as pool:
+                futures = [pool.submit(one, mode) for mode in modes]
+                for done, future in enumerate(futures, start=1):
+                    runs.append(future.result())
+                    update(done, len(modes))
+        else:
+            for mode in modes:
+                runs.append(one(mode))
+                update(len(runs), len(modes))
+    print(f"{'mode':<6} {'requests':>9} {'cases':>9} {'failed':>7} {'raw_f':>6} {'5xx':>7} {'tb':>6} {'time_s':>8}"
+          "  status codes")
     for r in runs:
         print(f"{r['mode']:<6} {r['requests']:>9d} {r['test_cases'].get('generated', 0):>9d} "
-              f"{r['test_cases'].get('failed', 0):>7d} {r['server_5xx']:>7d} {r['server_tracebacks']:>6d} "
+              f"{r['test_cases'].get('failed', 0):>7d} {r['raw_phase']['num_failures']:>6d} "
+              f"{r['server_5xx']:>7d} {r['server_tracebacks']:>6d} "
               f"{r['elapsed_s']:>8.0f}  {r['requests_by_status']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    load = {"host_load_avg_start": [round(x, 2) for x in load_start],
+    load = {"parallel_modes": args.parallel, "host_load_avg_start": [round(x, 2) for x in load_start],
             "host_load_avg_end": [round(x, 2) for x in os.getloadavg()], "host_cpus": os.cpu_count()}
-    args.out.write_text(json.dumps({**provenance(), **load, "runs": runs}, indent=2) + "\n")
+    totals = {"total_requests": sum(r["requests"] for r in runs), "total_5xx": sum(r["server_5xx"] for r in runs),
+              "total_failed_checks": sum(r["test_cases"].get("failed", 0) + r["raw_phase"]["num_failures"]
+                                         for r in runs),
+              "all_passed": all(r["passed"] for r in runs)}
+    args.out.write_text(json.dumps({**provenance(), **load, **totals, "runs": runs}, indent=2) + "\n")
     return 0 if all(r["passed"] for r in runs) else 1
 
 
