@@ -147,7 +147,17 @@ def _dcp(out: Path, docs: list[dict[str, Any]], plans: Any, *, seed: int = SEED,
     return {"history": list(trainer.dcp_history), "params": _params(trainer),
             "global_step": trainer.state.global_step,
             "logged": [e["loss"] for e in trainer.state.log_history if "loss" in e],
-            "evals": _evals(trainer) if evaluate else None}
+            "evals": _evals(trainer) if evaluate else None, "after_eval": _dcp_state(trainer.model)}
+
+
+def _dcp_state(model: Any) -> dict[str, Any]:
+    """The model's attention and how many decoder layers run DCP's checkpoint policies (after evaluation
+    switched them off and back on)."""
+    from executor.integrations import hf_transformers as hf
+
+    return {"attention": model.config._attn_implementation,
+            "policy_layers": sum("forward" in layer.__dict__ for layer in hf.decoder_layers(model)),
+            "layers": len(hf.decoder_layers(model))}
 
 
 def _fsdp2(out: Path, docs: list[dict[str, Any]], batches: list[list[str]], plans: Any,

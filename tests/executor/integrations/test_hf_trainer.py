@@ -109,6 +109,9 @@ def test_evaluation_equals_the_plain_trainers(world4: list[dict[str, Any]]) -> N
     assert dcp["final"]["eval_loss"] == pytest.approx(dcp["during"][1][1], rel=1e-12)  # same parameters
     for res in world4[1:]:  # every rank reports the gathered metrics
         assert res["dcp"]["evals"]["final"]["eval_loss"] == got
+    # after each evaluation the model is DCP's again: Ulysses attention, per-sample policies on every layer
+    state = world4[0]["dcp"]["after_eval"]
+    assert state == {"attention": "dcp_ulysses", "policy_layers": state["layers"], "layers": 3}, state
 
 
 @pytest.mark.slow
