@@ -18,7 +18,8 @@ from costmodel.specs import ClusterSpec, Sample
 from planner.assemble import BatchArrays, PlanMeta, assemble_plan
 from planner.baselines import REGISTRY, baseline_drafts, strongest
 from planner.config import PlannerConfig
-from planner.costs import CostTable, allowed_sizes
+from planner.costs import CostTable
+from planner.layouts import apply_layouts, layout_options
 from planner.plan import LowerBound, Plan
 
 REL_TOL = 1e-6
@@ -46,9 +47,10 @@ def baseline_plan(samples: Sequence[Sample], *, name: str, cluster: ClusterSpec,
     if name not in REGISTRY and not is_bucket:
         raise ValueError(f"unknown baseline {name!r}; known: {sorted(REGISTRY)} or bucket-sp<D>")
     cm = CostModel(file=cost_model, cluster=cluster)
-    sizes = allowed_sizes(cm, mode=config.sizes, max_group_size=config.max_group_size,
-                          explicit=config.group_sizes)
-    table = CostTable(cm, samples, sizes=sizes, memory_safety_fraction=config.memory_safety_fraction)
+    options = layout_options(cm, layout=config.layout, mode=config.sizes, max_group_size=config.max_group_size,
+                             explicit=config.group_sizes)
+    table = CostTable(cm, samples, sizes=list(options), memory_safety_fraction=config.memory_safety_fraction,
+                      ring_options=options)
     extra = [int(name.removeprefix("bucket-sp"))] if is_bucket and name not in REGISTRY else []
     drafts = baseline_drafts(table, seed=config.seed, reference=reference_sample,
                              extra_bucket_sizes=extra)
@@ -57,7 +59,8 @@ def baseline_plan(samples: Sequence[Sample], *, name: str, cluster: ClusterSpec,
     meta = PlanMeta(status="BASELINE", method=name, wall_time_s=0.0,
                     lower_bound=LowerBound(value_s=0.0, kind="none"), seed=config.seed, step=step,
                     loss_normalization=config.loss_normalization)
-    return assemble_plan(drafts[name], samples, cost_model=cm, meta=meta, arrays=BatchArrays.of(samples))
+    return assemble_plan(apply_layouts(drafts[name], table), samples, cost_model=cm, meta=meta,
+                         arrays=BatchArrays.of(samples))
 
 
 def strongest_baseline_plan(plan: Plan, samples: Sequence[Sample], *, cluster: ClusterSpec,

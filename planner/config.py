@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 SizeMode = Literal["pow2", "any"]
+AttentionLayout = Literal["auto", "ulysses", "ring"]
 LossNormalization = Literal["tokens", "samples"]
 
 
@@ -37,6 +38,16 @@ class PlannerConfig:
     group_sizes: tuple[int, ...] | None = None
     """Explicit allowed group sizes; overrides ``sizes`` (each one ``ModelSpec.allowed_group_sizes``
     allows: it divides the query heads, and divides the key/value heads or is a multiple of them)."""
+    layout: AttentionLayout = "ulysses"
+    """How groups may split their attention (issue 25, ``planner.layouts``): ``auto`` chooses per
+    group among Ulysses x ring layouts (``u`` allowed by the heads, ``r = d/u``; sizes past the
+    heads only as rings; a ring needs whole-sample attention, kinds 1d and 3d, and samples of
+    ``2r`` tokens or more), ``ulysses`` keeps pure Ulysses (sizes the heads allow), ``ring``
+    makes every group of two or more ranks a pure ring. The default stays ``ulysses``: an
+    executor runs a ring layout only if its ``GroupRegistry`` was given it
+    (``planner.layouts.registry_layouts``), and the exact CP-SAT model of tiny batches (OPTIMAL
+    plans) prices additive costs only, so ring tables get the heuristic and the
+    large-neighbourhood search."""
     loss_normalization: LossNormalization = "tokens"
     """Global loss normaliser: total tokens or total samples of the step."""
     use_cpsat: bool = True
@@ -178,6 +189,8 @@ class PlannerConfig:
             raise ValueError(f"num_workers must be at least 1, got {self.num_workers}")
         if self.sizes not in ("pow2", "any"):
             raise ValueError(f"sizes must be 'pow2' or 'any', got {self.sizes!r}")
+        if self.layout not in ("auto", "ulysses", "ring"):
+            raise ValueError(f"layout must be 'auto', 'ulysses' or 'ring', got {self.layout!r}")
         if self.max_group_size is not None and self.max_group_size < 1:
             raise ValueError(f"max_group_size must be at least 1, got {self.max_group_size}")
         if self.group_sizes is not None and (not self.group_sizes or any(d < 1 for d in self.group_sizes)):

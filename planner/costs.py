@@ -7,12 +7,22 @@ its time and activation bytes under that policy, and what the intra-step policy 
 (``planner.search.intra``) needs for any other policy: time and bytes at ``k = 0`` and their
 change per recomputed layer (both exactly linear in ``k`` for ``0 <= k <= L - 1``; ``k = L`` is
 dominated by ``L - 1``), all from ``costmodel.evaluate.CostModel``.
+
+A size column has one attention layout (issue 25): its ring degree ``r`` (Ulysses over ``d/r``
+ranks x ring over ``r``), chosen among the sizes' allowed layouts (``ring_options``, from
+``planner.layouts``) as the one that holds the most samples, then the least GPU-time for them.
+A ring's cost per layer call is not additive over samples (a hop carries the whole call's
+block); the table charges each sample the ring it would have alone, an upper bound of its share
+(the exact cost of each micro-batch is the assembler's), and keeps for the lower bounds
+(:meth:`CostTable.for_bounds`) per class the least time over every allowed layout with only the
+ring's parts that are additive (merges, the last hop's bytes).
 """
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,7 +116,8 @@ class CostTable:
     """
 
     def __init__(self, cost_model: CostModel, samples: Sequence[Sample], *, sizes: Sequence[int],
-                 memory_safety_fraction: float = 0.0, intra_policies: bool = False) -> None:
+                 memory_safety_fraction: float = 0.0, intra_policies: bool = False,
+                 ring_options: Mapping[int, Sequence[int]] | None = None) -> None:
         self.cost_model = cost_model
         self.intra_policies = intra_policies
         """Whether the search prices groups with per-micro-batch policies (``search.intra``)."""
@@ -118,15 +129,17 @@ class CostTable:
         # Fixed seconds of a micro-batch with one policy throughout, per size (aligned placement);
         # the search uses the smallest (a lower value keeps its bounds valid), the plan assembler
         # the exact figure of each micro-batch (its placement and mix of policies).
-        self.overhead_s_by_size = np.array(
-            [cost_model.microbatch_fixed_s(group_size=d) for d in self.sizes], dtype=np.float64)
-        self.overhead_s = float(self.overhead_s_by_size.min()) if self.sizes else 0.0
         # The parts of a micro-batch's fixed time (``CostModel.microbatch_fixed_s``): a constant,
-        # and per layer call ``(forward + backward, forward)`` seconds for each size.
+        # and per layer call ``(forward + backward, forward)`` seconds for each size (filled with
+        # each column's layout by ``_fill_size``).
+        self.overhead_s_by_size = np.zeros(len(self.sizes))
         self.microbatch_base_s = float(cost_model.file.compute.microbatch_overhead_s)
-        calls = [cost_model.layer_call_s(group_size=d) for d in self.sizes]
-        self.call_s_by_size = np.array([f + b for f, b in calls], dtype=np.float64)
-        self.call_fwd_s_by_size = np.array([f for f, _ in calls], dtype=np.float64)
+        self.call_s_by_size = np.zeros(len(self.sizes))
+        self.call_fwd_s_by_size = np.zeros(len(self.sizes))
+        self.ring_options = {d: tuple(sorted((ring_options or {}).get(d, (1,)))) for d in self.sizes}
+        """Ring degrees each size may take (1: pure Ulysses)."""
+        self.ring_degrees = [1] * len(self.sizes)
+        """The ring degree of each size column (chosen in ``_choose_layout``)."""
         self.grad_sync_s = cost_model.grad_sync_time_s()
         budget = cost_model.activation_budget_bytes()
         self.budget_bytes = budget * (1.0 - memory_safety_fraction) if budget > 0 else budget
@@ -142,8 +155,11 @@ class CostTable:
         self.saved_bytes_per_layer = np.zeros((num_c, num_d))
         self._columns: dict[int, tuple[list[float], ...]] = {}
         self._rows: tuple[list[list[float]], list[list[float]], list[list[int]]] | None = None
+        self._bound_time_s = np.full((num_c, num_d), INF)
+        self._bound_overhead_s = INF
         for j, d in enumerate(self.sizes):
-            self._fill_size(j, d)
+            self._choose_layout(j, d)
+        self.overhead_s = float(self.overhead_s_by_size.min()) if self.sizes else 0.0
         self._check_finite()
         # Fastest fitting size per class (ties: smaller size).
         fits = np.isfinite(self.time_s)
@@ -162,12 +178,77 @@ class CostTable:
                              f"{', '.join(bad)} on this batch: its coefficients are too large to "
                              "evaluate in float64")
 
-    def _fill_size(self, j: int, d: int) -> None:
+    _COLUMN_ARRAYS = ("k_min", "time_s", "mem_bytes", "time0_s", "recompute_s_per_layer", "mem0_bytes",
+                      "saved_bytes_per_layer")
+    _SIZE_ARRAYS = ("overhead_s_by_size", "call_s_by_size", "call_fwd_s_by_size")
+
+    @property
+    def has_ring(self) -> bool:
+        """Whether a column may run a ring (its costs then bound a micro-batch's from above)."""
+        return any(r > 1 for opts in self.ring_options.values() for r in opts)
+
+    def ring_degree_of(self, d: int) -> int:
+        """The ring degree of size ``d``'s column."""
+        return self.ring_degrees[self.size_index(d)]
+
+    def _choose_layout(self, j: int, d: int) -> None:
+        """Fill column ``j`` with each allowed layout of size ``d`` and keep the one under which the
+        most samples fit, then the least GPU-time of the classes that fit under all such layouts.
+        The lower bounds' view keeps the least time over every layout (``for_bounds``)."""
+        counts = np.array([len(m) for m in self.classes.members], dtype=np.float64)
+        best: tuple[tuple[float, ...], dict[str, np.ndarray], int] | None = None
+        filled = []
+        for r in self.ring_options[d]:
+            lower_ring_s = self._fill_size(j, d, r)
+            col = {name: getattr(self, name)[:, j].copy() for name in self._COLUMN_ARRAYS}
+            col |= {name: getattr(self, name)[j].copy() for name in self._SIZE_ARRAYS}
+            filled.append((r, col))
+            fits = np.isfinite(col["time_s"])
+            # lower bound of any sample's time under this layout: the ring's additive parts only
+            bound = np.where(fits, col["time_s"] - lower_ring_s, INF)
+            self._bound_time_s[:, j] = np.minimum(self._bound_time_s[:, j], bound)
+            self._bound_overhead_s = min(self._bound_overhead_s, float(col["overhead_s_by_size"]))
+        most = max(float(counts[np.isfinite(col["time_s"])].sum()) for _, col in filled)
+        tied = [(r, col) for r, col in filled if float(counts[np.isfinite(col["time_s"])].sum()) == most]
+        common = np.logical_and.reduce([np.isfinite(col["time_s"]) for _, col in tied])
+        for r, col in tied:
+            area = float((counts[common] * col["time_s"][common]).sum()) * d
+            key = (area, float(r))
+            if best is None or key < best[0]:
+                best = (key, col, r)
+        assert best is not None
+        _, col, r = best
+        for name in self._COLUMN_ARRAYS:
+            getattr(self, name)[:, j] = col[name]
+        for name in self._SIZE_ARRAYS:
+            getattr(self, name)[j] = col[name]
+        self.ring_degrees[j] = r
+
+    def for_bounds(self) -> CostTable:
+        """This table as the lower bounds must read it: per class and size the least time over
+        every allowed layout of the size, with only the additive parts of a ring (a shallow copy;
+        the table itself when no size may run a ring)."""
+        if not self.has_ring:
+            return self
+        view = copy.copy(self)
+        view.time_s = self._bound_time_s
+        view.overhead_s = min(self._bound_overhead_s, self.overhead_s)
+        view._rows = None
+        view._columns = {}
+        return view
+
+    def _fill_size(self, j: int, d: int, r: int = 1) -> np.ndarray:
+        """Fill column ``j`` for size ``d`` under ring degree ``r``; returns, per class, the part of
+        its time at ``k_min`` that is the ring's non-additive exposure (0 without a ring)."""
         cm, c = self.cost_model, self.classes
+        layout = None if r == 1 else cm.place(first_rank=0, group_size=d, ring_degree=r)
+        self.overhead_s_by_size[j] = cm.microbatch_fixed_s(group_size=d, layout=layout)
+        call_f, call_b = cm.layer_call_s(group_size=d, layout=layout)
+        self.call_s_by_size[j], self.call_fwd_s_by_size[j] = call_f + call_b, call_f
         layers = self.num_layers
         # Bytes at k = 0, L and 1 in one evaluation (rows of a broadcast: the same numbers).
         act0, act_full, act1 = cm.activation_bytes(
-            c.tokens, group_size=d, recompute_layers=np.array([[0.0], [layers], [1.0]]))
+            c.tokens, group_size=d, recompute_layers=np.array([[0.0], [layers], [1.0]]), layout=layout)
         k = np.zeros(len(c.tokens), dtype=np.int64)
         need = act0 > self.budget_bytes
         if need.any() and layers >= 1:
@@ -178,24 +259,37 @@ class CostTable:
             k = np.where(need, est, 0)
             # Correct the estimate against the cost model itself (floating-point edges).
             for _ in range(3):
-                act = cm.activation_bytes(c.tokens, group_size=d, recompute_layers=k)
+                act = cm.activation_bytes(c.tokens, group_size=d, recompute_layers=k, layout=layout)
                 up = need & (act > self.budget_bytes) & (k < layers)
                 if not up.any():
                     break
                 k = np.where(up, k + 1, k)
             while True:
                 lower = np.maximum(k - 1, 1)
-                act_lower = cm.activation_bytes(c.tokens, group_size=d, recompute_layers=lower)
+                act_lower = cm.activation_bytes(c.tokens, group_size=d, recompute_layers=lower, layout=layout)
                 down = need & (k > 1) & (act_lower <= self.budget_bytes)
                 if not down.any():
                     break
                 k = np.where(down, lower, k)
-        act = cm.activation_bytes(c.tokens, group_size=d, recompute_layers=k)
+        act = cm.activation_bytes(c.tokens, group_size=d, recompute_layers=k, layout=layout)
         ok = act <= self.budget_bytes
         # Seconds at k_min, 0 and 1 in one evaluation.
         t, t0, t1 = cm.sample_time_s(
             c.tokens, group_size=d, frames=c.frames, spatial=c.spatial,
-            recompute_layers=np.stack([k.astype(np.float64), np.zeros(len(k)), np.ones(len(k))]))
+            recompute_layers=np.stack([k.astype(np.float64), np.zeros(len(k)), np.ones(len(k))]), layout=layout)
+        ring_s = np.zeros(len(k))
+        if layout is not None:
+            # each sample's ring alone (an upper bound of its share in a call), exactly linear in
+            # k: L x (forward + backward) plus one forward per recomputed layer
+            exp = np.stack(cm.ring_alone_exposed_s(c.tokens, layout=layout), axis=1)
+            # the additive part: merges (forward) and the last hop's bytes (backward), no latency
+            lower = np.stack(cm.ring_alone_exposed_s(c.tokens, layout=layout, additive_only=True), axis=1)
+            per_k = exp[:, 0]
+            t0 = t0 + layers * exp.sum(axis=1)
+            t1 = t1 + layers * exp.sum(axis=1) + per_k
+            t = t + layers * exp.sum(axis=1) + k * per_k
+            ring_s = layers * (exp - lower).sum(axis=1) + k * (exp[:, 0] - lower[:, 0])
+            ok &= c.tokens >= 2 * r  # the zig-zag cuts every sample into 2r chunks
         self.k_min[:, j] = np.where(ok, k, -1)
         self.time_s[:, j] = np.where(ok, t, INF)
         self.mem_bytes[:, j] = np.where(ok, act, INF)
@@ -203,6 +297,7 @@ class CostTable:
         self.recompute_s_per_layer[:, j] = t1 - t0
         self.mem0_bytes[:, j] = act0
         self.saved_bytes_per_layer[:, j] = act0 - act1 if layers >= 2 else 0.0
+        return np.asarray(ring_s, dtype=np.float64)
 
     def column(self, j: int) -> tuple[list[float], ...]:
         """Per-class rows of size column ``j`` as lists (cached): ``(time0_s,

@@ -200,6 +200,8 @@ def group_view_templates(plan_json: str, *, digest: str) -> list[tuple[int, int,
               "num_ranks": data["num_ranks"], "group_sizes": [len(g["ranks"]) for g in groups],
               "loss_normalizer": data["loss_normalizer"], "plan_digest": digest,
               "cost_model_id": data["cost_model_id"]}
+    if any(g.get("ring_degree", 1) > 1 for g in groups):  # as Plan.rank_view: only with a ring
+        common["ring_degrees"] = [g.get("ring_degree", 1) for g in groups]
     head = json.dumps(common, separators=(",", ":"))
     return [(g["ranks"][0], g["ranks"][-1],
              f'{head[:-1]},"group":{json.dumps(g, separators=(",", ":"))}}}') for g in groups]

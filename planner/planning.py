@@ -26,8 +26,9 @@ from planner.assemble import BatchArrays, Draft, PlanMeta, assemble_plan, draft_
 from planner.baselines import baseline_drafts
 from planner.bounds.simple import BoundReport, lower_bounds
 from planner.config import PlannerConfig
-from planner.costs import CostTable, allowed_sizes
+from planner.costs import CostTable
 from planner.gc_pause import paused_gc
+from planner.layouts import apply_layouts, choose_group_layouts, layout_options
 from planner.placement import representable
 from planner.plan import LowerBound, Plan, SolverStatus
 from planner.search.heuristic import heuristic_plan
@@ -114,13 +115,14 @@ def prepare(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: Cost
         if flat is not None:
             raise ValueError(f"sample {flat.id!r} has tokens but no frames, height and width: "
                              f"model {cost_model.model.name!r} is 2D (spatial + temporal attention)")
-    sizes = allowed_sizes(cm, mode=config.sizes, max_group_size=config.max_group_size,
-                          explicit=config.group_sizes)
+    options = layout_options(cm, layout=config.layout, mode=config.sizes, max_group_size=config.max_group_size,
+                             explicit=config.group_sizes)
+    sizes = list(options)
     n = cluster.num_gpus
     if not sizes or not representable(n, sizes):
         raise ValueError(f"the world of {n} ranks cannot be partitioned into groups of the "
-                         f"allowed sizes {sizes} (num_heads={cost_model.model.num_heads}, "
-                         f"kv_heads={cost_model.model.kv_heads}: a size divides the query heads and "
+                         f"allowed sizes {sizes} (layout={config.layout!r}, num_heads={cost_model.model.num_heads}, "
+                         f"kv_heads={cost_model.model.kv_heads}: a Ulysses degree divides the query heads and "
                          "divides the key/value heads or is a multiple of them; "
                          f"max_group_size={config.max_group_size})")
     budget = cm.activation_budget_bytes()
@@ -128,7 +130,7 @@ def prepare(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: Cost
         raise ValueError(f"model states and working buffers need {fmt_bytes(cm.fixed_bytes())} per "
                          f"rank, over the memory cap {fmt_bytes(cluster.memory_cap_bytes)}")
     table = CostTable(cm, samples, sizes=sizes, memory_safety_fraction=config.memory_safety_fraction,
-                      intra_policies=config.intra_policies and config.intra_search)
+                      intra_policies=config.intra_policies and config.intra_search, ring_options=options)
     if not table.fits_anywhere.all():
         c = int((~table.fits_anywhere).nonzero()[0][0])
         sample = samples[table.classes.members[c][0]]
@@ -140,7 +142,7 @@ def prepare(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: Cost
             f"allowed group ({biggest} ranks) with full checkpointing it needs {fmt_bytes(act)} "
             f"of activations per rank, over the limit of {fmt_bytes(table.budget_bytes)} "
             f"(memory cap {fmt_bytes(cluster.memory_cap_bytes)} minus {fmt_bytes(cm.fixed_bytes())} fixed)")
-    return Prepared(cost_model=cm, table=table, bounds=lower_bounds(table),
+    return Prepared(cost_model=cm, table=table, bounds=lower_bounds(table.for_bounds()),
                     arrays=BatchArrays.of(samples))
 
 
@@ -224,6 +226,7 @@ def _plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec, c
                               deep_min_gap=config.deep_search_min_gap)
     if config.intra_policies and not config.intra_search:
         draft = intra_draft(table, draft)
+    draft = apply_layouts(draft, table)
     best_time = draft_step_time_s(draft, arrays, cm, grad_sync_s=table.grad_sync_s)
     stats = SearchStats(heuristic_step_time_s=best_time)
     status: SolverStatus = "HEURISTIC"
@@ -244,6 +247,7 @@ def _plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec, c
             cand = result.draft
             if config.intra_policies and result.method != "cpsat-exact":  # exact: policies inside
                 cand = intra_draft(table, cand)
+            cand = apply_layouts(cand, table)
             cand_time = draft_step_time_s(cand, arrays, cm, grad_sync_s=table.grad_sync_s)
             stats.cpsat_step_time_s = cand_time
             stats.cpsat_improved = cand_time < best_time * (1 - 1e-9)
@@ -261,6 +265,7 @@ def _plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec, c
         extra = () if config.baseline_group_size is None else (config.baseline_group_size,)
         for name, b_draft in baseline_drafts(table, seed=config.seed, reference=reference_sample,
                                              extra_bucket_sizes=extra).items():
+            b_draft = apply_layouts(b_draft, table)
             t = draft_step_time_s(b_draft, arrays, cm, grad_sync_s=table.grad_sync_s)
             baselines[name] = t
             if baseline_best is None or t < baseline_best[0]:
@@ -274,13 +279,18 @@ def _plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec, c
         status = "BASELINE"
         if config.polish_baseline:
             # The search's own moves and intra policies, seeded with the baseline's groups.
-            polished = polish(table, draft, max_moves=config.local_search_max_moves,
-                              intra=config.intra_policies)
+            polished = apply_layouts(polish(table, draft, max_moves=config.local_search_max_moves,
+                                            intra=config.intra_policies), table)
             t = draft_step_time_s(polished, arrays, cm, grad_sync_s=table.grad_sync_s)
             if t < best_time * (1 - 1e-9):
                 stats.polished_from_s = best_time
                 best_time, draft = t, polished
                 status, method = "POLISHED_BASELINE", f"{baseline_best[1]}+search"
+    if table.has_ring and status not in ("BASELINE",):
+        # each group's layout for its own samples and placement, exactly (never slower)
+        chosen = choose_group_layouts(draft, arrays, table)
+        best_time = draft_step_time_s(chosen, arrays, cm, grad_sync_s=table.grad_sync_s)
+        draft = chosen
     report = prep.bounds
     # In tie order (a later one wins a tie): CP-SAT's only when strictly higher, then the most
     # specific simple bound (BoundReport.best_kind's rule).
@@ -288,7 +298,8 @@ def _plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec, c
     candidates += [("area", report.area_s), ("longest", report.longest_s),
                    ("largest-choice", report.largest_choice_s), ("deadline-area", report.deadline_area_s)]
     bound_value, bound_kind = _valid_best(candidates, best_time, samples=samples, config=config, stats=stats)
-    if (config.lp_bound_iterations > 0 and status != "OPTIMAL"
+    if (config.lp_bound_iterations > 0 and status != "OPTIMAL" and not table.has_ring  # LP: additive costs
+
             and best_time > bound_value * (1 + config.lp_bound_min_gap)):
         from planner.bounds.lp import partition_lp_bound  # imports scipy's LP solver
 

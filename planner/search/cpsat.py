@@ -62,8 +62,9 @@ class CpsatResult:
 
 
 def is_exact_size(table: CostTable, config: PlannerConfig) -> bool:
-    """True when the batch is small enough for the exact model."""
-    return (len(table.samples) <= config.exact_max_samples
+    """True when the batch is small enough for the exact model, and its costs are additive over
+    samples (no size may run a ring: a ring's cost per layer call is not, ``planner.costs``)."""
+    return (not table.has_ring and len(table.samples) <= config.exact_max_samples
             and table.cost_model.cluster.num_gpus <= config.exact_max_ranks)
 
 

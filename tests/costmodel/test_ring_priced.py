@@ -209,3 +209,21 @@ def test_fit_fits_p2p_links_and_checks_them_on_their_records() -> None:
     assert result.file.fit_quality["p2p"].mape < 1e-9 and result.file.fit_quality["p2p"].num_points == 4
     # without p2p records nothing changes
     assert fit_profiles([profile]).file.comm.p2p is None
+
+
+def test_each_sample_alone_is_the_ring_of_a_one_sample_call() -> None:
+    cm = _cost_model()
+    tokens = [64, 640, 2048, 4096]
+    for first, d, r in ((0, 4, 2), (0, 4, 4), (0, 8, 2), (2, 4, 4)):
+        layout = cm.place(first_rank=first, group_size=d, ring_degree=r)
+        exp_f, exp_b = cm.ring_alone_exposed_s(tokens, layout=layout)
+        low_f, low_b = cm.ring_alone_exposed_s(tokens, layout=layout, additive_only=True)
+        for s, f, b, lf, lb in zip(tokens, exp_f, exp_b, low_f, low_b, strict=True):
+            one = cm.ring_layer_time([s], layout=layout)
+            assert (f, b) == pytest.approx((one.exposed_forward_s, one.exposed_backward_s), rel=1e-12)
+            assert 0 < lf <= f and 0 < lb <= b
+        # the additive part bounds a shared call from below: the samples' parts sum under it
+        both = cm.ring_layer_time(tokens, layout=layout)
+        assert sum(low_f) <= both.exposed_forward_s * (1 + 1e-12)
+        assert sum(low_b) <= both.exposed_backward_s * (1 + 1e-12)
+        assert both.exposed_forward_s <= sum(exp_f) * (1 + 1e-12)  # alone: an upper bound

@@ -1,0 +1,186 @@
+"""The planner chooses each group's attention layout (issue 25): Ulysses x ring options by the heads
+and the model kind, sizes past the heads only as rings, the per-group choice, forced layouts,
+the validator on legal and illegal layouts, and CP-SAT's large-neighbourhood search on a ring
+table (real OR-Tools)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from costmodel.analytic import analytic_cost_model
+from costmodel.evaluate import CostModel
+from costmodel.presets import load_cluster, load_model
+from costmodel.specs import Sample
+from planner.assemble import BatchArrays, DraftGroup, PlanMeta, assemble_plan
+from planner.config import PlannerConfig
+from planner.costs import CostTable
+from planner.layouts import choose_group_layouts, layout_options
+from planner.plan import LowerBound
+from planner.planning import plan_batch, plan_batch_with_stats
+from planner.validate import validate_plan
+from tests.planner.tiny import tiny_cluster, tiny_cost_model
+
+
+def _llama(cluster: str = "h200x64") -> CostModel:
+    c = load_cluster(cluster)
+    return CostModel(file=analytic_cost_model(load_model("llama-3.1-8b"), c.hardware), cluster=c)
+
+
+def _long_batch(n: int = 48, seed: int = 0) -> list[Sample]:
+    lengths = [2048, 8192, 32768, 131072, 262144, 524288]
+    return [Sample(id=f"s{i}", tokens=lengths[(i * 7 + seed) % len(lengths)]) for i in range(n)]
+
+
+def test_options_follow_the_heads_and_the_kind() -> None:
+    cm = _llama()  # 32 query heads over 8 key/value heads, 64 GPUs
+    uly = layout_options(cm, layout="ulysses", mode="pow2", max_group_size=None, explicit=None)
+    assert uly == {d: (1,) for d in (1, 2, 4, 8, 16, 32)}
+    auto = layout_options(cm, layout="auto", mode="pow2", max_group_size=None, explicit=None)
+    assert list(auto) == [1, 2, 4, 8, 16, 32, 64]
+    assert auto[64] == (2, 4, 8, 16, 32, 64)  # past the heads only as rings: u = 32 .. 1
+    assert auto[8] == (1, 2, 4, 8)
+    ring = layout_options(cm, layout="ring", mode="any", max_group_size=12, explicit=None)
+    assert ring == {d: (d,) for d in range(1, 13)}
+    # GQA: 12 query heads over 8 key/value heads allow u in {1, 2, 4}; 6 and 12 neither divide
+    # nor are multiples of 8, so 12 = 6 x 2 is out and 12 runs as 4 x 3, 2 x 6 or 1 x 12
+    gqa = cm.file.model.model_copy(update={"num_heads": 12, "hidden": 12 * 128, "head_dim": 128})
+    cm12 = CostModel(file=cm.file.model_copy(update={"model": gqa}), cluster=cm.cluster)
+    assert layout_options(cm12, layout="auto", mode="any", max_group_size=12, explicit=None)[12] == (3, 6, 12)
+    with pytest.raises(ValueError, match="group size 12 is not allowed: .*layout='ulysses'"):
+        layout_options(cm12, layout="ulysses", mode="any", max_group_size=None, explicit=(12,))
+    # a 2D model: the ring cannot split spatial and temporal attention
+    st = load_model("stdit3-xl")
+    c = load_cluster("h200x32")
+    cm2d = CostModel(file=analytic_cost_model(st, c.hardware), cluster=c)
+    assert all(r == (1,) for r in layout_options(cm2d, layout="auto", mode="pow2", max_group_size=None,
+                                                 explicit=None).values())
+    with pytest.raises(ValueError, match="layout='ring'.*a ring cannot split"):
+        layout_options(cm2d, layout="ring", mode="pow2", max_group_size=None, explicit=None)
+    with pytest.raises(ValueError, match="layout must be"):
+        PlannerConfig(layout="hybrid")  # type: ignore[arg-type]
+
+
+def test_a_ring_column_refuses_samples_shorter_than_its_chunks() -> None:
+    cm = CostModel(file=tiny_cost_model(num_heads=4), cluster=tiny_cluster(num_gpus=4, gpus_per_node=4))
+    samples = [Sample(id="a", tokens=3), Sample(id="b", tokens=7), Sample(id="c", tokens=400)]
+    options = layout_options(cm, layout="ring", mode="pow2", max_group_size=None, explicit=None)
+    table = CostTable(cm, samples, sizes=list(options), ring_options=options)
+    assert table.ring_degrees == [1, 2, 4]
+    fits = [[math.isfinite(table.sample_time(i, j)) for j in range(3)] for i in range(3)]
+    assert fits == [[True, False, False], [True, True, False], [True, True, True]]  # 2r chunks
+
+
+def test_auto_plans_groups_past_the_heads_where_ulysses_cannot() -> None:
+    cm = _llama()
+    # 2M tokens need 84 GiB per rank on 32 ranks even fully checkpointed (over the 72 GiB left),
+    # so no Ulysses group holds the sample; a ring of 64 ranks does
+    samples = [Sample(id="huge", tokens=2 * 1024 * 1024), *_long_batch(15)]
+    with pytest.raises(ValueError, match="fits nowhere"):
+        plan_batch(samples, cluster=cm.cluster, cost_model=cm.file, config=PlannerConfig(layout="ulysses"))
+    plan = plan_batch(samples, cluster=cm.cluster, cost_model=cm.file, config=PlannerConfig(layout="auto"))
+    assert validate_plan(plan, samples, cost_model=cm) == []
+    (group,) = plan.groups
+    assert group.size == 64 > cm.file.model.num_heads and group.ring_degree > 1
+    assert group.ulysses_degree in cm.file.model.allowed_group_sizes(max_size=64)
+    assert group.ulysses_degree <= cm.cluster.gpus_per_node  # Ulysses inside a node, the ring across
+
+
+@pytest.mark.parametrize("layout", ["auto", "ulysses", "ring"])
+def test_forced_and_chosen_layouts_give_valid_plans(layout: str) -> None:
+    cm = _llama("h200x32")
+    samples = _long_batch(40, seed=3)
+    plan, stats = plan_batch_with_stats(samples, cluster=cm.cluster, cost_model=cm.file,
+                                        config=PlannerConfig(layout=layout))  # type: ignore[arg-type]
+    assert validate_plan(plan, samples, cost_model=cm) == []
+    heads = cm.file.model.num_heads
+    for g in plan.groups:
+        if layout == "ulysses":
+            assert g.ring_degree == 1 and g.size <= heads
+        elif layout == "ring" and g.size > 1 and plan.solver.status != "BASELINE":
+            assert g.ring_degree == g.size
+    assert plan.lower_bound.value_s <= plan.predicted_step_time_s * (1 + 1e-9)
+    assert stats.search_step_time_s > 0
+
+
+def test_each_group_gets_its_fastest_layout_for_its_samples_and_placement() -> None:
+    cm = _llama("h200x32")  # nodes of 8
+    samples = _long_batch(12)
+    options = layout_options(cm, layout="auto", mode="pow2", max_group_size=None, explicit=None)
+    table = CostTable(cm, samples, sizes=list(options), ring_options=options)
+    arrays = BatchArrays.of(samples)
+    # one group of 16 across two nodes with the long samples, one of 16 with the rest, as Ulysses
+    long = [i for i, s in enumerate(samples) if s.tokens >= 131072]
+    short = [i for i in range(len(samples)) if i not in long]
+    draft = [DraftGroup(size=16, first_rank=0, micro_batches=[[(i, 32)] for i in long]),
+             DraftGroup(size=16, first_rank=16, micro_batches=[[(i, 0)] for i in short])]
+    chosen = choose_group_layouts(draft, arrays, table)
+    for g_in, g in zip(draft, chosen, strict=True):
+        def group_s(r: int, g_in: DraftGroup = g_in) -> float:
+            layout = None if r == 1 else cm.place(first_rank=g_in.first_rank, group_size=16, ring_degree=r)
+            return sum(cm.microbatch_time_s([samples[i] for i, _ in mb], group_size=16, num_nodes=2,
+                                            recompute_layers=[k for _, k in mb], layout=layout)
+                       for mb in g_in.micro_batches)
+        times = {r: group_s(r) for r in options[16] if all(samples[i].tokens >= 2 * r
+                                                          for mb in g_in.micro_batches for i, _ in mb)}
+        assert group_s(g.ring_degree) == pytest.approx(min(times.values()), rel=1e-9), times
+    assert chosen[0].ring_degree > 1  # the long samples: Ulysses over a node, the ring across the two
+    plan = assemble_plan(chosen, samples, cost_model=cm, meta=PlanMeta(
+        status="HEURISTIC", method="test", wall_time_s=0.0, lower_bound=LowerBound(value_s=0.0, kind="none")))
+    assert validate_plan(plan, samples, cost_model=cm) == []
+    assert [g.ring_degree for g in plan.groups] == [g.ring_degree for g in chosen]
+    assert '"ring_degree"' in plan.model_dump_json()
+
+
+def test_validator_rejects_illegal_layouts() -> None:
+    cm = _llama("h200x32")
+    samples = [Sample(id="a", tokens=4096), Sample(id="b", tokens=10)]
+    meta = PlanMeta(status="HEURISTIC", method="test", wall_time_s=0.0,
+                    lower_bound=LowerBound(value_s=0.0, kind="none"))
+    ok = assemble_plan([DraftGroup(size=16, first_rank=0, micro_batches=[[(0, 0)]], ring_degree=4),
+                        DraftGroup(size=16, first_rank=16, micro_batches=[[(1, 0)]])],
+                       samples, cost_model=cm, meta=meta)
+    assert validate_plan(ok, samples, cost_model=cm) == []
+    short = assemble_plan([DraftGroup(size=16, first_rank=0, micro_batches=[[(0, 0)], [(1, 0)]], ring_degree=8),
+                           DraftGroup(size=16, first_rank=16)], samples, cost_model=cm, meta=meta)
+    assert any("sample 'b' has 10 tokens, fewer than the 16 chunks" in p
+               for p in validate_plan(short, samples, cost_model=cm))
+    # u = 12 over 32 query heads: 12 x 2 = 24 ranks, with one group of 8
+    bad_u = assemble_plan([DraftGroup(size=24, first_rank=0, micro_batches=[[(0, 0), (1, 0)]], ring_degree=2),
+                           DraftGroup(size=8, first_rank=24)], samples, cost_model=cm, meta=meta)
+    assert any("ulysses_degree=12 is not allowed by the heads" in p
+               for p in validate_plan(bad_u, samples, cost_model=cm))
+
+
+def test_lns_with_cpsat_on_a_ring_table() -> None:
+    cm = _llama("h200x32")
+    lengths = [8192, 32768, 131072, 196608]
+    samples = [Sample(id=f"s{i}", tokens=lengths[i * 7 % 4]) for i in range(64)]
+    config = PlannerConfig(layout="auto", aggregated_cpsat=True, time_limit_s=2.0, lns_rounds=4)
+    plan, stats = plan_batch_with_stats(samples, cluster=cm.cluster, cost_model=cm.file, config=config)
+    assert stats.lns_rounds >= 1  # CP-SAT (OR-Tools) solved neighbourhoods of the ring table
+    assert validate_plan(plan, samples, cost_model=cm) == []
+    assert len(plan.groups) >= 2 and any(g.ring_degree > 1 for g in plan.groups)
+    forced = plan_batch(samples, cluster=cm.cluster, cost_model=cm.file,
+                        config=PlannerConfig(layout="ulysses", aggregated_cpsat=True, time_limit_s=2.0, lns_rounds=4))
+    assert all(g.ring_degree == 1 for g in forced.groups)
+    print(f"auto {plan.predicted_step_time_s:.3f} s vs ulysses {forced.predicted_step_time_s:.3f} s")
+
+
+def test_rank_views_carry_the_ring_degrees() -> None:
+    from planner.epoch import group_view_templates, rank_view_json
+    from planner.plan import RankPlan
+
+    cm = _llama("h200x32")
+    samples = [Sample(id="a", tokens=65536), Sample(id="b", tokens=4096)]
+    meta = PlanMeta(status="HEURISTIC", method="test", wall_time_s=0.0,
+                    lower_bound=LowerBound(value_s=0.0, kind="none"))
+    plan = assemble_plan([DraftGroup(size=16, first_rank=0, micro_batches=[[(0, 0)]], ring_degree=2),
+                          DraftGroup(size=16, first_rank=16, micro_batches=[[(1, 0)]])],
+                         samples, cost_model=cm, meta=meta)
+    digest = plan.digest()
+    for first, last, template in group_view_templates(plan.model_dump_json(), digest=digest):
+        for rank in (first, last):
+            view = RankPlan.model_validate_json(rank_view_json(template, rank))
+            assert view == plan.rank_view(rank) and view.ring_degrees == [2, 1]
