@@ -181,15 +181,17 @@ def score_plan(plan: Plan, cost_model: CostModel) -> PlanScore:
     for group in plan.groups:
         num_nodes = nodes_spanned(first_rank=group.first_rank, group_size=group.size,
                                   gpus_per_node=cluster.gpus_per_node)
+        layout = None if group.ring_degree == 1 else cost_model.place(  # a Ulysses x ring group
+            first_rank=group.first_rank, group_size=group.size, ring_degree=group.ring_degree)
         group_time_s = 0.0
         for mb in group.micro_batches:
             samples = [ps.sample for ps in mb.samples]
             policies = [ps.recompute_layers for ps in mb.samples]
             group_time_s += cost_model.microbatch_time_s(samples, group_size=group.size,
                                                          recompute_layers=policies,
-                                                         num_nodes=num_nodes)
+                                                         num_nodes=num_nodes, layout=layout)
             mb_peak_bytes = cost_model.microbatch_peak_bytes(samples, group_size=group.size,
-                                                             recompute_layers=policies)
+                                                             recompute_layers=policies, layout=layout)
             peak_bytes = max(peak_bytes, mb_peak_bytes)
             num_microbatches += 1
             num_over_cap += int(mb_peak_bytes > cap_bytes * (1 + _CAP_REL_TOL))
