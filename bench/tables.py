@@ -141,6 +141,7 @@ def _load(data: dict[str, Any]) -> str:
 TABLES: dict[str, TableSpec] = {
     "plan-scale-sweeps": TableSpec(json_name="plan_scale.json", render=_scale_sweeps),
     "plan-scale-points": TableSpec(json_name="plan_scale_points_5steps.json", render=_scale_points),
+    "plan-scale-readme": TableSpec(json_name="plan_scale_points_5steps_rerun.json", render=_scale_points),
     "plan-quality-grid": TableSpec(json_name="plan_quality.json", render=_grid),
     "plan-quality-budgets": TableSpec(json_name="plan_quality.json", render=_budgets),
     "plan-quality-24-48": TableSpec(json_name="plan_quality_24_48.json", render=_grid),
