@@ -187,6 +187,8 @@ BASELINES: dict[str, str] = {
     "static-best": "best fixed SP size, LPT-balanced, packed, cheapest fitting policy",
     "megatron-dyncp": "Megatron-Core dynamic CP: pow2 size per length, longest first",
     "dcp-greedy": "DCP's scheduler: random group fill, accumulation counts to a target",
+    "ring-cp": "Megatron-Core ring CP, one size for the run (longest sample fits)",
+    "usp": "USP hybrid, one size: Ulysses in a node x ring across nodes",
     "naive": "SP 1, samples dealt round-robin (sensitivity only)",
     "strongest": "the fastest baseline of each step, naive excepted (the headline)",
 }

@@ -16,10 +16,10 @@ from costmodel.evaluate import CostModel
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec, Sample
 from planner.assemble import BatchArrays, PlanMeta, assemble_plan
-from planner.baselines import REGISTRY, baseline_drafts, strongest
+from planner.baselines import REGISTRY, baseline_drafts, strongest, with_layouts
 from planner.config import PlannerConfig
 from planner.costs import CostTable
-from planner.layouts import apply_layouts, layout_options
+from planner.layouts import layout_options
 from planner.plan import LowerBound, Plan
 
 REL_TOL = 1e-6
@@ -59,7 +59,7 @@ def baseline_plan(samples: Sequence[Sample], *, name: str, cluster: ClusterSpec,
     meta = PlanMeta(status="BASELINE", method=name, wall_time_s=0.0,
                     lower_bound=LowerBound(value_s=0.0, kind="none"), seed=config.seed, step=step,
                     loss_normalization=config.loss_normalization)
-    return assemble_plan(apply_layouts(drafts[name], table), samples, cost_model=cm, meta=meta,
+    return assemble_plan(with_layouts(name, drafts[name], table), samples, cost_model=cm, meta=meta,
                          arrays=BatchArrays.of(samples))
 
 

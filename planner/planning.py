@@ -23,7 +23,7 @@ from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec, Sample
 from costmodel.units import fmt_bytes
 from planner.assemble import BatchArrays, Draft, PlanMeta, assemble_plan, draft_step_time_s
-from planner.baselines import baseline_drafts
+from planner.baselines import baseline_drafts, with_layouts
 from planner.bounds.simple import BoundReport, lower_bounds
 from planner.config import PlannerConfig
 from planner.costs import CostTable
@@ -265,7 +265,7 @@ def _plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec, c
         extra = () if config.baseline_group_size is None else (config.baseline_group_size,)
         for name, b_draft in baseline_drafts(table, seed=config.seed, reference=reference_sample,
                                              extra_bucket_sizes=extra).items():
-            b_draft = apply_layouts(b_draft, table)
+            b_draft = with_layouts(name, b_draft, table)  # ring-cp, usp: their own
             t = draft_step_time_s(b_draft, arrays, cm, grad_sync_s=table.grad_sync_s)
             baselines[name] = t
             if baseline_best is None or t < baseline_best[0]:

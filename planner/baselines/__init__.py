@@ -9,10 +9,15 @@ One file per baseline, registered here by the name ``Plan.baselines_s`` records:
   fitting policy per sample;
 * ``megatron-dyncp`` (``megatron_dyncp.py``): Megatron-Core's dynamic-CP scheduler;
 * ``dcp-greedy`` (``dcp_greedy.py``): DCP's published random greedy scheduler (seeded);
+* ``ring-cp`` (``ring_cp.py``): Megatron-Core's ring context parallelism at one CP size for the
+  run (the smallest on which the workload's longest sample fits), tokens balanced over replicas;
+* ``usp`` (``usp.py``): a USP hybrid at one size and one Ulysses x ring split for the run
+  (``fixed_cp.py`` holds what the two share);
 * ``naive`` (``naive.py``): SP size 1, round-robin; a sensitivity row, never a headline.
 
-A baseline that cannot hold the batch (a sample does not fit its rule) is left out. The
-*strongest* baseline of a step is the fastest of all but ``naive``.
+A baseline that cannot hold the batch (a sample does not fit its rule) has no time in
+``Plan.baselines_s`` and is named in ``baseline_drafts``' ``not_holding``. The *strongest*
+baseline of a step is the fastest of all but ``naive``, among those that hold it.
 """
 
 from __future__ import annotations
@@ -27,8 +32,11 @@ from planner.baselines.bucket import bucket_draft
 from planner.baselines.dcp_greedy import dcp_greedy_draft
 from planner.baselines.megatron_dyncp import megatron_dyncp_draft
 from planner.baselines.naive import naive_draft
+from planner.baselines.ring_cp import ring_cp_draft
 from planner.baselines.static_best import static_best_draft
+from planner.baselines.usp import usp_draft
 from planner.costs import CostTable
+from planner.layouts import apply_layouts
 
 BUCKET_SIZES = (1, 2, 4, 8)
 """Fixed SP sizes of the bucket baseline (the paper's 4 among them)."""
@@ -48,6 +56,9 @@ class Baseline:
     build: Callable[..., Draft | None]
     """``build(table, seed=..., reference=...)``: its draft, or None when it cannot hold the
     batch (``reference``: the workload's longest sample, for rules fixed for a whole run)."""
+    fixed_layout: bool = False
+    """True when the baseline sets its groups' attention layouts itself (``ring-cp``, ``usp``);
+    the others run each size at the table's layout (``planner.layouts.apply_layouts``)."""
 
 
 def _bucket(d: int) -> Baseline:
@@ -66,6 +77,10 @@ REGISTRY: dict[str, Baseline] = {b.name: b for b in [
              description="Megatron-Core dynamic CP: pow2 size per length, longest first, 5% cap"),
     Baseline(name="dcp-greedy", build=dcp_greedy_draft,
              description="DCP's scheduler: random greedy group fill, accumulation counts"),
+    Baseline(name="ring-cp", build=ring_cp_draft, fixed_layout=True,
+             description="Megatron-Core ring CP at the run's fixed size (longest sample fits), tokens balanced"),
+    Baseline(name="usp", build=usp_draft, fixed_layout=True,
+             description="USP hybrid: fixed size, Ulysses inside a node x ring across, tokens balanced"),
     Baseline(name="naive", build=naive_draft,
              description="SP 1, samples dealt round-robin (sensitivity only)"),
 ]}
@@ -73,14 +88,18 @@ REGISTRY: dict[str, Baseline] = {b.name: b for b in [
 
 
 def baseline_drafts(table: CostTable, *, seed: int = 0, reference: Sample | None = None,
-                    extra_bucket_sizes: Sequence[int] = ()) -> dict[str, Draft]:
+                    extra_bucket_sizes: Sequence[int] = (), not_holding: list[str] | None = None
+                    ) -> dict[str, Draft]:
     """Every baseline draft that can hold the batch, by name.
 
     Args:
         table: The batch's cost table.
         seed: Seed of the randomised baselines (``dcp-greedy``).
-        reference: The workload's longest sample (a bucket size must hold it), if known.
+        reference: The workload's longest sample (a bucket size, a fixed CP size must hold it),
+            if known.
         extra_bucket_sizes: More fixed SP sizes for the bucket baseline (``bucket-sp{d}``).
+        not_holding: When given, the names of the baselines that cannot hold the batch are
+            appended to it (in registry order).
 
     Raises:
         ValueError: for an extra bucket size below 1.
@@ -96,7 +115,16 @@ def baseline_drafts(table: CostTable, *, seed: int = 0, reference: Sample | None
         draft = baseline.build(table, seed=seed, reference=reference)
         if draft is not None:
             out[baseline.name] = draft
+        elif not_holding is not None:
+            not_holding.append(baseline.name)
     return out
+
+
+def with_layouts(name: str, draft: Draft, table: CostTable) -> Draft:
+    """A baseline's draft at the layouts it runs: its own for a ``fixed_layout`` baseline, else
+    each size's layout in the table (``planner.layouts.apply_layouts``)."""
+    baseline = REGISTRY.get(name)
+    return draft if baseline is not None and baseline.fixed_layout else apply_layouts(draft, table)
 
 
 def strongest(baselines_s: Mapping[str, float]) -> tuple[str, float] | None:
