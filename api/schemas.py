@@ -60,6 +60,10 @@ class PlanOptions(BaseModel):
     max_group_size: int | None = _count(MAX_NUM_GPUS, "Largest group size.", minimum=1)
     group_sizes: list[PosInt] | None = Field(default=None, min_length=1, max_length=64,
                                              description="Explicit allowed group sizes.")
+    layout: Literal["auto", "ulysses", "ring"] | None = Field(
+        default=None, description="Attention layouts groups may run (planner/layouts.py): ulysses (default), "
+                                  "auto (Ulysses x ring chosen per group, sizes past the heads as rings) or ring; "
+                                  "an executor runs ring groups only if its registry was given their layouts.")
     loss_normalization: Literal["tokens", "samples"] | None = Field(default=None,
                                                                     description="Loss normaliser.")
     use_cpsat: bool | None = Field(default=None, strict=True, description="Run CP-SAT after the heuristic.")
