@@ -83,10 +83,18 @@ def layout_options(cost_model: CostModel, *, layout: str, mode: str, max_group_s
 
 
 def apply_layouts(draft: Draft, table: CostTable) -> Draft:
-    """The draft with every group at its size column's ring degree (the layout the table priced
-    it with; the search and the baselines see only the table)."""
-    return [DraftGroup(size=g.size, first_rank=g.first_rank, micro_batches=g.micro_batches,
+    """The draft with every group that names no layout (``ring_degree == 1``) at its size column's
+    ring degree, the layout the table priced it with (the search and most baselines see only the
+    table); a group that names a ring (a fixed ring or USP baseline) keeps it."""
+    return [g if g.ring_degree > 1 or g.size not in table.ring_options else
+            DraftGroup(size=g.size, first_rank=g.first_rank, micro_batches=g.micro_batches,
                        ring_degree=table.ring_degree_of(g.size)) for g in draft]
+
+
+def ring_chunks_fit(draft: Draft, arrays: BatchArrays) -> bool:
+    """True when every sample of every ring group has the ``2r`` tokens its zig-zag chunks need."""
+    return all(arrays.tokens[i] >= 2 * g.ring_degree for g in draft if g.ring_degree > 1
+               for mb in g.micro_batches for i, _ in mb)
 
 
 def choose_group_layouts(draft: Draft, arrays: BatchArrays, table: CostTable) -> Draft:

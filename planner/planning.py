@@ -28,7 +28,7 @@ from planner.bounds.simple import BoundReport, lower_bounds
 from planner.config import PlannerConfig
 from planner.costs import CostTable
 from planner.gc_pause import paused_gc
-from planner.layouts import apply_layouts, choose_group_layouts, layout_options
+from planner.layouts import apply_layouts, choose_group_layouts, layout_options, ring_chunks_fit
 from planner.placement import representable
 from planner.plan import LowerBound, Plan, SolverStatus
 from planner.search.heuristic import heuristic_plan
@@ -266,6 +266,8 @@ def _plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec, c
         for name, b_draft in baseline_drafts(table, seed=config.seed, reference=reference_sample,
                                              extra_bucket_sizes=extra).items():
             b_draft = with_layouts(name, b_draft, table)  # ring-cp, usp: their own
+            if not ring_chunks_fit(b_draft, arrays):  # a sample too short for its group's ring
+                continue
             t = draft_step_time_s(b_draft, arrays, cm, grad_sync_s=table.grad_sync_s)
             baselines[name] = t
             if baseline_best is None or t < baseline_best[0]:

@@ -184,3 +184,21 @@ def test_rank_views_carry_the_ring_degrees() -> None:
         for rank in (first, last):
             view = RankPlan.model_validate_json(rank_view_json(template, rank))
             assert view == plan.rank_view(rank) and view.ring_degrees == [2, 1]
+
+
+def test_a_named_ring_is_kept_and_short_samples_are_caught() -> None:
+    from planner.layouts import apply_layouts, ring_chunks_fit
+
+    cm = _llama("h200x32")
+    samples = [Sample(id="a", tokens=65536), Sample(id="b", tokens=20)]
+    options = layout_options(cm, layout="auto", mode="pow2", max_group_size=None, explicit=None)
+    table = CostTable(cm, samples, sizes=list(options), ring_options=options)
+    draft = [DraftGroup(size=16, first_rank=0, micro_batches=[[(0, 0)]], ring_degree=16),
+             DraftGroup(size=16, first_rank=16, micro_batches=[[(1, 0)]])]
+    applied = apply_layouts(draft, table)
+    assert applied[0].ring_degree == 16  # named by its maker (a fixed ring baseline): kept
+    assert applied[1].ring_degree == table.ring_degree_of(16)
+    arrays = BatchArrays.of(samples)
+    assert ring_chunks_fit(draft, arrays)
+    swapped = [DraftGroup(size=16, first_rank=0, micro_batches=[[(1, 0)]], ring_degree=16)]
+    assert not ring_chunks_fit(swapped, arrays)  # 20 tokens cannot be cut into 32 chunks
