@@ -24,7 +24,11 @@ Run from the repository root::
         text-longcontext@llama-3.1-8b --clusters h200x32 h200x64 --batches 256 --steps 5 \
         --budgets --ablation-batch 0 --out bench/results/plan_quality_modern.json   # modern models
 
-It prints tables and writes ``bench/results/plan_quality[_quick].json``.
+It prints tables and writes ``bench/results/plan_quality[_quick].json``. ``--layouts`` runs the
+attention-layout comparison of issue 25 instead (``bench/plan_quality_layouts.py``; writes
+``bench/results/plan_quality_layouts.json``)::
+
+    .venv/bin/python bench/plan_quality.py --layouts --steps 5 --batches 16 64 256
 """
 
 from __future__ import annotations
@@ -301,7 +305,16 @@ def ablation(workloads: list[str], clusters: list[str], num_samples: int, steps:
 
 
 def main() -> None:
+    if "--layouts" in sys.argv[1:]:  # the attention-layout comparison, with its own options
+        from plan_quality_layouts import main as layouts_main
+
+        layouts_main([a for a in sys.argv[1:] if a != "--layouts"])
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--layouts", action="store_true",
+                        help="Instead of the grid: layouts chosen per group vs forced Ulysses vs forced ring "
+                             "(bench/plan_quality_layouts.py, its options after this flag; writes "
+                             "bench/results/plan_quality_layouts.json).")
     parser.add_argument("--quick", action="store_true", help="3 steps, batches 64 and 256.")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--workloads", nargs="*", default=None,

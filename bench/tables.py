@@ -132,6 +132,28 @@ def _statuses(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _layouts(data: dict[str, Any]) -> list[str]:
+    head = ["workload", "GPUs", "batch", "layout", "steps planned / valid", "step time s (mean)",
+            "**x strongest** (under auto)", "x strongest of this layout", "x ring-cp", "x usp",
+            "gap to bound (mean)", "steps with a wrong bound dropped", "steps with groups past the heads",
+            "auto x this layout"]
+    lines = [_row(head), "|---|---:|---:|---|" + "---:|" * (len(head) - 4)]
+    for cell in data["cells"]:
+        s = cell["summary"]
+        for mode in data["modes"]:
+            m = s[mode]
+            step = "-" if m["step_time_mean_s"] is None else f"{m['step_time_mean_s']:.3f}"
+            lines.append(_row([
+                f"{s['workload']} ({s['heads']} heads)", _gpus(s["cluster"]), str(s["num_samples"]), mode,
+                f"{m['feasible_steps']} / {m['valid_steps']} of {s['steps']}", step,
+                f"**{_x(m['speedup_strongest_mean'])}**", _x(m["speedup_own_strongest_mean"]),
+                _x(m["speedup_ring-cp_mean"]), _x(m["speedup_usp_mean"]), _pct(m["gap_mean"]),
+                str(m["dropped_bound_steps"]), str(m["groups_past_heads_steps"]),
+                "-" if mode == "auto" else _x(s.get(f"auto_over_{mode}_mean")),
+            ]))
+    return lines
+
+
 def _load(data: dict[str, Any]) -> str:
     machine = data.get("machine", {})
     start, end = machine.get("loadavg_at_start"), machine.get("loadavg_at_end")
@@ -146,6 +168,7 @@ TABLES: dict[str, TableSpec] = {
     "plan-quality-budgets": TableSpec(json_name="plan_quality.json", render=_budgets),
     "plan-quality-24-48": TableSpec(json_name="plan_quality_24_48.json", render=_grid),
     "plan-statuses": TableSpec(json_name="plan_quality_statuses.json", render=_statuses),
+    "plan-quality-layouts": TableSpec(json_name="plan_quality_layouts.json", render=_layouts),
 }
 """Every generated table by its marker name."""
 
