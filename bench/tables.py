@@ -167,7 +167,7 @@ TABLES: dict[str, TableSpec] = {
     "plan-quality-grid": TableSpec(json_name="plan_quality.json", render=_grid),
     "plan-quality-budgets": TableSpec(json_name="plan_quality.json", render=_budgets),
     "plan-quality-24-48": TableSpec(json_name="plan_quality_24_48.json", render=_grid),
-    "plan-statuses": TableSpec(json_name="plan_quality_statuses.json", render=_statuses),
+    "plan-statuses": TableSpec(json_name="plan_quality.json", render=_statuses),
     "plan-quality-layouts": TableSpec(json_name="plan_quality_layouts.json", render=_layouts),
 }
 """Every generated table by its marker name."""
