@@ -79,6 +79,7 @@ def _mode_row(plan: Any, stats: Any, samples: list[Any], cost_model: CostModel, 
         "groups_past_heads": sum(d > heads for d, _ in layouts),
         "ring_groups": sum(r > 1 for _, r in layouts),
         "baselines_s": dict(plan.baselines_s), "dropped_bounds": list(stats.dropped_bounds),
+        "baselines_not_holding": list(stats.baselines_not_holding),
     }
 
 
@@ -118,7 +119,7 @@ def run_cell(workload: str, cluster_name: str, num_samples: int, steps: int, *, 
             base["strongest"] = best[1]
         row["baselines_s"] = base
         row["strongest"] = best[0] if best else None
-        row["not_holding"] = sorted(n for n in REGISTRY if n not in base)
+        row["not_holding"] = next((sorted(row[m]["baselines_not_holding"]) for m in MODES if row[m]["feasible"]), [])
         rows.append(row)
     return {"summary": summarise(workload, cluster_name, num_samples, rows, heads=heads), "rows": rows}
 

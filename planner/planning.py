@@ -169,6 +169,10 @@ class SearchStats:
     dropped_bounds: tuple[str, ...] = ()
     """Kinds of the lower bounds found above the plan's step time and dropped
     (``PlannerConfig.strict_bounds`` off; each is a bug, logged with the batch digest)."""
+    baselines_not_holding: tuple[str, ...] = ()
+    """Baselines computed but unable to hold the batch (a sample fits no group of their rule, or
+    their layout is one ``PlannerConfig.layout`` does not allow, or a ring would cut a sample into
+    more chunks than it has tokens): not in ``Plan.baselines_s``, so not in the strongest."""
 
 
 def plan_batch(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: CostModelFile,
@@ -263,15 +267,20 @@ def _plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec, c
     baseline_best: tuple[float, str, Draft] | None = None
     if config.compute_baselines:
         extra = () if config.baseline_group_size is None else (config.baseline_group_size,)
+        missed: list[str] = []
         for name, b_draft in baseline_drafts(table, seed=config.seed, reference=reference_sample,
-                                             extra_bucket_sizes=extra).items():
+                                             extra_bucket_sizes=extra, not_holding=missed).items():
             b_draft = with_layouts(name, b_draft, table)  # ring-cp, usp: their own
             if not ring_chunks_fit(b_draft, arrays):  # a sample too short for its group's ring
+                missed.append(name)
                 continue
             t = draft_step_time_s(b_draft, arrays, cm, grad_sync_s=table.grad_sync_s)
             baselines[name] = t
             if baseline_best is None or t < baseline_best[0]:
                 baseline_best = (t, name, b_draft)
+        stats.baselines_not_holding = tuple(missed)
+        if missed:
+            logger.debug("baselines that cannot hold this batch (left out of the strongest): %s", ", ".join(missed))
     if baseline_best is not None:
         stats.strongest_baseline_step_time_s = baseline_best[0]
     if baseline_best is not None and baseline_best[0] < best_time:

@@ -15,7 +15,7 @@ from planner.baselines.usp import usp_draft, usp_layout
 from planner.config import AttentionLayout, PlannerConfig
 from planner.costs import CostTable
 from planner.plan import LowerBound
-from planner.planning import plan_batch, prepare
+from planner.planning import plan_batch, plan_batch_with_stats, prepare
 from planner.validate import validate_plan
 from planner.workload import WorkloadSpec, sample_batch
 
@@ -171,3 +171,16 @@ def test_the_strongest_baseline_includes_ring_cp_and_usp_where_they_hold() -> No
     best = strongest(plan.baselines_s)
     assert best is not None and best[1] == min(t for n, t in plan.baselines_s.items() if n != "naive")
     assert plan.predicted_step_time_s <= best[1] * (1 + 1e-9)
+
+
+@pytest.mark.timeout(300)
+def test_a_planner_that_allows_no_ring_records_them_as_not_holding() -> None:
+    spec = WorkloadSpec.preset("text-millionctx")
+    samples = sample_batch(spec, num_samples=32, seed=0, step=0)
+    plan, stats = plan_batch_with_stats(samples, cluster=load_cluster("h200x64"),
+                                        cost_model=default_cost_model_file(spec.model, "h200-sxm"),
+                                        config=PlannerConfig(layout="ulysses"), reference_sample=spec.max_sample)
+    assert {"ring-cp", "usp"} <= set(stats.baselines_not_holding)  # 32 ranks for 1M tokens: 1x32, 8x4
+    assert not set(stats.baselines_not_holding) & set(plan.baselines_s)
+    assert sorted([*stats.baselines_not_holding, *plan.baselines_s]) == sorted(REGISTRY)
+    assert all(g.ring_degree == 1 for g in plan.groups)
