@@ -5,7 +5,13 @@ forward and backward.
 rings over {0, 2} and {1, 3}); packed micro-batches of samples of uneven lengths (the zig-zag
 chunks are uneven too); causal (1D) and non-causal (3D video). The reference is per-sample
 softmax attention on the whole tensors in one process; the gradients of q, k and v reach the
-rank that owns each token through the reverse ring and the all-to-all's backward."""
+rank that owns each token: the keys' and values' gradient sums travel with the blocks round the
+ring and take a last hop home, then back through the all-to-all's backward.
+
+The overlap is checked on the order of the ring's own events (``executor.ring.record_ring_events``,
+recorded by the ring code on the real gloo ranks): every hop is posted before the compute it is
+meant to hide and waited for after it, in forward and backward; the synchronous schedule
+(``overlap_backward=False``) fails the same check, and both give the same gradients."""
 
 from __future__ import annotations
 
@@ -64,7 +70,13 @@ def _layout(u: int, r: int, rank: int) -> RingLayout:
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
-    from executor.ring import ring_head_to_seq, ring_packed_attention, ring_seq_to_head
+    from executor.ring import (
+        record_ring_events,
+        ring_attention,
+        ring_head_to_seq,
+        ring_packed_attention,
+        ring_seq_to_head,
+    )
 
     init_gloo(rank, WORLD, port)
     results: dict[str, object] = {}
@@ -85,6 +97,16 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                                        layout, group)
                 (out * g).sum().backward()
                 results[f"{u}x{r}_{kind}"] = (out.detach(), q.grad, k.grad, v.grad)
+        # The hop schedule of a ring of 4 (causal), backward overlapped and synchronous.
+        layout = _layout(1, 4, rank)
+        for overlap in (True, False):
+            q, k, v, g = (_local(t, layout) for t in _full_tensors(1))  # u = 1: local = the ring position's
+            q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
+            with record_ring_events() as events:
+                out = ring_attention(q, k, v, layout=layout, group=whole, causal=True, overlap_backward=overlap)
+                (out * g).sum().backward()
+            results[f"events_{overlap}"] = list(events)
+            results[f"grads_{overlap}"] = (q.grad, k.grad, v.grad)
     except Exception:
         results["error"] = traceback.format_exc()
         raise
@@ -163,3 +185,52 @@ def test_a_ring_needs_its_process_group_and_a_whole_sample_kind() -> None:
         ring_attention(q, q, q, layout=layout, group=None, causal=True)
     with pytest.raises(ValueError, match="'spatial_2d' cannot run on a ring"):
         ring_packed_attention(q, q, q, layout=layout, group=None, kind="spatial_2d")
+
+
+def _position(events: list[tuple[str, int, str]], pass_: str, step: int, what: str) -> int:
+    found = [i for i, e in enumerate(events) if e == (pass_, step, what)]
+    assert len(found) == 1, f"{(pass_, step, what)} recorded {len(found)} times"
+    return found[0]
+
+
+def overlap_problems(events: list[tuple[str, int, str]], ring_degree: int) -> list[str]:
+    """Hops not outstanding over the compute they should hide, from one rank's recorded events.
+
+    Forward and backward: the hop of the next key/value block (step ``s < r - 1``) is posted
+    before block ``s``'s compute begins and waited for after it ends. Backward: the gradient sum
+    posted at step ``s`` is waited for after the next block's compute; the hop home (``s = r - 1``)
+    after the last query gradient."""
+    def pos(pass_: str, step: int, what: str) -> int:
+        return _position(events, pass_, step, what)
+
+    problems = []
+    for pass_ in ("forward", "backward"):
+        for s in range(ring_degree - 1):
+            if not pos(pass_, s, "post kv") < pos(pass_, s, "attend") < pos(pass_, s, "attended") < pos(
+                    pass_, s, "wait kv"):
+                problems.append(f"{pass_} step {s}: key/value hop not outstanding over the block's compute")
+    for s in range(ring_degree):
+        hidden = ("backward", s + 1, "attended") if s < ring_degree - 1 else ("backward", s, "dq")
+        if not pos("backward", s, "post dkv") < pos(*hidden) < pos("backward", s, "wait dkv"):
+            problems.append(f"backward step {s}: gradient hop not outstanding over {hidden[2]} of step {hidden[1]}")
+    return problems
+
+
+@pytest.mark.timeout(240)
+def test_backward_hops_overlap_the_compute(ring_results: list[dict[str, object]]) -> None:
+    r = 4
+    for rank, res in enumerate(ring_results):
+        events, sync_events = res["events_True"], res["events_False"]
+        assert isinstance(events, list) and isinstance(sync_events, list)
+        # r - 1 key/value hops per pass, r gradient hops (the last one home), one compute per block
+        for pass_, what, count in (("forward", "post kv", r - 1), ("backward", "post kv", r - 1),
+                                   ("backward", "post dkv", r), ("backward", "attend", r)):
+            assert sum(1 for e in events if e[0] == pass_ and e[2] == what) == count, (rank, pass_, what)
+        assert overlap_problems(events, r) == [], f"rank {rank}"
+        # the synchronous schedule fails the same check on every backward hop, not on the forward
+        sync = overlap_problems(sync_events, r)
+        assert not any(p.startswith("forward") for p in sync)
+        assert len(sync) == 2 * r - 1, sync
+        # same sums in the same order: the same gradients, bit for bit
+        for got, want in zip(res["grads_True"], res["grads_False"], strict=True):  # type: ignore[call-overload]
+            assert torch.equal(got, want)
