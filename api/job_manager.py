@@ -26,6 +26,9 @@ from costmodel.schema import CostModelFile
 
 logger = logging.getLogger(__name__)
 
+SHUTDOWN_ERROR = "the service shut down while the job ran; it resumes at the service's next start"
+"""A job's ``error`` (state ``queued``) after a shutdown stopped it."""
+
 
 @dataclass(slots=True)
 class _Run:
@@ -141,6 +144,8 @@ class JobManager:
                     should_stop=stopping,
                     stop_state=lambda: "queued" if self._shutdown.is_set() and not cancel.is_set()
                     else "cancelled",
+                    stop_error=lambda: SHUTDOWN_ERROR if self._shutdown.is_set() and not cancel.is_set()
+                    else None,
                     on_written=on_written, metrics=self.metrics,
                     deadline_margin_s=self.retry.margin_s(attempt), requeue_transient=True)
                 cause = final.error or "its end state could not be recorded"

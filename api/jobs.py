@@ -150,6 +150,7 @@ def run_epoch_job(store: PlanStore, epoch_id: str, *, get_cost_model: Callable[[
                   executor: Executor, num_workers: int, write_batch_steps: int = 16,
                   should_stop: Callable[[], bool] = lambda: False,
                   stop_state: Callable[[], str] = lambda: "cancelled",
+                  stop_error: Callable[[], str | None] = lambda: None,
                   on_written: Callable[[int], None] = lambda n: None,
                   metrics: Metrics | None = None, max_steps: int | None = None,
                   deadline_margin_s: float | None = None, requeue_transient: bool = False) -> EpochRecord:
@@ -165,6 +166,9 @@ def run_epoch_job(store: PlanStore, epoch_id: str, *, get_cost_model: Callable[[
         write_batch_steps: Most steps per transaction.
         should_stop: Polled; true stops the job after writing what finished.
         stop_state: The state a stopped job gets (``cancelled``, or ``queued`` at shutdown).
+        stop_error: Why it stopped, recorded as its ``error`` (None: nothing recorded); a passing
+            fault met while stopping (a worker killed by the same signal that stops the
+            service) is recorded as this stop, not as the fault.
         on_written: Called with the number of new steps after each write.
         metrics: Service metrics, if any.
         max_steps: Plan at most this many of the pending steps (the job stays queued).
@@ -198,9 +202,15 @@ def run_epoch_job(store: PlanStore, epoch_id: str, *, get_cost_model: Callable[[
                   write_batch_steps=write_batch_steps, should_stop=should_stop,
                   on_written=on_written)
     except CancelledError:
-        record_state(store, epoch_id, stop_state())
+        record_state(store, epoch_id, stop_state(), error=stop_error())
     except Exception as exc:
         fault = classify(exc)
+        if fault.transient and should_stop():
+            logger.info("epoch %s stopped (%s while stopping)", epoch_id, fault.message)
+            record_state(store, epoch_id, stop_state(), error=stop_error())
+            final = store.get_epoch(epoch_id)
+            assert final is not None
+            return final
         message = fault.message if fault.transient else f"{type(exc).__name__}: {exc}"
         logger.warning("epoch %s %s: %s", epoch_id, "interrupted" if fault.transient else "failed", message)
         state = "queued" if fault.transient and requeue_transient else "failed"

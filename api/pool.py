@@ -14,7 +14,13 @@ Deadlines (``submit_with_deadline``) are enforced twice:
   pool is replaced.
 
 Workers also watch their parent: when the service dies (kill -9 included) they exit within
-about ``PARENT_POLL_S`` instead of living on as orphans.
+about ``PARENT_POLL_S`` instead of living on as orphans. They ignore SIGINT and SIGTERM: a
+terminal's Ctrl-C and a service manager's stop (systemd, ``docker stop``) signal the whole process
+group, and a worker that died of it first made the service's shutdown look like "a solver worker
+died" (Ctrl-C also printed each worker's ``KeyboardInterrupt`` and could hang the shutdown); the
+service stops its jobs, then its pool, and the workers leave with it. A SIGTERM still ends a
+worker, ``TERM_GRACE_S`` later (``ProcessPoolExecutor`` terminates the other workers of a broken
+pool and waits for them), unless the service stopped it first.
 
 Workers report when they start a deadline task over one pipe shared by every worker of every
 pool the service makes, written without a lock: each report is one ``os.write`` of
@@ -66,6 +72,11 @@ _START_RECORD = struct.Struct("<qd")
 """One start report: the task's token and its start as unix time (16 bytes, atomic on a pipe)."""
 
 
+TERM_GRACE_S = 5.0
+"""How long a worker outlives a SIGTERM (module docstring): time for the service, signalled with
+it, to stop its jobs first."""
+
+
 def _watch_parent(parent_pid: int) -> None:
     while True:
         time.sleep(PARENT_POLL_S)
@@ -73,9 +84,16 @@ def _watch_parent(parent_pid: int) -> None:
             os._exit(0)
 
 
+def _on_sigterm(signum: int, frame: object) -> None:
+    """End this worker :data:`TERM_GRACE_S` after a SIGTERM (the task it runs goes on meanwhile)."""
+    timer = threading.Timer(TERM_GRACE_S, os._exit, args=(128 + signal.SIGTERM,))
+    timer.daemon = True
+    timer.start()
+
+
 def init_worker(parent_pid: int, starts: Any = None, nice: int = 0) -> None:
-    """Pool-worker initializer: exit when the parent dies; lower the priority by ``nice``;
-    import the planner up front.
+    """Pool-worker initializer: exit when the parent dies; leave SIGINT and SIGTERM to the parent;
+    lower the priority by ``nice``; import the planner up front.
 
     Args:
         parent_pid: The service's pid.
@@ -85,6 +103,8 @@ def init_worker(parent_pid: int, starts: Any = None, nice: int = 0) -> None:
     """
     global _STARTS
     _STARTS = starts
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the service stops its workers (module docstring)
+    signal.signal(signal.SIGTERM, _on_sigterm)
     if nice > 0 and hasattr(os, "nice"):
         os.nice(nice)
     threading.Thread(target=_watch_parent, args=(parent_pid,), name="parent-watch", daemon=True).start()
