@@ -37,6 +37,8 @@ import torch.nn.functional as F  # noqa: N812
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from provenance import provenance  # noqa: E402  (bench/provenance.py: command and commit)
+
 from costmodel.analytic import analytic_cost_model  # noqa: E402
 from costmodel.evaluate import CostModel  # noqa: E402
 from costmodel.presets import load_cluster  # noqa: E402
@@ -208,7 +210,7 @@ def main() -> None:
         step_s = [max(g["times_s"][i] for g in gathered) for i in range(args.steps)]
         peaks = [g["peak_bytes"] for g in gathered if g["peak_bytes"] is not None]
         result = {
-            "command": " ".join([sys.executable, *sys.argv]), "load_avg": list(os.getloadavg()),
+            **provenance(), "load_avg": list(os.getloadavg()),
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": torch.__version__, "world_size": world, "attention_modules_swapped": swapped,
             "num_documents": len(samples), "tokens": sum(s.tokens for s in samples),
