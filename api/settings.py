@@ -75,6 +75,14 @@ class Settings(BaseSettings):
                     "node's ranks on one address); bounds the memory an anonymous client takes.")
     body_read_timeout_s: float = Field(default=30.0, gt=0,
                                        description="Longest time to receive a request body (408 after).")
+    request_head_timeout_s: float = Field(
+        default=5.0, gt=0,
+        description="Longest time for a request head (request line and headers) to arrive, from the "
+                    "connection's start or its previous response; the connection is closed after "
+                    "(api/http_guard.py).")
+    max_connections: int = Field(
+        default=2048, ge=1,
+        description="Open connections at most; one more is closed as soon as it is accepted.")
     store_busy_timeout_s: float = Field(
         default=5.0, gt=0,
         description="Longest wait for a store locked by another process; then 503 (requests) "
