@@ -167,3 +167,32 @@ def test_ring_steps_equal_the_plain_step_on_8_ranks(world8: list[dict[str, objec
     assert {res["num_groups"] for res in world8} == {(23, 10)}
     _check(world8, 8)
     print(f"8 ranks: {max(float(res['wall_s']) for res in world8):.1f} s in the ranks")  # type: ignore[arg-type]
+
+
+ISSUE_MATRIX = {(u, r, case) for u, r in ((1, 2), (2, 2), (1, 4), (4, 2)) for case in ("1d causal", "3d", "gqa")}
+"""Issue 25's exactness matrix: each layout on the causal 1D model, the non-causal 3D model and
+GQA, every ring group with packed samples of different lengths and mixed checkpoint policies."""
+
+
+def test_the_cases_cover_the_issue_matrix() -> None:
+    """The spawned cases above (not a separate run) hold every cell of :data:`ISSUE_MATRIX`."""
+    covered: set[tuple[int, int, str]] = set()
+    policies_of: dict[tuple[int, int], set[int]] = {}
+    for world, cases in CASES.items():
+        for kind, kv in cases:
+            case = "gqa" if kv is not None else ("1d causal" if kind == "1d" else "3d")
+            for name, plan in plans(world, kind).items():
+                for group in plan.groups:
+                    if group.ring_degree == 1:
+                        continue
+                    u, r = group.ulysses_degree, group.ring_degree
+                    assert (u, r) in LAYOUTS[world], (world, name, u, r)
+                    policies = {s.recompute_layers for mb in group.micro_batches for s in mb.samples}
+                    assert len(policies) >= 2, (world, name, policies)  # mixed inside the group
+                    policies_of.setdefault((u, r), set()).update(policies)
+                    assert any(len({s.sample.tokens for s in mb.samples}) >= 2 for mb in group.micro_batches), (
+                        world, name)  # packed, uneven lengths: the per-sample masks matter
+                    covered.add((u, r, case))
+    assert covered >= ISSUE_MATRIX, sorted(ISSUE_MATRIX - covered)
+    for layout, policies in policies_of.items():  # none, full and selective on every layout
+        assert {0, L} <= policies and policies - {0, L}, (layout, policies)
