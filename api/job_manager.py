@@ -39,6 +39,26 @@ class _Run:
     steps_done: int
     wake: threading.Event = field(default_factory=threading.Event)
     """Set by ``resume`` to end a backoff wait early."""
+    fault: str | None = None
+    """The passing fault the job waits out (cleared by the next stored step): known here even
+    when the store cannot record it."""
+    retry_at: float | None = None
+    """``time.monotonic()`` of the next retry while ``fault`` is set."""
+    attempts: int = 0
+    """Transient failures of this run."""
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class LiveFault:
+    """A running job's passing fault, as the service knows it (the store may not say it: a store
+    that cannot be written keeps the job ``running`` with no error)."""
+
+    cause: str
+    """The fault in plain words."""
+    attempts: int
+    """Transient failures of this run so far."""
+    retry_in_s: float
+    """Seconds until the next retry (0: retrying now)."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -125,6 +145,7 @@ class JobManager:
 
         def on_written(new: int) -> None:
             run.steps_done += new
+            run.fault = None  # the store takes writes again
             if self.metrics is not None:
                 record = self.store.get_epoch(epoch_id)
                 if record is not None:
@@ -170,6 +191,7 @@ class JobManager:
                               f"{attempt - 1} retries; POST /v1/epochs/{epoch_id}/resume)", transient=True)
                 return
             wait_s = self.retry.backoff_s(attempt)
+            run.fault, run.attempts, run.retry_at = cause, attempt, time.monotonic() + wait_s
             logger.warning("epoch %s: transient failure (%s); retry %d in %.1f s", epoch_id, cause,
                            attempt, wait_s)
             run.wake.clear()
@@ -205,6 +227,15 @@ class JobManager:
         final = self.store.get_epoch(epoch_id)
         assert final is not None
         return final
+
+    def live_fault(self, epoch_id: str) -> LiveFault | None:
+        """The passing fault a job's live run waits out or retries (None when it has none)."""
+        with self._lock:
+            run = self._runs.get(epoch_id)
+        if run is None or not run.thread.is_alive() or run.fault is None:
+            return None
+        retry_in_s = max(0.0, (run.retry_at or 0.0) - time.monotonic())
+        return LiveFault(cause=run.fault, attempts=run.attempts, retry_in_s=retry_in_s)
 
     def eta_s(self, record: EpochRecord) -> float | None:
         """Seconds to finish at the current run's rate (0 when done, None when unknown)."""

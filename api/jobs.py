@@ -9,6 +9,7 @@ sample that fits nowhere, a step past its deadline) fails it at once.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import logging
@@ -137,13 +138,19 @@ class _DeadlineExecutor(Executor):
         return self.pool.submit_with_deadline(self.deadline_s, fn, *args, **kwargs)
 
 
-def record_state(store: PlanStore, epoch_id: str, state: str, **kwargs: Any) -> None:
+def record_state(store: PlanStore, epoch_id: str, state: str, **kwargs: Any) -> bool:
     """Record a final state; a store that cannot be written (full, locked) is logged, not raised:
-    the job stays ``running`` in the file and is resumed at the next start."""
+    the job stays ``running`` in the file and is resumed at the next start.
+
+    Returns:
+        Whether the state was recorded.
+    """
     try:
         store.set_state(epoch_id, state, **kwargs)
     except Exception as exc:
         logger.warning("epoch %s: could not record state %s: %s", epoch_id, state, classify(exc).message)
+        return False
+    return True
 
 
 def run_epoch_job(store: PlanStore, epoch_id: str, *, get_cost_model: Callable[[str], CostModelFile],
@@ -178,7 +185,8 @@ def run_epoch_job(store: PlanStore, epoch_id: str, *, get_cost_model: Callable[[
             of ``failed``; either way ``transient`` is recorded.
 
     Returns:
-        The job as stored at the end (done, failed, cancelled or queued).
+        The job as stored at the end (done, failed, cancelled or queued); after a failure the store
+        could not record, the state and error it should have recorded.
     """
     record = store.get_epoch(epoch_id)
     if record is None:
@@ -214,7 +222,11 @@ def run_epoch_job(store: PlanStore, epoch_id: str, *, get_cost_model: Callable[[
         message = fault.message if fault.transient else f"{type(exc).__name__}: {exc}"
         logger.warning("epoch %s %s: %s", epoch_id, "interrupted" if fault.transient else "failed", message)
         state = "queued" if fault.transient and requeue_transient else "failed"
-        record_state(store, epoch_id, state, error=message, transient=fault.transient)
+        if not record_state(store, epoch_id, state, error=message, transient=fault.transient):
+            # The store is the fault (or locked): return what it could not record, cause included.
+            stored = store.get_epoch(epoch_id)
+            assert stored is not None
+            return dataclasses.replace(stored, state=state, error=message, transient=fault.transient)
     else:
         done = store.get_epoch(epoch_id)
         complete = done is not None and done.steps_done >= done.steps_total

@@ -324,6 +324,10 @@ class EpochStatus(BaseModel):
     transient: bool = Field(default=False, description="The last failure was transient (killed "
                             "worker, full disk, locked store): the job is retried with backoff.")
     attempts: int = Field(default=0, description="Transient failures since the last success or resume.")
+    retry_in_s: float | None = Field(
+        default=None, description="Set while the job waits out a passing fault named in `error` (a store "
+        "that cannot be written, a killed worker): seconds until it retries by itself (0: retrying "
+        "now); `state` is then `queued`. None otherwise.")
     summary: EpochSummary
 
 

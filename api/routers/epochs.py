@@ -45,15 +45,20 @@ def _status(state: ServiceState, record: EpochRecord) -> EpochStatus:
     """The status of a job (reads the store: call it on a worker thread)."""
     summary = state.store.summary(record.id)
     spec = record.spec
+    job_state, error, transient, attempts = record.state, record.error, record.transient, record.attempts
+    fault = state.jobs.live_fault(record.id) if record.state in ACTIVE_STATES else None
+    if fault is not None:  # what the store may be unable to record (it is the fault, or is locked)
+        job_state, error, transient = "queued", fault.cause, True
+        attempts = max(attempts, fault.attempts)
     return EpochStatus(
-        epoch_id=record.id, state=record.state,  # type: ignore[arg-type]
+        epoch_id=record.id, state=job_state,  # type: ignore[arg-type]
         steps_total=record.steps_total, steps_done=record.steps_done,
         progress=record.steps_done / max(record.steps_total, 1), eta_s=state.jobs.eta_s(record),
         steps_per_s=state.jobs.steps_per_s(record),
         cluster_name=spec["cluster"]["name"], cost_model_id=spec["cost_model_id"], seed=spec["seed"],
         batch=spec["batch"], created_at=record.created_at, started_at=record.started_at,
-        finished_at=record.finished_at, error=record.error, transient=record.transient,
-        attempts=record.attempts,
+        finished_at=record.finished_at, error=error, transient=transient, attempts=attempts,
+        retry_in_s=None if fault is None else round(fault.retry_in_s, 3),
         summary=EpochSummary(mean_predicted_speedup_vs_strongest=summary["mean_speedup_vs_strongest"],
                              mean_predicted_speedup_vs_bucket=summary["mean_speedup_vs_bucket"],
                              mean_gap=summary["mean_gap"],
