@@ -35,6 +35,18 @@ def _sleep(seconds: float) -> str:
     return "finished"
 
 
+def _die_holding_the_start_channel() -> None:
+    """SIGKILL this worker while it holds the lock its start reports are written under, if the
+    start channel has one (a ``multiprocessing`` queue's write lock did: issue 24 item 9)."""
+    from api import pool
+
+    for name in ("_wlock", "_rlock", "_lock"):
+        lock = getattr(pool._STARTS, name, None)
+        if lock is not None:
+            lock.acquire()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _result_within(future: Future[int], timeout_s: float) -> int | None:
     """The task's value; None when it failed because the pool broke under it."""
     try:
@@ -96,6 +108,26 @@ def test_deadline_backstop_kills_a_task_that_ignores_its_alarm_even_after_a_repl
         with pytest.raises(BrokenProcessPool):  # the backstop: 0.3 s + 0.5 s grace, then killed
             pool.submit_with_deadline(0.3, _ignores_alarm, 30.0).result(timeout=30)
         assert time.monotonic() - start < 15.0
+        assert pool.num_deadline_kills == 1
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def test_a_worker_killed_holding_the_start_channel_does_not_stop_later_deadlines() -> None:
+    pool = SolverPool(1, grace_s=0.5)
+    try:
+        assert pool.submit_with_deadline(30.0, _noop, 1).result(timeout=60) == 1
+        with pytest.raises(BrokenProcessPool):
+            pool.submit(_die_holding_the_start_channel).result(timeout=60)
+        start = time.monotonic()
+        for _ in range(3):  # the first may meet the pool that just broke
+            with contextlib.suppress(BrokenProcessPool):
+                assert pool.submit_with_deadline(30.0, _noop, 2).result(timeout=30) == 2
+                break
+        # The next deadline task starts, reports it, and the backstop fires on it.
+        with pytest.raises(BrokenProcessPool):
+            pool.submit_with_deadline(0.3, _ignores_alarm, 30.0).result(timeout=30)
+        assert time.monotonic() - start < 30.0
         assert pool.num_deadline_kills == 1
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
