@@ -151,6 +151,10 @@ def register(app: typer.Typer) -> None:
                 check_samples_fit(samples, cluster=spec, cost_model=file, config=planner_config)
             except ValueError as exc:
                 fail(f"MANIFEST {manifest}: {exc}")
+        if ray_address:  # a lost local raylet ends the driver from C++: a parent records it
+            from dcp_cli.ray_supervisor import supervise
+
+            supervise(out=out, epoch_id=epoch_id or f"{manifest.stem}-s{seed}")
         # The cluster is reached before the store is opened: an unreachable one creates nothing.
         ray_executor = _ray_executor(ray_address, steps_per_task=ray_steps_per_task) if ray_address else None
         try:
