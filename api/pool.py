@@ -202,6 +202,7 @@ class SolverPool(Executor):
             with self._lock:
                 if self._executor is executor:
                     logger.warning("solver pool broken (a worker died); starting a new one")
+                    _kill_workers(executor)  # doomed (the pool terminates them): no SIGTERM grace
                     executor.shutdown(wait=False, cancel_futures=True)
                     self._executor = make_executor(self.num_workers, starts=self._starts_write,
                                                    nice=self.nice)
