@@ -67,3 +67,9 @@ if [[ "$DEVICE" == "cuda" && "${RUN_TRAINERS:-1}" == "1" ]]; then
   # torchtitan's Llama 3 under a DCP plan (issue 27), about 2 minutes; RUN_TRAINERS=0 skips it.
   PY="$PY" bash bench/gpu_trainers.sh || echo "gpu_trainers.sh FAILED"
 fi
+
+if [[ "$DEVICE" == "cuda" && "${RUN_RING:-1}" == "1" ]]; then
+  # Ring attention over NCCL (issue 25): exactness and the backward's overlap on the GPUs there
+  # are (one GPU: the ring's loop alone), a few minutes; RUN_RING=0 skips it.
+  PY="$PY" bash bench/gpu_ring.sh || echo "gpu_ring.sh FAILED"
+fi
