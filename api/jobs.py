@@ -21,11 +21,13 @@ from api.faults import classify
 from api.metrics import Metrics
 from api.registry import check_compatible
 from api.store import EpochRecord, PlanStore
+from costmodel.evaluate import CostModel
 from costmodel.model_choice import check_samples_kind
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec, Sample
 from planner.epoch import BatchRule, CancelledError, StepResult, StepTask, build_config, make_steps, run_epoch
 from planner.fit_check import check_samples_fit
+from planner.layouts import config_layouts
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +71,8 @@ def prepare_epoch(store: PlanStore, *, epoch_id: str, samples: Sequence[Sample],
         "model": {"name": cost_model.model.name, "kind": cost_model.model.kind,
                   "source": model_source or f"cost model {cost_model.id}"},
         "options": dict(options),
+        # the (size, u, r) layouts its plans may use: an executor builds its process groups from them
+        "layouts": [list(t) for t in config_layouts(CostModel(file=cost_model, cluster=cluster), config)],
         "manifest": {"source": manifest_source, "num_samples": len(samples),
                      "digest": manifest_digest(samples)},
     }

@@ -328,6 +328,11 @@ class EpochStatus(BaseModel):
         default=None, description="Set while the job waits out a passing fault named in `error` (a store "
         "that cannot be written, a killed worker): seconds until it retries by itself (0: retrying "
         "now); `state` is then `queued`. None otherwise.")
+    layouts: list[tuple[int, int, int]] | None = Field(
+        default=None, description="Every attention layout `(size, ulysses_degree, ring_degree)` this epoch's "
+        "plans may give a group (its `layout` option; `ring_degree` 1: pure Ulysses): the process groups an "
+        "executor creates (`executor.groups.GroupRegistry.from_layouts`). None for epochs stored before "
+        "epochs declared them.")
     summary: EpochSummary
 
 

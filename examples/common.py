@@ -102,7 +102,7 @@ def start_epoch(client: PlannerClient, *, spec: ModelSpec, samples: list[Sample]
             "manifest_jsonl": "\n".join(json.dumps(s.model_dump(exclude_none=True)) for s in samples),
             "batch": {"samples_per_step": args.samples_per_step}, "seed": args.seed,
             "cluster": cluster.model_dump(mode="json"), "cost_model_id": cost_model.id,
-            "options": {"time_limit_s": 0.5}})
+            "options": {"time_limit_s": 0.5, "layout": getattr(args, "layout", "ulysses")}})
         info = [status["epoch_id"], status["steps_total"]]
         logger.info("started epoch %s: %d steps", info[0], info[1])
     dist.broadcast_object_list(info, src=0)

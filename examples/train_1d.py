@@ -3,10 +3,12 @@
 Run (with a service on 127.0.0.1:8000, e.g. ``dcp serve``)::
 
     torchrun --nproc_per_node 4 examples/train_1d.py --url http://127.0.0.1:8000 --steps 4
+    torchrun --nproc_per_node 4 examples/train_1d.py --layout ring   # ring attention groups
 
 An ordinary data-parallel training loop; the lines marked ``# [dcp k/11]`` are all it takes to
-run it under DCP plans: process groups, plan prefetch, digest check, per-plan micro-batches
-with sequence parallelism and checkpoint policies, and one world gradient sum.
+run it under DCP plans: process groups (the attention layouts the epoch declares), plan
+prefetch, digest check, per-plan micro-batches with sequence parallelism and checkpoint
+policies, and one world gradient sum.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ from executor.runtime import Executor
 
 def main() -> None:
     """Train for ``--steps`` steps and print the loss of each."""
-    args = parse_args(__doc__ or "")
+    args = parse_args(__doc__ or "", extra=[("--layout", {
+        "default": "ulysses", "choices": ["ulysses", "auto", "ring"],
+        "help": "Attention layouts the planner may give a group (auto, ring: Ulysses x ring groups)."})])
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -50,8 +54,8 @@ def main() -> None:
     epoch_id, num_steps = start_epoch(client, spec=model_spec(config, kind="1d", name="ref-llama-1d"),
                                       samples=samples, world_size=world, args=args)
     steps = min(args.steps, num_steps)
-    registry = GroupRegistry(world_size=world, rank=rank,  # [dcp 3/11]
-                             group_sizes=[d for d in range(1, world + 1) if config.num_heads % d == 0])
+    registry = GroupRegistry.from_layouts(world_size=world, rank=rank,  # [dcp 3/11]
+                                          layouts=client.epoch_layouts(epoch_id) or [(1, 1, 1)])
     executor = Executor(registry=registry, weight_dtype=torch.float32)  # [dcp 4/11]
     plans = PlanPrefetcher(client, epoch_id=epoch_id, rank=rank, num_steps=num_steps)  # [dcp 5/11]
     sampler = PlanBatchSampler(plan_for_step=plans.get, steps=range(steps),  # [dcp 6/11]
@@ -73,7 +77,8 @@ def main() -> None:
         dist.all_reduce(step_loss)
         if rank == 0:
             policies = [ps.recompute_layers for mb in rank_plan.group.micro_batches for ps in mb.samples]
-            print(f"step {step}: loss {step_loss.item():.4f} group sizes {rank_plan.group_sizes} "
+            rings = rank_plan.ring_degrees or [1] * len(rank_plan.group_sizes)
+            print(f"step {step}: loss {step_loss.item():.4f} group sizes {rank_plan.group_sizes} ring degrees {rings} "
                   f"rank0 policies {policies} digest {rank_plan.plan_digest[:12]}", flush=True)
     plans.close()
     client.close()

@@ -161,6 +161,13 @@ class PlannerClient:
         """``GET /v1/epochs/{id}``."""
         return dict(self.request("GET", f"/v1/epochs/{epoch_id}").json())
 
+    def epoch_layouts(self, epoch_id: str) -> list[tuple[int, int, int]] | None:
+        """The attention layouts ``(size, ulysses_degree, ring_degree)`` the epoch's plans may use
+        (``EpochStatus.layouts``), for ``GroupRegistry.from_layouts``; ``None`` for an epoch stored
+        before epochs declared them (its plans are pure Ulysses unless planned with rings)."""
+        layouts = self.epoch_status(epoch_id).get("layouts")
+        return None if layouts is None else [(int(d), int(u), int(r)) for d, u, r in layouts]
+
     def recalibration(self, epoch_id: str) -> dict[str, Any]:
         """``GET /v1/epochs/{id}/recalibration``: revisions, whether a fit is running, errors."""
         return dict(self.request("GET", f"/v1/epochs/{epoch_id}/recalibration").json())

@@ -99,6 +99,27 @@ class GroupRegistry:
         logger.info("rank %d: %d SP groups over sizes %s (%d with this rank) in %.3f s", rank, self.num_groups,
                     self.sizes, len(self._groups), self.creation_time_s)
 
+    @classmethod
+    def from_layouts(cls, *, world_size: int, rank: int, layouts: Iterable[Sequence[int]],
+                     backend: str | None = None) -> GroupRegistry:
+        """The registry of exactly the layouts an epoch declares (``PlannerClient.epoch_layouts``:
+        ``(size, ulysses_degree, ring_degree)`` triples, the service's ``EpochStatus.layouts``), so
+        that every plan of the epoch runs and no other group is created.
+
+        Raises:
+            ValueError: for a triple whose degrees do not multiply to its size (naming it), or an
+                empty list; and as the constructor.
+        """
+        triples = [tuple(int(x) for x in t) for t in layouts]
+        if not triples:
+            raise ValueError("layouts is empty: an epoch declares at least the group size 1")
+        for t in triples:
+            if len(t) != 3 or t[1] * t[2] != t[0] or min(t) < 1:
+                raise ValueError(f"layout {list(t)} is not (size, ulysses_degree, ring_degree) with "
+                                 "ulysses_degree x ring_degree = size")
+        return cls(world_size=world_size, rank=rank, group_sizes=[d for d, _, _ in triples],
+                   layouts=[(u, r) for _, u, r in triples], backend=backend)
+
     def _layout_rank_sets(self) -> list[tuple[int, ...]]:
         """Every Ulysses subgroup and ring of every layout, in creation order (repeats included)."""
         sets: list[tuple[int, ...]] = []

@@ -40,12 +40,14 @@ class PlannerConfig:
     allows: it divides the query heads, and divides the key/value heads or is a multiple of them)."""
     layout: AttentionLayout = "ulysses"
     """How groups may split their attention (issue 25, ``planner.layouts``): ``auto`` chooses per
-    group among Ulysses x ring layouts (``u`` allowed by the heads, ``r = d/u``; sizes past the
-    heads only as rings; a ring needs whole-sample attention, kinds 1d and 3d, and samples of
-    ``2r`` tokens or more), ``ulysses`` keeps pure Ulysses (sizes the heads allow), ``ring``
-    makes every group of two or more ranks a pure ring. The default stays ``ulysses``: an
-    executor runs a ring layout only if its ``GroupRegistry`` was given it
-    (``planner.layouts.registry_layouts``), and the exact CP-SAT model of tiny batches (OPTIMAL
+    group among pure Ulysses, the pure ring and one Ulysses x ring layout per size (``u`` the
+    largest the heads allow dividing the size and the node, ``r = d/u``; sizes past the heads only
+    as rings; a ring needs whole-sample attention, kinds 1d and 3d without joint text attention,
+    and samples of ``2r`` tokens or more), ``ulysses`` keeps pure Ulysses (sizes the heads allow),
+    ``ring`` makes every group of two or more ranks a pure ring. The default stays ``ulysses``: an
+    executor runs a ring layout only if its ``GroupRegistry`` was given it (an epoch declares its
+    layouts, ``planner.layouts.config_layouts``, for ``GroupRegistry.from_layouts``; a bounded
+    set, ``planner.layouts.num_process_groups``), and the exact CP-SAT model of tiny batches (OPTIMAL
     plans) prices additive costs only, so ring tables get the heuristic and the
     large-neighbourhood search."""
     loss_normalization: LossNormalization = "tokens"

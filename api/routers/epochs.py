@@ -59,6 +59,7 @@ def _status(state: ServiceState, record: EpochRecord) -> EpochStatus:
         batch=spec["batch"], created_at=record.created_at, started_at=record.started_at,
         finished_at=record.finished_at, error=error, transient=transient, attempts=attempts,
         retry_in_s=None if fault is None else round(fault.retry_in_s, 3),
+        layouts=None if spec.get("layouts") is None else [tuple(t) for t in spec["layouts"]],
         summary=EpochSummary(mean_predicted_speedup_vs_strongest=summary["mean_speedup_vs_strongest"],
                              mean_predicted_speedup_vs_bucket=summary["mean_speedup_vs_bucket"],
                              mean_gap=summary["mean_gap"],

@@ -80,14 +80,16 @@ def tiny_manifest(num_samples: int) -> list[Sample]:
 
 
 def start_epoch(url: str, *, epoch_id: str, samples: list[Sample], samples_per_step: int,
-                seed: int, cluster: ClusterSpec, cost_model: CostModelFile) -> dict[str, object]:
-    """Upload the cost model and start an epoch job; wait until it is done."""
+                seed: int, cluster: ClusterSpec, cost_model: CostModelFile,
+                options: dict[str, object] | None = None) -> dict[str, object]:
+    """Upload the cost model and start an epoch job (planner ``options``, default :data:`OPTIONS`);
+    wait until it is done."""
     httpx.post(f"{url}/v1/cost-models", json=cost_model.model_dump(mode="json"), timeout=30)
     body = {"epoch_id": epoch_id,
             "manifest_jsonl": "\n".join(json.dumps(s.model_dump(exclude_none=True)) for s in samples),
             "batch": {"samples_per_step": samples_per_step}, "seed": seed,
             "cluster": cluster.model_dump(mode="json"), "cost_model_id": cost_model.id,
-            "options": OPTIONS}
+            "options": OPTIONS if options is None else options}
     response = httpx.post(f"{url}/v1/epochs", json=body, timeout=30)
     response.raise_for_status()
     deadline = time.monotonic() + 60

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -27,7 +28,8 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize(("script", "extra"), [("train_1d.py", []), ("train_2d.py", []),
+@pytest.mark.parametrize(("script", "extra"), [("train_1d.py", []), ("train_1d.py", ["--layout", "ring"]),
+                                               ("train_2d.py", []),
                                                ("train_hf_llama.py", ["--grad-sync", "fsdp2"]),
                                                ("train_hf_latte.py", []), ("train_hf_wan.py", [])])
 def test_example_trains_under_torchrun_with_served_plans(service: Service, script: str,
@@ -37,7 +39,8 @@ def test_example_trains_under_torchrun_with_served_plans(service: Service, scrip
     if script in ("train_hf_latte.py", "train_hf_wan.py"):
         pytest.importorskip("diffusers")
     steps = 3
-    epoch_id = f"e2e-{Path(script).stem}"  # one epoch per script: the service is shared
+    layout = extra[extra.index("--layout") + 1] if "--layout" in extra else None
+    epoch_id = f"e2e-{Path(script).stem}" + (f"-{layout}" if layout else "")  # one epoch per case: shared service
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4",
            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
            str(ROOT / "examples" / script), "--url", service.url, "--steps", str(steps),
@@ -48,3 +51,9 @@ def test_example_trains_under_torchrun_with_served_plans(service: Service, scrip
     assert len(losses) == steps, done.stdout
     assert all(0 < loss < 100 for loss in losses)
     assert f"done: {steps} steps of epoch {epoch_id} on 4 ranks" in done.stdout
+    if layout == "ring":  # every group of 2 or more ranks ran as a ring (the epoch declared them)
+        groups = re.findall(r"^step \d+: .* group sizes (\[[0-9, ]+\]) ring degrees (\[[0-9, ]+\])",
+                            done.stdout, re.MULTILINE)
+        assert len(groups) == steps, done.stdout
+        assert all(json.loads(sizes) == json.loads(rings) for sizes, rings in groups), groups
+        assert any(max(json.loads(rings)) > 1 for _, rings in groups), groups

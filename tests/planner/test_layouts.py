@@ -14,9 +14,10 @@ from costmodel.evaluate import CostModel
 from costmodel.presets import load_cluster, load_model
 from costmodel.specs import Sample
 from planner.assemble import BatchArrays, DraftGroup, PlanMeta, assemble_plan
+from planner.baselines.usp import usp_layout
 from planner.config import PlannerConfig
 from planner.costs import CostTable
-from planner.layouts import choose_group_layouts, layout_options
+from planner.layouts import choose_group_layouts, declared_layouts, layout_options, num_process_groups
 from planner.plan import LowerBound
 from planner.planning import plan_batch, plan_batch_with_stats
 from planner.validate import validate_plan
@@ -39,15 +40,26 @@ def test_options_follow_the_heads_and_the_kind() -> None:
     assert uly == {d: (1,) for d in (1, 2, 4, 8, 16, 32)}
     auto = layout_options(cm, layout="auto", mode="pow2", max_group_size=None, explicit=None)
     assert list(auto) == [1, 2, 4, 8, 16, 32, 64]
-    assert auto[64] == (2, 4, 8, 16, 32, 64)  # past the heads only as rings: u = 32 .. 1
-    assert auto[8] == (1, 2, 4, 8)
+    # one Ulysses x ring layout per size (u: the largest the heads allow dividing the size and the
+    # node, as the usp baseline), pure Ulysses where the heads allow it, and the pure ring
+    assert auto[64] == (8, 64)  # past the heads only as rings: 8 x 8 or a ring of 64
+    assert auto[32] == (1, 4, 32) and auto[16] == (1, 2, 16)  # across nodes: 8 x 4, 8 x 2
+    assert auto[8] == (1, 8)  # inside a node: Ulysses or the pure ring
+    for d, rs in auto.items():
+        assert usp_layout(cm, d) in rs  # its ring degree
+    # the process groups an executor creates for them (planner.layouts.num_process_groups): 263
+    # for Ulysses alone, 822 when every u x r was allowed, now 368; on 32 ranks 103 -> 135 (was 279)
+    assert num_process_groups(64, declared_layouts(uly)) == 263
+    assert num_process_groups(64, declared_layouts(auto)) == 368
+    auto32 = layout_options(_llama("h200x32"), layout="auto", mode="pow2", max_group_size=None, explicit=None)
+    assert num_process_groups(32, declared_layouts(auto32)) == 135
     ring = layout_options(cm, layout="ring", mode="any", max_group_size=12, explicit=None)
     assert ring == {d: (d,) for d in range(1, 13)}
     # GQA: 12 query heads over 8 key/value heads allow u in {1, 2, 4}; 6 and 12 neither divide
     # nor are multiples of 8, so 12 = 6 x 2 is out and 12 runs as 4 x 3, 2 x 6 or 1 x 12
     gqa = cm.file.model.model_copy(update={"num_heads": 12, "hidden": 12 * 128, "head_dim": 128})
     cm12 = CostModel(file=cm.file.model_copy(update={"model": gqa}), cluster=cm.cluster)
-    assert layout_options(cm12, layout="auto", mode="any", max_group_size=12, explicit=None)[12] == (3, 6, 12)
+    assert layout_options(cm12, layout="auto", mode="any", max_group_size=12, explicit=None)[12] == (3, 12)
     with pytest.raises(ValueError, match="group size 12 is not allowed: .*layout='ulysses'"):
         layout_options(cm12, layout="ulysses", mode="any", max_group_size=None, explicit=(12,))
     # a 2D model: the ring cannot split spatial and temporal attention
