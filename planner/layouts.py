@@ -7,9 +7,10 @@ rank-sets (``executor/ring_layout.py``). The layouts a size may take (:func:`lay
   (``ModelSpec.allowed_group_sizes``, the GQA rule: past the key/value heads Ulysses replicates
   each head over the ranks whose query heads use it);
 * a ring (``r > 1``) needs attention over whole samples (kinds ``1d`` and ``3d``): it cannot split
-  the ``2d`` kind's spatial and temporal attention; and it cuts every sample into ``2r`` zig-zag
-  chunks, so a sample of fewer than ``2r`` tokens cannot run on it (``planner.costs`` marks it as
-  not fitting that column);
+  the ``2d`` kind's spatial and temporal attention, nor run joint text attention (MMDiT-style,
+  ``ModelSpec.joint_attention_tokens``; cross-attention to text, as Wan's, is fine); and it cuts
+  every sample into ``2r`` zig-zag chunks, so a sample of fewer than ``2r`` tokens cannot run on
+  it (``planner.costs`` marks it as not fitting that column);
 * ``layout="ulysses"`` keeps ``r = 1`` (the sizes the heads allow, as before rings);
   ``"ring"`` makes every group of two or more ranks a pure ring (``u = 1``, any size);
   ``"auto"`` allows, per size, pure Ulysses (where the heads allow the size), the pure ring and
@@ -63,6 +64,11 @@ def layout_options(cost_model: CostModel, *, layout: str, mode: str, max_group_s
     if layout == "ring" and not whole:
         raise ValueError(f"layout='ring': model {model.name!r} is kind {model.kind!r}, whose spatial and temporal "
                          "attention a ring cannot split; use layout='ulysses' or 'auto'")
+    if layout == "ring" and model.joint_attention_tokens:
+        raise ValueError(f"layout='ring': model {model.name!r} joins {model.joint_attention_tokens} text tokens to "
+                         "every self-attention (joint attention, executor/joint.py), which runs on pure Ulysses "
+                         "groups only; use layout='ulysses' or 'auto'")
+    whole = whole and not model.joint_attention_tokens  # cross-attention (Wan) leaves self-attention whole
     ulysses = model.allowed_group_sizes(max_size=limit)
     options: dict[int, set[int]] = {}
     if layout == "ring":

@@ -168,6 +168,9 @@ def _check_ring_layout(g: GroupPlan, cost_model: CostModel) -> list[str]:
                         f"(num_heads={model.num_heads}, kv_heads={model.kv_heads})")
     if model.kind == "2d":
         problems.append(f"{where}: a ring cannot split the 2D model's spatial and temporal attention")
+    if model.joint_attention_tokens:  # executor/joint.py runs joint text attention on pure Ulysses only
+        problems.append(f"{where}: model {model.name!r} joins {model.joint_attention_tokens} text tokens to every "
+                        "self-attention (joint attention), which runs on pure Ulysses groups only")
     for mb in g.micro_batches:
         for ps in mb.samples:
             if ps.sample.tokens < 2 * g.ring_degree:

@@ -214,3 +214,32 @@ def test_a_named_ring_is_kept_and_short_samples_are_caught() -> None:
     assert ring_chunks_fit(draft, arrays)
     swapped = [DraftGroup(size=16, first_rank=0, micro_batches=[[(1, 0)]], ring_degree=16)]
     assert not ring_chunks_fit(swapped, arrays)  # 20 tokens cannot be cut into 32 chunks
+
+
+def test_joint_text_attention_keeps_pure_ulysses_cross_attention_may_ring() -> None:
+    """HunyuanVideo joins 256 text tokens to every self-attention (``joint_attention_tokens``), which
+    the executor runs on pure Ulysses groups only (``executor/joint.py``); Wan cross-attends to its
+    text and its self-attention may run on a ring."""
+    c = load_cluster("h200x64")
+    hunyuan = CostModel(file=analytic_cost_model(load_model("hunyuanvideo-13b"), c.hardware), cluster=c)
+    wan = CostModel(file=analytic_cost_model(load_model("wan2.1-14b"), c.hardware), cluster=c)
+    assert hunyuan.file.model.joint_attention_tokens > 0 and wan.file.model.joint_attention_tokens == 0
+    auto = layout_options(hunyuan, layout="auto", mode="pow2", max_group_size=None, explicit=None)
+    assert auto == layout_options(hunyuan, layout="ulysses", mode="pow2", max_group_size=None, explicit=None)
+    assert all(rs == (1,) for rs in auto.values())
+    assert any(r > 1 for rs in layout_options(wan, layout="auto", mode="pow2", max_group_size=None,
+                                              explicit=None).values() for r in rs)
+    with pytest.raises(ValueError, match="layout='ring': model 'hunyuanvideo-13b' joins 256 text tokens"):
+        layout_options(hunyuan, layout="ring", mode="pow2", max_group_size=None, explicit=None)
+    with pytest.raises(ValueError, match="joins 256 text tokens"):
+        plan_batch([Sample(id="v", tokens=60 * 45 * 80, frames=60, height=45, width=80)], cluster=c,
+                   cost_model=hunyuan.file, config=PlannerConfig(layout="ring"))
+    # a ring group on a joint-attention model: the validator names the group
+    samples = [Sample(id="v", tokens=15 * 45 * 80, frames=15, height=45, width=80)]
+    plan = plan_batch(samples, cluster=c, cost_model=hunyuan.file, config=PlannerConfig(layout="auto"))
+    assert all(g.ring_degree == 1 for g in plan.groups)
+    big = max(plan.groups, key=lambda g: g.size)
+    ringed = big.model_copy(update={"ring_degree": big.size})
+    bad = plan.model_copy(update={"groups": [ringed if g is big else g for g in plan.groups]})
+    problems = validate_plan(bad, samples, cost_model=hunyuan)
+    assert any("joint attention), which runs on pure Ulysses groups only" in p for p in problems), problems
