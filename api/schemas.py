@@ -96,12 +96,16 @@ class PlanOptions(BaseModel):
     memory_safety_fraction: float | None = Field(default=None, strict=True, ge=0, lt=0.5,
                                                  description="Slack kept below the memory cap.")
 
-    def to_options(self, *, default_time_limit_s: float) -> dict[str, Any]:
-        """The options as PlannerConfig keyword arguments, with the default budget filled in."""
+    def to_options(self, *, default_time_limit_s: float, default_layout: str = "ulysses") -> dict[str, Any]:
+        """The options as PlannerConfig keyword arguments, with the default budget filled in, and
+        the default layout when it is not ``ulysses`` (the planner's own default: an epoch's stored
+        options stay those of its request)."""
         values = {k: v for k, v in self.model_dump().items() if v is not None}
         if "group_sizes" in values:
             values["group_sizes"] = tuple(values["group_sizes"])
         values.setdefault("time_limit_s", default_time_limit_s)
+        if default_layout != "ulysses":
+            values.setdefault("layout", default_layout)
         return values
 
 

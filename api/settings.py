@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -63,6 +64,11 @@ class Settings(BaseSettings):
         description="Default wall-clock safety cap of one plan (sync and epoch). The planner's "
                     "search budget is deterministic (PlannerConfig.cpsat_deterministic_time), so "
                     "a cap that is not hit keeps plans reproducible.")
+    plan_layout: Literal["ulysses", "auto", "ring"] = Field(
+        default="ulysses",
+        description="Default attention layouts of a plan or epoch request that names none (options.layout, "
+                    "planner/layouts.py): ulysses, auto (Ulysses x ring per group) or ring. An epoch "
+                    "declares the layouts its plans use (EpochStatus.layouts) for the executors' groups.")
     write_batch_steps: int = Field(default=16, gt=0,
                                    description="Epoch steps written per store transaction (at most).")
     resume_jobs: bool = Field(default=True,

@@ -14,6 +14,7 @@ import typer
 
 from costmodel.model_choice import DEFAULT_TEXT_MODEL
 from dcp_cli.model_option import model_config_option, model_option
+from dcp_cli.plan import LAYOUT_CHOICES
 from dcp_cli.progress import make_progress
 from dcp_cli.style import fail, fmt_pct, fmt_x
 
@@ -65,6 +66,10 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, help="Shuffle seed; step seeds derive from it."),
         time_limit_s: float = typer.Option(
             2.0, help="Wall-clock safety cap per step (the search budget is deterministic)."),
+        layout: str = typer.Option(
+            "ulysses", help="Attention layouts groups may run: ulysses (sizes the heads allow), auto (per "
+                            "group: Ulysses, a ring, or Ulysses in a node x ring), ring (every group of 2+ "
+                            "ranks a ring); the epoch declares them for the executors' process groups."),
         workers: int = typer.Option(os.cpu_count() or 1, help="Solver processes (ignored with --ray-address)."),
         ray_address: str | None = typer.Option(
             None, help="Plan the steps as Ray tasks on this cluster: auto, host:port (its GCS), "
@@ -113,7 +118,11 @@ def register(app: typer.Typer) -> None:
         if len(samples) > MAX_MANIFEST_SAMPLES:
             fail(f"MANIFEST {manifest} holds {len(samples):,} samples, over the service's limit of "
                  f"{MAX_MANIFEST_SAMPLES:,} for one manifest")
+        if layout not in LAYOUT_CHOICES:
+            fail(f"--layout {layout!r} is not one of {list(LAYOUT_CHOICES)}")
         options: dict[str, Any] = {"time_limit_s": time_limit_s}
+        if layout != "ulysses":  # the default stays out of the stored options: older runs still resume
+            options["layout"] = layout
         for item in option:
             key, sep, value = item.partition("=")
             if not sep or not key:

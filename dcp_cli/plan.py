@@ -21,17 +21,22 @@ if TYPE_CHECKING:
     from costmodel.specs import ModelSpec
 
 
+LAYOUT_CHOICES = ("ulysses", "auto", "ring")
+"""``--layout`` of ``dcp plan`` and ``dcp epoch`` (``PlannerConfig.layout``, ``planner/layouts.py``)."""
+
+
 def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size: int,
               budget_s: float, progress: Callable[[int, int | None], None] | None = None,
-              cost_model_file: CostModelFile | None = None, model: ModelSpec | None = None
-              ) -> list[dict[str, Any]]:
+              cost_model_file: CostModelFile | None = None, model: ModelSpec | None = None,
+              layout: str = "ulysses") -> list[dict[str, Any]]:
     """One row per step: the plan's and every baseline's predicted step time, gap, latency.
 
     ``baselines_s`` and ``speedups`` also hold ``strongest``: the fastest baseline of the step
     but ``naive`` (``planner.baselines.strongest``). ``model`` (a preset or a config's spec)
     replaces the workload's model: with its analytic cost model on the cluster's hardware, or
     with ``cost_model_file`` when that file was fitted for this very model (a small model
-    profiled on a CPU, planned on ``cpu:N``).
+    profiled on a CPU, planned on ``cpu:N``). ``layout`` is ``PlannerConfig.layout``; each row's
+    ``layouts`` lists its groups as ``[size, ulysses_degree, ring_degree]``.
 
     Raises:
         ValueError: for an unknown preset, a cost model made for another model or hardware (the
@@ -70,7 +75,7 @@ def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size:
                              f"{cost_model.model.name!r} with --model / --model-config to plan the "
                              f"workload's samples under it")
         CostModel(file=cost_model, cluster=cluster_spec)  # hardware and sharding checks
-    config = PlannerConfig.for_budget(budget_s, seed=seed)
+    config = PlannerConfig.for_budget(budget_s, seed=seed, layout=layout)
     rows = []
     for step in range(steps):
         samples = sample_batch(spec, num_samples=batch_size, seed=seed, step=step)
@@ -96,6 +101,7 @@ def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size:
             "method": plan.solver.method,
             "latency_s": latency,
             "group_sizes": sorted((g.size for g in plan.groups), reverse=True),
+            "layouts": sorted(([g.size, g.ulysses_degree, g.ring_degree] for g in plan.groups), reverse=True),
             "digest": plan.content_digest(),
         })
         if progress is not None:
@@ -147,6 +153,10 @@ def register(app: typer.Typer) -> None:
                                        help="Samples per global batch (at most 16,384, the service's limit)."),
         budget_ms: float = typer.Option(50.0, "--budget-ms", min=1.0,
                                         help="Planner budget per step (work limits scale)."),
+        layout: str = typer.Option(
+            "ulysses", "--layout", help="Attention layouts groups may run: ulysses (sizes the heads allow), "
+                                        "auto (per group: Ulysses, a ring, or Ulysses in a node x ring), "
+                                        "ring (every group of 2+ ranks a ring)."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     ) -> None:
@@ -156,6 +166,8 @@ def register(app: typer.Typer) -> None:
         from planner.limits import check_batch_size
 
         model_spec = resolve_model(model, model_config)
+        if layout not in LAYOUT_CHOICES:
+            raise typer.BadParameter(f"--layout {layout!r} is not one of {list(LAYOUT_CHOICES)}")
         try:
             check_batch_size(batch_size, name="--batch-size")
             file = None
@@ -167,12 +179,12 @@ def register(app: typer.Typer) -> None:
             with progress_bar(f"planning {steps} steps", quiet=quiet, total=steps) as update:
                 rows = plan_rows(workload=workload, cluster=cluster, steps=steps, seed=seed,
                                  batch_size=batch_size, budget_s=budget_ms / 1000.0, progress=update,
-                                 cost_model_file=file, model=model_spec)
+                                 cost_model_file=file, model=model_spec, layout=layout)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         summary = totals(rows)
         if as_json:
-            typer.echo(json.dumps({"workload": workload, "cluster": cluster, "seed": seed,
+            typer.echo(json.dumps({"workload": workload, "cluster": cluster, "seed": seed, "layout": layout,
                                    "steps": rows, "total": summary}, indent=1))
             return
         print_plan_tables(rows, summary, title=f"dcp plan: {workload} on {cluster}, "
@@ -195,11 +207,13 @@ BASELINES: dict[str, str] = {
 """What each baseline of ``plan.baselines_s`` is (``planner/baselines/``), and the strongest."""
 
 
-def _groups(sizes: list[int]) -> str:
-    counts: dict[int, int] = {}
-    for d in sizes:
-        counts[d] = counts.get(d, 0) + 1
-    return " ".join(f"{d}x{c}" if c > 1 else str(d) for d, c in counts.items())
+def _groups(sizes: list[int], layouts: list[list[int]] | None = None) -> str:
+    """``8x2 4`` for two groups of 8 and one of 4; a Ulysses x ring group shows ``[u*r]``."""
+    counts: dict[str, int] = {}
+    for d, u, r in layouts if layouts is not None else [[d, d, 1] for d in sizes]:
+        key = str(d) if r == 1 else f"{d}[{u}*{r}]"
+        counts[key] = counts.get(key, 0) + 1
+    return " ".join(f"{k}x{c}" if c > 1 else k for k, c in counts.items())
 
 
 def baseline_order(baselines_s: dict[str, float]) -> list[str]:
@@ -218,7 +232,8 @@ def print_plan_tables(rows: list[dict[str, Any]], summary: dict[str, Any], *, ti
                          no_wrap=col != "groups")
     for r in rows:
         steps.add_row(str(r["step"]), fmt_s(r["step_time_s"]), fmt_pct(r["gap"]),
-                      r["bound_kind"], r["status"], f"{r['latency_s'] * 1e3:.1f}", _groups(r["group_sizes"]))
+                      r["bound_kind"], r["status"], f"{r['latency_s'] * 1e3:.1f}",
+                      _groups(r["group_sizes"], r.get("layouts")))
     steps.add_row("all", fmt_s(summary["step_time_s"]), fmt_pct(summary["gap_mean"]), "mean", "",
                   f"{summary['latency_mean_s'] * 1e3:.1f}", "", style="bold")
     print_table(steps, [
@@ -230,7 +245,7 @@ def print_plan_tables(rows: list[dict[str, Any]], summary: dict[str, Any], *, ti
         ("status", "where the plan came from: OPTIMAL, FEASIBLE or HEURISTIC (the search), BASELINE "
                    "(a baseline was best) or POLISHED_BASELINE (a baseline improved by the search)"),
         ("ms", "planning time, milliseconds (all: mean)"),
-        ("groups", "SP group sizes, DxCOUNT (8x2 = two groups of 8 GPUs)"),
+        ("groups", "SP group sizes, DxCOUNT (8x2 = two groups of 8 GPUs); 64[8*8]: Ulysses over 8 x ring of 8"),
     ], out=out)
     names = baseline_order(summary["baselines_s"])
     base = Table(title="Speedup over each baseline", box=box.SIMPLE_HEAD, title_justify="left")

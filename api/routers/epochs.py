@@ -107,7 +107,8 @@ async def create_epoch(body: EpochRequest, state: State) -> EpochStatus:
             bad_request(str(exc))
         except ValueError as exc:
             unprocessable(["body", "manifest_path"], str(exc))
-    options = body.options.to_options(default_time_limit_s=state.settings.plan_time_limit_s)
+    options = body.options.to_options(default_time_limit_s=state.settings.plan_time_limit_s,
+                                      default_layout=state.settings.plan_layout)
     rule = BatchRule(samples_per_step=body.batch.samples_per_step,
                      tokens_per_step=body.batch.tokens_per_step)
 

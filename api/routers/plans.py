@@ -51,7 +51,8 @@ async def create_plan(body: PlanRequest, state: State) -> Response:
         check_compatible(cost_model, cluster)
     except ValueError as exc:
         unprocessable(["body", body.model_field], str(exc))
-    options = body.options.to_options(default_time_limit_s=state.settings.plan_time_limit_s)
+    options = body.options.to_options(default_time_limit_s=state.settings.plan_time_limit_s,
+                                      default_layout=state.settings.plan_layout)
     try:
         build_config(options)
     except ValueError as exc:

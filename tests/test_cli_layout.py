@@ -1,0 +1,139 @@
+"""The attention layout from the command line: ``dcp plan --layout``, ``dcp epoch --layout`` and its
+``[epoch] layout`` key, the service's ``[service] plan_layout`` setting (``dcp serve --config``,
+``dcp config show``); bad values stop with exit code 2 naming the option."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from dcp_cli.main import app
+from dcp_cli.net import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+DCP = str(Path(sys.executable).parent / "dcp")
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DCP_")}
+    env.update({"COLUMNS": "200", **extra})
+    return env
+
+
+def _dcp(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([DCP, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=200)
+
+
+def _plan_json(*extra: str) -> dict[str, Any]:
+    result = CliRunner().invoke(app, ["plan", "-w", "text-millionctx", "-c", "h200x64", "-k", "1", "-b", "16",
+                                      "--budget-ms", "20", "--json", "-q", *extra])
+    assert result.exit_code == 0, result.output
+    return dict(json.loads(result.stdout))
+
+
+def _one_step(report: dict[str, Any]) -> dict[str, Any]:
+    (row,) = report["steps"]
+    return dict(row)
+
+
+def test_dcp_plan_layout() -> None:
+    auto = _plan_json("--layout", "auto")
+    assert auto["layout"] == "auto"
+    row = _one_step(auto)
+    assert any(r > 1 for _, _, r in row["layouts"]), row["layouts"]
+    assert sorted(d for d, _, _ in row["layouts"]) == sorted(row["group_sizes"])
+    for d, u, r in row["layouts"]:
+        assert u * r == d
+    plain = _one_step(_plan_json())
+    assert all(r == 1 and d <= 32 for d, _, r in plain["layouts"])  # Llama-3.1-8B: 32 query heads
+    table = CliRunner().invoke(app, ["plan", "-w", "text-millionctx", "-c", "h200x64", "-k", "1", "-b", "16",
+                                     "--budget-ms", "20", "-q", "--layout", "ring"])
+    assert table.exit_code == 0, table.output
+    assert "[1*" in table.stdout  # a pure ring shows its degrees: 8[1*8]
+    bad = CliRunner().invoke(app, ["plan", "-w", "text-longtail", "-c", "h200x8", "--layout", "spiral"])
+    assert bad.exit_code == 2 and "--layout 'spiral' is not one of" in bad.output
+    video = CliRunner().invoke(app, ["plan", "-w", "video-short", "-c", "h200x8", "-k", "1", "-b", "8",
+                                     "--layout", "ring"])
+    assert video.exit_code == 2 and "a ring cannot split" in " ".join(video.output.split()), video.output
+
+
+def _spec(db: Path) -> dict[str, Any]:
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        return dict(json.loads(conn.execute("SELECT spec FROM epochs").fetchone()[0]))
+
+
+def test_dcp_epoch_layout_flag_and_config_key(tmp_path: Path) -> None:
+    manifest = tmp_path / "train.jsonl"
+    manifest.write_text("".join(ROOT.joinpath("examples/manifests/train.jsonl").read_text().splitlines(True)[:64]))
+    common = ("--cluster", "h200x8", "--samples-per-step", "32", "--max-steps", "1", "--workers", "1", "-q")
+    result = _dcp("epoch", "train.jsonl", *common, "--layout", "ring", "--out", "flag.sqlite", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    spec = _spec(tmp_path / "flag.sqlite")
+    assert spec["options"]["layout"] == "ring"
+    # llama-7b (32 heads) on 8 ranks: every size a pure ring
+    assert spec["layouts"] == [[d, 1, d] for d in (1, 2, 4, 8)]
+    (tmp_path / "dcp.toml").write_text('[epoch]\nlayout = "auto"\nout = "cfg.sqlite"\n')
+    result = _dcp("epoch", "train.jsonl", *common, "--config", "dcp.toml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    spec = _spec(tmp_path / "cfg.sqlite")
+    assert spec["options"]["layout"] == "auto"
+    assert spec["layouts"] == [[1, 1, 1], [2, 1, 2], [2, 2, 1], [4, 1, 4], [4, 4, 1], [8, 1, 8], [8, 8, 1]]
+    result = _dcp("epoch", "train.jsonl", *common, "--out", "plain.sqlite", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "layout" not in _spec(tmp_path / "plain.sqlite")["options"]
+    (tmp_path / "bad.toml").write_text('[epoch]\nlayout = "spiral"\nout = "bad.sqlite"\n')
+    result = _dcp("epoch", "train.jsonl", *common, "--config", "bad.toml", cwd=tmp_path)
+    assert result.returncode == 2 and "--layout 'spiral' is not one of" in result.stderr, result.stderr
+    assert not (tmp_path / "bad.sqlite").exists()
+
+
+def test_service_plan_layout_from_the_config_file(tmp_path: Path) -> None:
+    (tmp_path / "dcp.toml").write_text('[service]\nplan_layout = "auto"\nnum_workers = 1\n')
+    shown = _dcp("config", "show", "--config", "dcp.toml", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert any(line.split()[:3] == ["plan_layout", "auto", "dcp.toml"] for line in shown.stdout.splitlines()), \
+        shown.stdout
+    (tmp_path / "bad.toml").write_text('[service]\nplan_layout = "spiral"\n')
+    bad = _dcp("config", "show", "--config", "bad.toml", cwd=tmp_path)
+    assert bad.returncode == 2 and "plan_layout" in bad.stderr, bad.stderr
+    port = free_port()
+    with (tmp_path / "serve.log").open("wb") as log:
+        server = subprocess.Popen([DCP, "serve", "--config", "dcp.toml", "--port", str(port)], cwd=tmp_path,
+                                  env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "server not ready"
+            time.sleep(0.2)
+        # 2M tokens fit no Ulysses group of Llama-3.1-8B: the request names no layout and the
+        # service's default (auto) plans it on a ring
+        samples = [{"id": "huge", "tokens": 2 * 1024 * 1024}, {"id": "a", "tokens": 8192}]
+        body = {"samples": samples, "cluster": "h200x64", "model": "llama-3.1-8b",
+                "options": {"time_limit_s": 5.0, "use_cpsat": False}}
+        response = httpx.post(f"http://127.0.0.1:{port}/v1/plans", json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        assert any(g.get("ring_degree", 1) > 1 for g in response.json()["plan"]["groups"])
+        body["options"] = {"time_limit_s": 5.0, "use_cpsat": False, "layout": "ulysses"}
+        refused = httpx.post(f"http://127.0.0.1:{port}/v1/plans", json=body, timeout=120)
+        assert refused.status_code == 422 and "fits nowhere" in refused.text, refused.text
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
