@@ -37,6 +37,7 @@ def micro_batch_fields(mb: MicroBatch) -> dict[str, Any]:
 def peak_record(step: int, group: GroupPlan, peak_bytes: float) -> dict[str, Any]:
     """A measured group step's peak with its micro-batches (what the memory fit reads)."""
     return {"step": step, "first_rank": group.first_rank, "group_size": group.size,
+            "ring_degree": group.ring_degree,
             "micro_batches": [micro_batch_fields(mb) for mb in group.micro_batches],
             "peak_bytes": float(peak_bytes)}
 
@@ -117,7 +118,7 @@ class PlanMeasurementStore:
                                       gpus_per_node=cluster.gpus_per_node)
                 for mb, measured in zip(group.micro_batches, medians, strict=True):
                     records.append({"step": index, "first_rank": group.first_rank, "group_size": group.size,
-                                    "num_nodes": nodes, **micro_batch_fields(mb),
+                                    "ring_degree": group.ring_degree, "num_nodes": nodes, **micro_batch_fields(mb),
                                     "predicted_s": mb.predicted_time_s, "measured_s": measured})
         return records, peaks
 

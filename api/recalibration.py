@@ -32,6 +32,7 @@ from api.pool import SolverPool
 from api.revisions_store import RecalibrationState, Revision, RevisionStore, split_ref
 from api.store import PlanStore
 from costmodel.evaluate import CostModel, nodes_spanned
+from costmodel.layout import GroupLayout
 from costmodel.recalibrate import TERMS, TermScales, TermSplitter, fit_scales, scale_file
 from costmodel.recalibrate_memory import MemoryFit, fit_activation_scale, step_peak_parts_bytes
 from costmodel.schema import CostModelFile
@@ -83,7 +84,8 @@ def observations(groups: Sequence[GroupMeasurement], plans: dict[int, Plan]) -> 
             continue
         for mb, measured in zip(group.micro_batches, g.times_s, strict=True):
             out.append({"step": g.step, "first_rank": g.first_rank, "group_size": group.size,
-                        **micro_batch_fields(mb), "predicted_s": mb.predicted_time_s, "measured_s": measured})
+                        "ring_degree": group.ring_degree, **micro_batch_fields(mb),
+                        "predicted_s": mb.predicted_time_s, "measured_s": measured})
     return out
 
 
@@ -94,9 +96,19 @@ def peak_observations(groups: Sequence[GroupMeasurement], plans: dict[int, Plan]
             for g, group in _measured_groups(groups, plans) if g.peak_bytes and group.micro_batches]
 
 
+def _layout(model: CostModel, record: dict[str, Any]) -> GroupLayout | None:
+    """A measured group's Ulysses x ring layout on its placement (None: pure Ulysses; records
+    stored before layouts existed have no ``ring_degree``)."""
+    ring_degree = int(record.get("ring_degree", 1))
+    if ring_degree == 1:
+        return None
+    return model.place(first_rank=record["first_rank"], group_size=record["group_size"], ring_degree=ring_degree)
+
+
 def _fit_memory(model: CostModel, peaks: Sequence[dict[str, Any]], prior: float) -> MemoryFit:
     parts = [step_peak_parts_bytes(model, [([Sample.model_validate(s) for s in mb["samples"]], mb["policies"])
-                                           for mb in p["micro_batches"]], group_size=p["group_size"])
+                                           for mb in p["micro_batches"]], group_size=p["group_size"],
+                                   layout=_layout(model, p))
              for p in peaks]
     return fit_activation_scale([f for f, _ in parts], [v for _, v in parts], [p["peak_bytes"] for p in peaks],
                                 prior=prior)
@@ -117,15 +129,17 @@ def fit_revision_task(base_json: str, cluster_json: str, records: list[dict[str,
     cluster = ClusterSpec.model_validate_json(cluster_json)
     model = CostModel(file=base, cluster=cluster)
     split = TermSplitter(model)
-    terms = [split([Sample.model_validate(s) for s in r["samples"]], group_size=r["group_size"],
-                   recompute_layers=r["policies"],
-                   num_nodes=r.get("num_nodes") or nodes_spanned(
-                       first_rank=r["first_rank"], group_size=r["group_size"],
-                       gpus_per_node=cluster.gpus_per_node))
+    parts = [split.split([Sample.model_validate(s) for s in r["samples"]], group_size=r["group_size"],
+                         recompute_layers=r["policies"],
+                         num_nodes=r.get("num_nodes") or nodes_spanned(
+                             first_rank=r["first_rank"], group_size=r["group_size"],
+                             gpus_per_node=cluster.gpus_per_node),
+                         layout=_layout(model, r))  # each group on its own layout
              for r in records]
     prior_scales = TermScales(**prior)
-    fit = fit_scales(np.array(terms), np.array([r["measured_s"] for r in records]),
-                     steps=[r["step"] for r in records], prior=prior_scales)
+    fit = fit_scales(np.array([t for t, _ in parts]), np.array([r["measured_s"] for r in records]),
+                     steps=[r["step"] for r in records], prior=prior_scales,
+                     fixed_s=np.array([rest for _, rest in parts]))
     memory = None
     if peaks:
         try:

@@ -33,6 +33,7 @@ from numpy.typing import NDArray
 from scipy.optimize import least_squares, nnls
 
 from costmodel.evaluate import CostModel
+from costmodel.layout import GroupLayout
 from costmodel.schema import CostModelFile, LayerTimeTerms, LinkFit
 from costmodel.specs import Sample
 
@@ -130,12 +131,26 @@ class TermSplitter:
                                    cluster=model.cluster) for name in TERMS]
 
     def __call__(self, samples: Sequence[Sample], *, group_size: int, recompute_layers: Sequence[int],
-                 num_nodes: int | None = None) -> NDArray[np.float64]:
-        """Seconds of one micro-batch per term (``TERMS`` order); they sum to its prediction."""
-        kwargs = {"group_size": group_size, "recompute_layers": recompute_layers, "num_nodes": num_nodes}
+                 num_nodes: int | None = None, layout: GroupLayout | None = None) -> NDArray[np.float64]:
+        """Seconds of one micro-batch per term (``TERMS`` order); under pure Ulysses they sum to its
+        prediction (:meth:`split` gives the rest under a ring layout)."""
+        return self.split(samples, group_size=group_size, recompute_layers=recompute_layers, num_nodes=num_nodes,
+                          layout=layout)[0]
+
+    def split(self, samples: Sequence[Sample], *, group_size: int, recompute_layers: Sequence[int],
+              num_nodes: int | None = None, layout: GroupLayout | None = None
+              ) -> tuple[NDArray[np.float64], float]:
+        """``(terms, rest_s)`` of one micro-batch on its group's layout (``layout``: a Ulysses x ring
+        group, :meth:`CostModel.place`; None: pure Ulysses): seconds per term, each the change of
+        the prediction when that term doubles, and the rest of the prediction no term scales (the
+        ring's point-to-point hops its attention does not hide; ~0 for pure Ulysses)."""
+        kwargs = {"group_size": group_size, "recompute_layers": recompute_layers, "num_nodes": num_nodes,
+                  "layout": layout}
         total = self.model.microbatch_time_s(samples, **kwargs)  # type: ignore[arg-type]
-        return np.array([m.microbatch_time_s(samples, **kwargs) - total  # type: ignore[arg-type]
-                         for m in self._doubled], dtype=np.float64)
+        terms = np.array([m.microbatch_time_s(samples, **kwargs) - total  # type: ignore[arg-type]
+                          for m in self._doubled], dtype=np.float64)
+        pure_ulysses = layout is None or layout.ring_degree == 1  # the terms are the whole prediction
+        return terms, 0.0 if pure_ulysses else float(total - terms.sum())
 
 
 def term_times_s(model: CostModel, samples: Sequence[Sample], *, group_size: int,
@@ -184,8 +199,8 @@ def _mape(pred: NDArray[np.float64], measured: NDArray[np.float64]) -> float:
 
 def fit_scales(terms_s: NDArray[np.float64], measured_s: NDArray[np.float64], *, steps: Sequence[int],
                prior: TermScales | None = None, heldout_every: int = 5, huber_scale: float = 0.05,
-               prior_weight: float = 1e-4) -> ScaleFit:
-    """Fit one factor per term so that ``terms_s @ scales`` predicts ``measured_s``.
+               prior_weight: float = 1e-4, fixed_s: NDArray[np.float64] | None = None) -> ScaleFit:
+    """Fit one factor per term so that ``terms_s @ scales + fixed_s`` predicts ``measured_s``.
 
     Args:
         terms_s: ``(n, 3)`` seconds per micro-batch and term under the *base* file.
@@ -197,6 +212,8 @@ def fit_scales(terms_s: NDArray[np.float64], measured_s: NDArray[np.float64], *,
         heldout_every: Hold-out period in steps.
         huber_scale: Log-ratio error past which a point's pull stops growing (0.05 = 5%).
         prior_weight: Weight of ``log(s / prior)`` per term, against 1 per point (conditioning).
+        fixed_s: ``(n,)`` seconds of each micro-batch no term scales (``TermSplitter.split``'s rest:
+            a ring's exposed hops); default none.
 
     Raises:
         ValueError: for shapes that do not agree, non-positive measurements, or no point to fit.
@@ -211,6 +228,9 @@ def fit_scales(terms_s: NDArray[np.float64], measured_s: NDArray[np.float64], *,
         raise ValueError("measured_s must be finite and positive")
     if not np.all(np.isfinite(terms)) or np.any(terms < 0):
         raise ValueError("terms_s must be finite and non-negative")
+    fixed = np.zeros(len(measured)) if fixed_s is None else np.asarray(fixed_s, dtype=np.float64)
+    if fixed.shape != measured.shape or not np.all(np.isfinite(fixed)):
+        raise ValueError(f"fixed_s must be finite with one value per measurement, got shape {fixed.shape}")
     prior = prior or TermScales()
     distinct = np.unique(step_arr)
     held_steps = distinct[heldout_every - 1::heldout_every] if len(distinct) >= heldout_every else distinct[:0]
@@ -222,7 +242,7 @@ def fit_scales(terms_s: NDArray[np.float64], measured_s: NDArray[np.float64], *,
     share = (terms[train] * base).sum(axis=0) / max(float((terms[train] @ base).sum()), 1e-300)
     active = share > 1e-6
     x0 = np.log(base[active])
-    t_train, m_train = terms[train], measured[train]
+    t_train, m_train, f_train = terms[train], measured[train], fixed[train]
 
     def full(x: NDArray[np.float64]) -> NDArray[np.float64]:
         scales = base.copy()
@@ -230,7 +250,7 @@ def fit_scales(terms_s: NDArray[np.float64], measured_s: NDArray[np.float64], *,
         return scales
 
     def residuals(x: NDArray[np.float64]) -> NDArray[np.float64]:
-        pred = t_train @ full(x)
+        pred = t_train @ full(x) + f_train
         data = np.log(np.maximum(pred, 1e-300)) - np.log(m_train)
         return np.concatenate([data, math.sqrt(prior_weight) * (x - x0)])
 
@@ -239,15 +259,16 @@ def fit_scales(terms_s: NDArray[np.float64], measured_s: NDArray[np.float64], *,
         # The objective is not convex in the factors: start from the prior and from the
         # non-negative least-squares solution in relative error (a zero there keeps the prior),
         # keep the lower cost.
-        linear, _ = nnls(t_train[:, active] / m_train[:, None], np.ones(len(m_train)))
+        linear, _ = nnls(t_train[:, active] / m_train[:, None], 1.0 - f_train / m_train)
         starts = [x0, np.log(np.where(linear > 0, linear, base[active]))]
         best = min((least_squares(residuals, start, loss="huber", f_scale=huber_scale, method="trf")
                     for start in starts), key=lambda r: float(r.cost))
         fitted = full(best.x)
     quality = FitQuality(
-        heldout_mape_before=_mape(terms[held] @ base, measured[held]) if np.any(held) else None,
-        heldout_mape_after=_mape(terms[held] @ fitted, measured[held]) if np.any(held) else None,
-        train_mape_before=_mape(t_train @ base, m_train), train_mape_after=_mape(t_train @ fitted, m_train),
+        heldout_mape_before=_mape(terms[held] @ base + fixed[held], measured[held]) if np.any(held) else None,
+        heldout_mape_after=_mape(terms[held] @ fitted + fixed[held], measured[held]) if np.any(held) else None,
+        train_mape_before=_mape(t_train @ base + f_train, m_train),
+        train_mape_after=_mape(t_train @ fitted + f_train, m_train),
         num_points=int(train.sum()), num_heldout=int(held.sum()),
         active_terms=tuple(name for name, a in zip(TERMS, active, strict=True) if a))
     return ScaleFit(scales=TermScales.from_array(fitted, activation=prior.activation), quality=quality)

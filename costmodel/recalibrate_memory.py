@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.evaluate import CostModel
+from costmodel.layout import GroupLayout
 from costmodel.specs import Sample
 
 MIN_SHARE = 0.2
@@ -55,13 +56,14 @@ class MemoryFit:
 
 
 def step_peak_parts_bytes(model: CostModel, micro_batches: Sequence[tuple[Sequence[Sample], Sequence[int]]],
-                          *, group_size: int) -> tuple[float, float]:
+                          *, group_size: int, layout: GroupLayout | None = None) -> tuple[float, float]:
     """``(fixed, var)`` of one rank's step under ``model``: its peak is ``fixed + var``.
 
     Args:
         model: The base cost model (factor 1).
         micro_batches: ``(samples, policies)`` of each micro-batch of the rank's group.
         group_size: Ranks of the group.
+        layout: Its Ulysses x ring layout (None: pure Ulysses): a ring's key/value buffers count.
 
     Raises:
         ValueError: for a step without micro-batches.
@@ -69,7 +71,7 @@ def step_peak_parts_bytes(model: CostModel, micro_batches: Sequence[tuple[Sequen
     if not micro_batches:
         raise ValueError("a step's peak needs at least one micro-batch")
     var = max(float(model.activation_bytes([s.tokens for s in samples], group_size=group_size,
-                                           recompute_layers=list(policies)).sum())
+                                           recompute_layers=list(policies), layout=layout).sum())
               for samples, policies in micro_batches)
     return model.fixed_bytes(), var
 
