@@ -19,14 +19,9 @@ A group that splits attention as Ulysses over ``u`` ranks x ring over ``r`` rank
 compute term at its size ``d = u r`` (the ring's steps add up to the ``s^2/d`` pairs), runs its
 all-to-alls over the ``u`` ranks of a Ulysses subgroup (bytes, latency and nodes of that
 subgroup, key/value replication past ``H_kv`` over ``u``) and adds what the ring does not hide
-(:func:`costmodel.ring_time.ring_attention_time_s`'s exposed hops and merges) for every layer
-call of the micro-batch, the recomputed ones included (:meth:`CostModel.ring_exposed_s`: not
-additive over samples, since a hop carries the whole call's block). Its memory adds the ring's
-key/value buffers (:func:`costmodel.ring_time.ring_kv_buffer_bytes`).
-
-Memory of a micro-batch is additive over its samples: each sample's kept activations (a fully
-checkpointed sample also one rematerialised layer, see ``activation_bytes``) and the transient
-working set of a layer's backward per token: the peak the executor reaches.
+(:mod:`costmodel.ring_costs`). Memory (model states, working buffers, a micro-batch's samples,
+the ring's key/value buffers) is :mod:`costmodel.memory_costs`; ``CostModel`` is the three parts
+bound to one file and cluster.
 """
 
 from __future__ import annotations
@@ -39,20 +34,14 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from costmodel.collectives import collective_cost, collective_time_s, wire_bytes
-from costmodel.grad_sync import ModelStateBytes, SyncCalls, model_state, sync_calls
+from costmodel.grad_sync import SyncCalls, sync_calls
 from costmodel.layout import GroupLayout, nodes_spanned
+from costmodel.memory_costs import MemoryCosts
 from costmodel.model_terms import terms as kind_terms
 from costmodel.pass_terms import sample_pass_s
 from costmodel.policy import parse_policy, policy_name
-from costmodel.ring_time import (
-    RingLayerTime,
-    calls_exposed_s,
-    default_p2p_links,
-    kv_bytes_per_token,
-    ring_attention_time_s,
-    ring_steps_s,
-)
-from costmodel.schema import CostModelFile, P2PLinks
+from costmodel.ring_costs import RingCosts
+from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec, Sample
 
 __all__ = ["CostModel", "GroupLayout", "nodes_spanned", "parse_policy", "policy_name"]
@@ -66,8 +55,9 @@ step; optimizer states replicated or sharded (ZeRO-1, e.g. torch's ZeroRedundanc
 
 
 @dataclass(frozen=True, slots=True)
-class CostModel:
-    """A cost-model file bound to a cluster.
+class CostModel(RingCosts, MemoryCosts):
+    """A cost-model file bound to a cluster: time here, a ring's costs in
+    :class:`costmodel.ring_costs.RingCosts`, memory in :class:`costmodel.memory_costs.MemoryCosts`.
 
     Attributes:
         file: The coefficients.
@@ -125,16 +115,6 @@ class CostModel:
     def default_nodes(self, group_size: int) -> int:
         """Nodes an aligned contiguous group of this size spans."""
         return max(1, math.ceil(group_size / self.cluster.gpus_per_node))
-
-    @property
-    def p2p_links(self) -> P2PLinks:
-        """The ring's p2p links: the file's (fitted), else (or for an unmeasured inter-node link)
-        the hardware's analytic ones (:func:`costmodel.ring_time.default_p2p_links`)."""
-        p2p = self.file.comm.p2p
-        if p2p is not None and p2p.inter is not None:
-            return p2p
-        default = default_p2p_links(self.cluster.hardware)
-        return default if p2p is None else p2p.model_copy(update={"inter": default.inter})
 
     def place(self, *, first_rank: int, group_size: int, ring_degree: int = 1) -> GroupLayout:
         """The layout of a group of contiguous ranks on this cluster (:meth:`GroupLayout.place`)."""
@@ -278,62 +258,6 @@ class CostModel:
             ring = self.ring_exposed_s([s.tokens for s in samples], list(recompute_layers), layout=layout)
         return float(fixed + times.sum() + ring)
 
-    def ring_layer_time(self, tokens: Sequence[float], *, layout: GroupLayout,
-                        links: P2PLinks | None = None, additive_only: bool = False) -> RingLayerTime:
-        """One layer's attention and its all-to-alls on one rank of a ``u x r`` group, per pass.
-
-        The ring from :func:`costmodel.ring_time.ring_attention_time_s` with this file's attention
-        coefficients (``compute.forward/backward.per_attn_pair``), the model's heads, the hardware's
-        HBM bandwidth and ``links`` (default :attr:`p2p_links`; ``additive_only``: the form that
-        bounds a sample's share from below); the all-to-alls as this cost
-        model charges a Ulysses subgroup of ``u`` (``sum s_i / d`` tokens per rank).
-        """
-        u, r = layout.ulysses_degree, layout.ring_degree
-        model = self.file.model
-        forward, backward, exp_f, exp_b = ring_attention_time_s(
-            tokens, ulysses_degree=u, ring_degree=r,
-            forward_s_per_pair=self.file.compute.forward.per_attn_pair,
-            backward_s_per_pair=self.file.compute.backward.per_attn_pair,
-            kv_bytes_per_token=kv_bytes_per_token(model, ulysses_degree=u),
-            query_channels=model.num_heads // u * model.head_size,
-            links=self.p2p_links if links is None else links, crosses_nodes=layout.ring_crosses_nodes,
-            hbm_bytes_per_s=self.cluster.hardware.hbm_bandwidth_bytes_per_s, additive_only=additive_only)
-        alpha, per_token = self._alltoall_per_pass(u, layout.alltoall_nodes)
-        a2a = alpha + per_token * math.fsum(tokens) / layout.group_size if u > 1 else 0.0
-        return RingLayerTime(forward_s=forward, backward_s=backward, exposed_forward_s=exp_f,
-                             exposed_backward_s=exp_b, alltoall_forward_s=a2a)
-
-    def ring_alone_exposed_s(self, tokens: ArrayLike, *, layout: GroupLayout, additive_only: bool = False
-                             ) -> tuple[FloatArray, FloatArray]:
-        """``(forward, backward)`` exposed seconds of one layer's ring for each sample alone in a
-        call (:meth:`ring_layer_time` of ``[s]``, vectorised; ``additive_only`` as there)."""
-        u, r = layout.ulysses_degree, layout.ring_degree
-        s = np.asarray(tokens, dtype=np.float64)
-        model = self.file.model
-        _, _, exp_f, exp_b = ring_steps_s(
-            s * s / (u * r * r), s / r, ring_degree=r,
-            forward_s_per_pair=self.file.compute.forward.per_attn_pair,
-            backward_s_per_pair=self.file.compute.backward.per_attn_pair,
-            kv_bytes_per_token=kv_bytes_per_token(model, ulysses_degree=u),
-            query_channels=model.num_heads // u * model.head_size, links=self.p2p_links,
-            crosses_nodes=layout.ring_crosses_nodes, hbm_bytes_per_s=self.cluster.hardware.hbm_bandwidth_bytes_per_s,
-            additive_only=additive_only)
-        return np.asarray(exp_f, dtype=np.float64), np.asarray(exp_b, dtype=np.float64)
-
-    def ring_exposed_s(self, tokens: Sequence[float], recompute_layers: Sequence[int], *,
-                       layout: GroupLayout) -> float:
-        """Seconds a micro-batch's rings add to its compute: every layer call's exposed forward and
-        backward (:meth:`ring_layer_time`), the recomputed forwards again
-        (:func:`costmodel.ring_time.calls_exposed_s`); 0 for a pure Ulysses layout."""
-        if layout.ring_degree == 1:
-            return 0.0
-
-        def exposed(call_tokens: list[float]) -> tuple[float, float]:
-            t = self.ring_layer_time(call_tokens, layout=layout)
-            return t.exposed_forward_s, t.exposed_backward_s
-
-        return calls_exposed_s(tokens, recompute_layers, num_layers=self.num_layers, exposed=exposed)
-
     def grad_sync_calls(self) -> tuple[SyncCalls, ...]:
         """The collectives of one step's gradient sync under ``cluster.grad_sync``
         (:func:`costmodel.grad_sync.sync_calls`)."""
@@ -357,77 +281,3 @@ class CostModel:
             comm, call.op, call.bytes_per_rank / call.num_calls, group_size=n, num_nodes=nodes))
             for call in self.grad_sync_calls())
 
-    # --------------------------------------------------------------- memory
-    def model_state(self) -> ModelStateBytes:
-        """Model states per rank by kind (:func:`costmodel.grad_sync.model_state`)."""
-        return model_state(self.cluster, num_params=self.file.num_params)
-
-    def model_state_bytes(self) -> float:
-        """Model states per rank at their peak in a step under the cluster's sync mode: bf16
-        params and grads, fp32 master weights and Adam moments replicated or sharded [R20]."""
-        return self.model_state().total_bytes
-
-    def activation_bytes(self, tokens: ArrayLike, *, group_size: int, recompute_layers: ArrayLike = 0,
-                         layout: GroupLayout | None = None) -> FloatArray:
-        """Peak bytes one rank holds for samples under a policy (additive per sample).
-
-        ``s/d * (max(L-k, [k>0])*none + k*full + working + max(transient, head_transient))``
-        (the head's and loss's backward runs first, on top of every kept layer; then each
-        layer's), with ``none`` grown by ``kv_head_bytes_per_token_layer`` per replicated key/value
-        head (:meth:`kv_replicas`). Backward runs from the
-        last layer down: a checkpointed layer rematerialises its ``none`` activations only after
-        the plain layers above it have freed theirs, so the rematerialised layer adds to the peak
-        only when every layer is checkpointed (``k = L``, which is then dominated by ``k = L-1``).
-        Summed over a micro-batch with mixed policies this bounds the peak from above and is exact
-        when they agree. Under a ring layout (``u x r``) the key/value replication is the Ulysses
-        subgroup's (``kv_replicas(u)``) and each sample adds the ring's key/value buffers,
-        ``4 s/r`` tokens of this rank's key/value heads (:func:`costmodel.ring_time.ring_kv_buffer_bytes`,
-        linear in the tokens, so additive as the rest). A joint-attention (MMDiT) model's sample
-        adds its ``J`` text tokens, whole on every rank of the group (``executor/joint.py``):
-        ``J * (max(L-k, [k>0])*none + k*full)``, per sample and not divided by ``d``.
-        """
-        u, _ = self._alltoall_group(group_size, None, layout)
-        s = np.asarray(tokens, dtype=np.float64)
-        k = np.asarray(recompute_layers, dtype=np.float64)
-        a = self.file.activation
-        layers = self.num_layers
-        kept_none_layers = np.maximum(layers - k, np.where(k > 0, 1.0, 0.0))
-        none = a.bytes_per_token_layer_none + a.kv_head_bytes_per_token_layer * self.kv_replicas(u)
-        per_token = (kept_none_layers * none + k * a.bytes_per_token_layer_full
-                     + a.working_bytes_per_token
-                     + max(a.transient_bytes_per_token, a.head_transient_bytes_per_token))
-        ring: float | FloatArray = 0.0
-        if layout is not None and layout.ring_degree > 1:  # = ring_kv_buffer_bytes per sample
-            ring = 4.0 * s / layout.ring_degree * kv_bytes_per_token(self.file.model, ulysses_degree=u)
-        # joined text tokens (MMDiT): kept per layer like tokens, whole on every rank of the group
-        text = self.file.model.joint_attention_tokens * (kept_none_layers * none + k * a.bytes_per_token_layer_full)
-        return np.asarray(s / group_size * per_token + ring + text, dtype=np.float64)
-
-    def fixed_working_bytes(self) -> float:
-        """Working memory of any micro-batch: the fixed buffers plus the per-layer ones."""
-        a = self.file.activation
-        return a.fixed_working_bytes + self.num_layers * a.fixed_working_bytes_per_layer
-
-    def fixed_bytes(self) -> float:
-        """Per-rank memory independent of the batch: model states and working buffers."""
-        return self.model_state_bytes() + self.fixed_working_bytes()
-
-    def activation_budget_bytes(self) -> float:
-        """Bytes left for activations under the memory cap (may be negative)."""
-        return self.cluster.memory_cap_bytes - self.fixed_bytes()
-
-    def microbatch_peak_bytes(self, samples: Sequence[Sample], *, group_size: int,
-                              recompute_layers: Sequence[int], layout: GroupLayout | None = None) -> float:
-        """Peak bytes per rank while a micro-batch runs."""
-        if len(samples) != len(recompute_layers):
-            raise ValueError(f"{len(samples)} samples but {len(recompute_layers)} policies")
-        act = self.activation_bytes([s.tokens for s in samples], group_size=group_size,
-                                    recompute_layers=list(recompute_layers), layout=layout)
-        return float(self.fixed_bytes() + act.sum())
-
-    def fits(self, sample: Sample, *, group_size: int, recompute_layers: int,
-             layout: GroupLayout | None = None) -> bool:
-        """True when the sample alone fits one rank of the group under the cap."""
-        act = float(self.activation_bytes(sample.tokens, group_size=group_size,
-                                          recompute_layers=recompute_layers, layout=layout))
-        return act <= self.activation_budget_bytes()

@@ -11,7 +11,8 @@ use, plus the activations: per rank of a group, while a micro-batch runs,
 * ``activations_bytes``: what the micro-batch's samples keep for backward under their checkpoint
   policies;
 * ``token_working_bytes``: the per-token working set on top of them (logits and loss, all-to-all
-  buffers, the largest layer's backward transients);
+  buffers, the largest layer's backward transients, a ring's key/value buffers,
+  ``CostModel.ring_buffer_bytes``);
 * ``margin_bytes``: the memory cap minus all of the above (the cap is the share of device memory
   a plan may use, ``ClusterSpec.memory_cap_fraction``).
 
@@ -133,7 +134,8 @@ def plan_memory(plan: Plan, cost_model: CostModel, *,
             full_act = float(cost_model.activation_bytes(tokens, group_size=group.size, recompute_layers=ks,
                                                          layout=layout).sum())
             kept = float(kept_only.activation_bytes(tokens, group_size=group.size, recompute_layers=ks,
-                                                    layout=layout).sum())
+                                                    layout=layout).sum()
+                         - cost_model.ring_buffer_bytes(tokens, layout=layout).sum())  # working, not kept
             parts.append(MicroBatchMemory(
                 index=m, params_bytes=states.params_bytes, grads_bytes=states.grads_bytes,
                 optimizer_bytes=optimizer, fixed_working_bytes=fixed_working, activations_bytes=kept,

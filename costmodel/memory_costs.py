@@ -1,0 +1,128 @@
+"""The memory part of :class:`costmodel.evaluate.CostModel`: bytes per rank of model states,
+working buffers and a micro-batch's samples.
+
+Memory of a micro-batch is additive over its samples: each sample's kept activations (a fully
+checkpointed sample also one rematerialised layer, see :meth:`MemoryCosts.activation_bytes`) and
+the transient working set of a layer's backward per token: the peak the executor reaches. Under a
+Ulysses x ring layout each sample adds the ring's key/value buffers
+(:func:`costmodel.ring_time.ring_kv_buffer_bytes`), token working memory linear in its tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from costmodel.grad_sync import ModelStateBytes, model_state
+from costmodel.layout import GroupLayout
+from costmodel.schema import CostModelFile
+from costmodel.specs import ClusterSpec, Sample
+
+FloatArray = NDArray[np.float64]
+
+
+class MemoryCosts:
+    """Memory of a cost model bound to a cluster (a mixin of ``CostModel``)."""
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:  # provided by CostModel
+        file: CostModelFile
+        cluster: ClusterSpec
+
+        @property
+        def num_layers(self) -> int: ...
+
+        def kv_replicas(self, group_size: int) -> int: ...
+
+        def kv_bytes_per_token(self, ulysses_degree: int) -> float: ...
+
+        @staticmethod
+        def _alltoall_group(group_size: int, num_nodes: int | None, layout: GroupLayout | None
+                            ) -> tuple[int, int | None]: ...
+
+    def model_state(self) -> ModelStateBytes:
+        """Model states per rank by kind (:func:`costmodel.grad_sync.model_state`)."""
+        return model_state(self.cluster, num_params=self.file.num_params)
+
+    def model_state_bytes(self) -> float:
+        """Model states per rank at their peak in a step under the cluster's sync mode: bf16
+        params and grads, fp32 master weights and Adam moments replicated or sharded [R20]."""
+        return self.model_state().total_bytes
+
+    def activation_bytes(self, tokens: ArrayLike, *, group_size: int, recompute_layers: ArrayLike = 0,
+                         layout: GroupLayout | None = None) -> FloatArray:
+        """Peak bytes one rank holds for samples under a policy (additive per sample).
+
+        ``s/d * (max(L-k, [k>0])*none + k*full + working + max(transient, head_transient))``
+        (the head's and loss's backward runs first, on top of every kept layer; then each
+        layer's), with ``none`` grown by ``kv_head_bytes_per_token_layer`` per replicated key/value
+        head (:meth:`kv_replicas`). Backward runs from the
+        last layer down: a checkpointed layer rematerialises its ``none`` activations only after
+        the plain layers above it have freed theirs, so the rematerialised layer adds to the peak
+        only when every layer is checkpointed (``k = L``, which is then dominated by ``k = L-1``).
+        Summed over a micro-batch with mixed policies this bounds the peak from above and is exact
+        when they agree. Under a ring layout (``u x r``) the key/value replication is the Ulysses
+        subgroup's (``kv_replicas(u)``) and each sample adds the ring's key/value buffers,
+        ``4 s/r`` tokens of this rank's key/value heads (:func:`costmodel.ring_time.ring_kv_buffer_bytes`,
+        linear in the tokens, so additive as the rest). A joint-attention (MMDiT) model's sample
+        adds its ``J`` text tokens, whole on every rank of the group (``executor/joint.py``):
+        ``J * (max(L-k, [k>0])*none + k*full)``, per sample and not divided by ``d``.
+        """
+        u, _ = self._alltoall_group(group_size, None, layout)
+        s = np.asarray(tokens, dtype=np.float64)
+        k = np.asarray(recompute_layers, dtype=np.float64)
+        a = self.file.activation
+        layers = self.num_layers
+        kept_none_layers = np.maximum(layers - k, np.where(k > 0, 1.0, 0.0))
+        none = a.bytes_per_token_layer_none + a.kv_head_bytes_per_token_layer * self.kv_replicas(u)
+        per_token = (kept_none_layers * none + k * a.bytes_per_token_layer_full
+                     + a.working_bytes_per_token
+                     + max(a.transient_bytes_per_token, a.head_transient_bytes_per_token))
+        ring = self.ring_buffer_bytes(s, layout=layout)
+        # joined text tokens (MMDiT): kept per layer like tokens, whole on every rank of the group
+        text = self.file.model.joint_attention_tokens * (kept_none_layers * none + k * a.bytes_per_token_layer_full)
+        return np.asarray(s / group_size * per_token + ring + text, dtype=np.float64)
+
+    def ring_buffer_bytes(self, tokens: ArrayLike, *, layout: GroupLayout | None) -> FloatArray:
+        """Per sample, the ring's key/value buffers one rank holds while the sample's attention runs
+        (token working memory, not kept for backward): ``4 s/r`` tokens of the key/value heads the
+        rank holds after the Ulysses swap, at :attr:`element_bytes` (= :func:`costmodel.ring_time.
+        ring_kv_buffer_bytes` per sample); 0 for pure Ulysses (``layout`` None or ``r = 1``)."""
+        s = np.asarray(tokens, dtype=np.float64)
+        if layout is None or layout.ring_degree == 1:
+            return np.zeros_like(s)
+        return np.asarray(4.0 * s / layout.ring_degree * self.kv_bytes_per_token(layout.ulysses_degree),
+                          dtype=np.float64)
+
+    def fixed_working_bytes(self) -> float:
+        """Working memory of any micro-batch: the fixed buffers plus the per-layer ones."""
+        a = self.file.activation
+        return a.fixed_working_bytes + self.num_layers * a.fixed_working_bytes_per_layer
+
+    def fixed_bytes(self) -> float:
+        """Per-rank memory independent of the batch: model states and working buffers."""
+        return self.model_state_bytes() + self.fixed_working_bytes()
+
+    def activation_budget_bytes(self) -> float:
+        """Bytes left for activations under the memory cap (may be negative)."""
+        return self.cluster.memory_cap_bytes - self.fixed_bytes()
+
+    def microbatch_peak_bytes(self, samples: Sequence[Sample], *, group_size: int,
+                              recompute_layers: Sequence[int], layout: GroupLayout | None = None) -> float:
+        """Peak bytes per rank while a micro-batch runs."""
+        if len(samples) != len(recompute_layers):
+            raise ValueError(f"{len(samples)} samples but {len(recompute_layers)} policies")
+        act = self.activation_bytes([s.tokens for s in samples], group_size=group_size,
+                                    recompute_layers=list(recompute_layers), layout=layout)
+        return float(self.fixed_bytes() + act.sum())
+
+    def fits(self, sample: Sample, *, group_size: int, recompute_layers: int,
+             layout: GroupLayout | None = None) -> bool:
+        """True when the sample alone fits one rank of the group under the cap."""
+        act = float(self.activation_bytes(sample.tokens, group_size=group_size,
+                                          recompute_layers=recompute_layers, layout=layout))
+        return act <= self.activation_budget_bytes()

@@ -1,0 +1,128 @@
+"""The ring part of :class:`costmodel.evaluate.CostModel`: what a Ulysses x ring group adds (issue 25).
+
+A group that splits attention as Ulysses over ``u`` ranks x ring over ``r`` rank-sets
+(:class:`costmodel.layout.GroupLayout`) keeps every per-token and per-pair compute term at its size
+``d = u r`` (the ring's steps add up to the ``s^2/d`` pairs, ``costmodel/evaluate.py``), runs its
+all-to-alls over the ``u`` ranks of a Ulysses subgroup, and adds what the ring does not hide
+(:func:`costmodel.ring_time.ring_attention_time_s`'s exposed hops and merges) for every layer call
+of the micro-batch, the recomputed ones included (:meth:`RingCosts.ring_exposed_s`: not additive
+over samples, since a hop carries the whole call's block). The hops carry keys and values at the
+file's element size (:attr:`RingCosts.element_bytes`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from costmodel.layout import GroupLayout
+from costmodel.ring_time import (
+    RingLayerTime,
+    calls_exposed_s,
+    default_p2p_links,
+    kv_bytes_per_token,
+    ring_attention_time_s,
+    ring_steps_s,
+)
+from costmodel.schema import CostModelFile, P2PLinks
+from costmodel.specs import ClusterSpec
+
+FloatArray = NDArray[np.float64]
+
+
+class RingCosts:
+    """Ring attention costs of a cost model bound to a cluster (a mixin of ``CostModel``)."""
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:  # provided by CostModel
+        file: CostModelFile
+        cluster: ClusterSpec
+
+        @property
+        def num_layers(self) -> int: ...
+
+        def _alltoall_per_pass(self, group_size: int, num_nodes: int | None) -> tuple[float, float]: ...
+
+    @property
+    def element_bytes(self) -> float:
+        """Bytes of one key or value element as the model trains: the file's gradient element size
+        (``comm.grad_bytes_per_param``: the profile's dtype for a fitted file, ``dcp fit``; bf16 for
+        the analytic one), so an fp32 CPU-fitted model's ring blocks and buffers are fp32."""
+        return float(self.file.comm.grad_bytes_per_param)
+
+    def kv_bytes_per_token(self, ulysses_degree: int) -> float:
+        """Keys and values of one token for the heads a rank holds after the Ulysses swap over
+        ``ulysses_degree`` ranks (:func:`costmodel.ring_time.kv_bytes_per_token`) at
+        :attr:`element_bytes`."""
+        return kv_bytes_per_token(self.file.model, ulysses_degree=ulysses_degree, element_bytes=self.element_bytes)
+
+    @property
+    def p2p_links(self) -> P2PLinks:
+        """The ring's p2p links: the file's (fitted), else (or for an unmeasured inter-node link)
+        the hardware's analytic ones (:func:`costmodel.ring_time.default_p2p_links`)."""
+        p2p = self.file.comm.p2p
+        if p2p is not None and p2p.inter is not None:
+            return p2p
+        default = default_p2p_links(self.cluster.hardware)
+        return default if p2p is None else p2p.model_copy(update={"inter": default.inter})
+
+    def ring_layer_time(self, tokens: Sequence[float], *, layout: GroupLayout,
+                        links: P2PLinks | None = None, additive_only: bool = False) -> RingLayerTime:
+        """One layer's attention and its all-to-alls on one rank of a ``u x r`` group, per pass.
+
+        The ring from :func:`costmodel.ring_time.ring_attention_time_s` with this file's attention
+        coefficients (``compute.forward/backward.per_attn_pair``), the model's heads, the hardware's
+        HBM bandwidth and ``links`` (default :attr:`p2p_links`; ``additive_only``: the form that
+        bounds a sample's share from below); the all-to-alls as this cost
+        model charges a Ulysses subgroup of ``u`` (``sum s_i / d`` tokens per rank).
+        """
+        u, r = layout.ulysses_degree, layout.ring_degree
+        model = self.file.model
+        forward, backward, exp_f, exp_b = ring_attention_time_s(
+            tokens, ulysses_degree=u, ring_degree=r,
+            forward_s_per_pair=self.file.compute.forward.per_attn_pair,
+            backward_s_per_pair=self.file.compute.backward.per_attn_pair,
+            kv_bytes_per_token=self.kv_bytes_per_token(u),
+            query_channels=model.num_heads // u * model.head_size,
+            links=self.p2p_links if links is None else links, crosses_nodes=layout.ring_crosses_nodes,
+            hbm_bytes_per_s=self.cluster.hardware.hbm_bandwidth_bytes_per_s, additive_only=additive_only)
+        alpha, per_token = self._alltoall_per_pass(u, layout.alltoall_nodes)
+        a2a = alpha + per_token * math.fsum(tokens) / layout.group_size if u > 1 else 0.0
+        return RingLayerTime(forward_s=forward, backward_s=backward, exposed_forward_s=exp_f,
+                             exposed_backward_s=exp_b, alltoall_forward_s=a2a)
+
+    def ring_alone_exposed_s(self, tokens: ArrayLike, *, layout: GroupLayout, additive_only: bool = False
+                             ) -> tuple[FloatArray, FloatArray]:
+        """``(forward, backward)`` exposed seconds of one layer's ring for each sample alone in a
+        call (:meth:`ring_layer_time` of ``[s]``, vectorised; ``additive_only`` as there)."""
+        u, r = layout.ulysses_degree, layout.ring_degree
+        s = np.asarray(tokens, dtype=np.float64)
+        model = self.file.model
+        _, _, exp_f, exp_b = ring_steps_s(
+            s * s / (u * r * r), s / r, ring_degree=r,
+            forward_s_per_pair=self.file.compute.forward.per_attn_pair,
+            backward_s_per_pair=self.file.compute.backward.per_attn_pair,
+            kv_bytes_per_token=self.kv_bytes_per_token(u),
+            query_channels=model.num_heads // u * model.head_size, links=self.p2p_links,
+            crosses_nodes=layout.ring_crosses_nodes, hbm_bytes_per_s=self.cluster.hardware.hbm_bandwidth_bytes_per_s,
+            additive_only=additive_only)
+        return np.asarray(exp_f, dtype=np.float64), np.asarray(exp_b, dtype=np.float64)
+
+    def ring_exposed_s(self, tokens: Sequence[float], recompute_layers: Sequence[int], *,
+                       layout: GroupLayout) -> float:
+        """Seconds a micro-batch's rings add to its compute: every layer call's exposed forward and
+        backward (:meth:`ring_layer_time`), the recomputed forwards again
+        (:func:`costmodel.ring_time.calls_exposed_s`); 0 for a pure Ulysses layout."""
+        if layout.ring_degree == 1:
+            return 0.0
+
+        def exposed(call_tokens: list[float]) -> tuple[float, float]:
+            t = self.ring_layer_time(call_tokens, layout=layout)
+            return t.exposed_forward_s, t.exposed_backward_s
+
+        return calls_exposed_s(tokens, recompute_layers, num_layers=self.num_layers, exposed=exposed)
