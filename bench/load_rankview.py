@@ -184,8 +184,9 @@ def main() -> int:
                "p99_s_max": max(r["p99_s"] for r in runs),
                "errors": sum(sum(r["socket_errors"].values()) + r["non_2xx_3xx"] for r in runs),
                "rss_main_growth_bytes": runs[-1]["rss_after"]["main_bytes"] - rss_before["main_bytes"],
-               "host_cpus": os.cpu_count(), "host_load_avg_start": [round(x, 2) for x in load_start],
-               "host_load_avg_end": [round(x, 2) for x in os.getloadavg()],
+               "host_cpus": os.cpu_count(),
+               "machine": {"loadavg_at_start": [round(x, 2) for x in load_start],
+                           "loadavg_at_end": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count()},
                "not_measured": "the server and wrk share the 2 cores (no second machine); no GPU; one "
                                "solver process idle during the load; no cache-defeating order (every "
                                "view is fetched round-robin)"}

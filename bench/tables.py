@@ -154,6 +154,24 @@ def _layouts(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _rankview(data: dict[str, Any]) -> list[str]:
+    head = ["run", "connections", "requests", "req/s", "p50 ms", "p90 ms", "**p99 ms**", "errors",
+            "server RSS MiB after (main / with solver)", "load 1 min before"]
+    before = data["rss_before"]
+    lines = [_row(head), "|---" + "|---:" * (len(head) - 1) + "|",
+             _row(["before", "-", "-", "-", "-", "-", "-", "-",
+                   f"{before['main_bytes'] / 2**20:.1f} / {before['with_children_bytes'] / 2**20:.1f}", "-"])]
+    for r in data["runs"]:
+        errors = sum(r["socket_errors"].values()) + r["non_2xx_3xx"]
+        rss = r["rss_after"]
+        lines.append(_row([str(r["run"]), str(data["connections"]), f"{r['requests']:,}",
+                           f"{r['requests_per_s']:,.0f}", f"{r['p50_s'] * 1e3:.1f}", f"{r['p90_s'] * 1e3:.1f}",
+                           f"**{r['p99_s'] * 1e3:.1f}**", str(errors),
+                           f"{rss['main_bytes'] / 2**20:.1f} / {rss['with_children_bytes'] / 2**20:.1f}",
+                           f"{r['load_avg_1m_before']:.1f}"]))
+    return lines
+
+
 def _load(data: dict[str, Any]) -> str:
     machine = data.get("machine", {})
     start, end = machine.get("loadavg_at_start"), machine.get("loadavg_at_end")
@@ -169,6 +187,7 @@ TABLES: dict[str, TableSpec] = {
     "plan-quality-24-48": TableSpec(json_name="plan_quality_24_48.json", render=_grid),
     "plan-statuses": TableSpec(json_name="plan_quality.json", render=_statuses),
     "plan-quality-layouts": TableSpec(json_name="plan_quality_layouts.json", render=_layouts),
+    "load-rankview": TableSpec(json_name="load_rankview.json", render=_rankview),
 }
 """Every generated table by its marker name."""
 
