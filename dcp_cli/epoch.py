@@ -234,6 +234,14 @@ def register(app: typer.Typer) -> None:
         elapsed_s = time.monotonic() - started
         logging.getLogger(__name__).info("epoch %s: %d new step(s) in %.1f s (%.2f steps/s, %s)", eid,
                                          new_steps, elapsed_s, new_steps / max(elapsed_s, 1e-9), runner)
+        if final.state == "failed" and final.transient and ray_address:
+            # The Ray cluster failed mid-job and the driver lived to say so: record it as the
+            # supervisor records an abrupt end (queued, "interrupted: ..."), resumable by a rerun.
+            from api.jobs import record_state
+
+            final_error = f"interrupted: {final.error}"
+            if record_state(store, eid, "queued", error=final_error, transient=True):
+                final = store.get_epoch(eid) or final
         summary = store.summary(eid)
         store.close()
         gap, strong, bucket = (summary["mean_gap"], summary["mean_speedup_vs_strongest"],
@@ -243,8 +251,12 @@ def register(app: typer.Typer) -> None:
                    + (f", mean predicted speedup over the strongest baseline {fmt_x(strong)}"
                       if strong is not None else "")
                    + (f" (over bucket-sp4, the DCP paper's baseline: {fmt_x(bucket)})" if bucket is not None else ""))
-        if final.state == "failed":
-            typer.echo(f"error: {final.error}", err=True)
+        if final.state == "failed" or (final.state == "queued" and (final.error or "").startswith("interrupted")):
+            # A passing fault (a lost Ray node, a busy store): the stored steps are kept and the same
+            # command resumes from them; say so, as the abrupt-exit path does (ray_supervisor).
+            resume = ("; run the same command again to resume from the stored steps"
+                      if final.transient else "")
+            typer.echo(f"error: {final.error}{resume}", err=True)
             raise typer.Exit(1)
 
 
