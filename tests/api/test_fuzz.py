@@ -1,7 +1,9 @@
 """Schemathesis against a live ``dcp serve`` on loopback, without and with a token (issue 11):
 zero failed checks (server errors, undocumented status codes, content types, headers, response
 schemas), zero 5xx counted by the server itself, no traceback in its log. Bounded to 2 x 40 s
-here; ``bench/fuzz.py`` with its default budget is the long run (figures in bench/README.md)."""
+here, the two modes side by side (``--parallel``: each its own server; the suite's slowest test
+was these two runs one after the other, 147 s at load ~3); ``bench/fuzz.py`` with its default
+budget is the long run (figures in bench/README.md)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ def test_fuzz_live_server_no_5xx_no_schema_violation(tmp_path: Path) -> None:
     pytest.importorskip("schemathesis")
     out = tmp_path / "fuzz.json"
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "fuzz.py"), "--max-time-s", str(FUZZ_TIME_S),
-                             "--out", str(out), "--workdir", str(tmp_path / "runs"),
+                             "--out", str(out), "--workdir", str(tmp_path / "runs"), "--parallel",
                              # One schemathesis thread: with two, CPython 3.11's ast.parse (used by
                              # hypothesis to describe filters) can fail with "AST constructor
                              # recursion depth mismatch", a client-side error.
