@@ -4,11 +4,13 @@ Run (with a service on 127.0.0.1:8000, e.g. ``dcp serve``; needs ``pip install -
 
     torchrun --nproc_per_node 4 examples/train_hf_llama.py --url http://127.0.0.1:8000 --steps 4
     torchrun --nproc_per_node 4 examples/train_hf_llama.py --grad-sync ddp     # or fsdp2
+    torchrun --nproc_per_node 4 examples/train_hf_llama.py --layout ring      # ring attention groups
 
 An ordinary ``transformers`` training loop (a small random-initialised ``LlamaForCausalLM``, no
 download); the lines marked ``# [dcp k/12]`` are all it takes to run it under DCP plans: the
-attention plugin and per-sample checkpointing, process groups, plan prefetch, digest check,
-per-plan micro-batches with sequence parallelism, and the gradient sync of your choice
+attention plugin and per-sample checkpointing, process groups (the attention layouts the epoch
+declares: Ulysses, and with ``--layout ring``/``auto`` Ulysses x ring), plan prefetch, digest
+check, per-plan micro-batches with sequence parallelism, and the gradient sync of your choice
 (``allreduce``, DDP or FSDP2).
 """
 
@@ -55,8 +57,10 @@ def wrap(model: torch.nn.Module, mode: str) -> tuple[torch.nn.Module, GradSync]:
 
 def main() -> None:
     """Train for ``--steps`` steps and print the loss of each."""
-    args = parse_args(__doc__ or "", extra=[("--grad-sync", {"choices": ["allreduce", "ddp", "fsdp2"],
-                                                              "default": "allreduce"})])
+    args = parse_args(__doc__ or "", extra=[
+        ("--grad-sync", {"choices": ["allreduce", "ddp", "fsdp2"], "default": "allreduce"}),
+        ("--layout", {"default": "ulysses", "choices": ["ulysses", "auto", "ring"],
+                      "help": "Attention layouts the planner may give a group (auto, ring: Ulysses x ring groups)."})])
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -65,23 +69,23 @@ def main() -> None:
 
     config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512)
-    torch.manual_seed(args.seed)
-    model = LlamaForCausalLM._from_config(config, attn_implementation=hf.register())  # [dcp 2/12]
-    group_sizes = [d for d in range(1, world + 1) if 4 % d == 0]  # d must divide the 4 kv heads
-    hf.prepare(model, group_sizes=group_sizes)  # [dcp 3/12]
-    model, grad_sync = wrap(model, args.grad_sync)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     samples = manifest("1d", num_samples=args.num_samples, seed=args.seed)
     dataset = SyntheticDataset(samples, kind="1d", vocab=config.vocab_size, seed=args.seed)
-
     shape = ModelConfig(num_layers=config.num_hidden_layers, hidden=config.hidden_size,
                         num_heads=config.num_attention_heads, ffn_hidden=config.intermediate_size,
                         vocab=config.vocab_size)
-    client = PlannerClient(args.url, retry=RetryPolicy(deadline_s=args.deadline_s))  # [dcp 4/12]
+    client = PlannerClient(args.url, retry=RetryPolicy(deadline_s=args.deadline_s))  # [dcp 2/12]
     epoch_id, num_steps = start_epoch(client, spec=model_spec(shape, kind="1d", name="hf-llama-tiny"),
                                       samples=samples, world_size=world, args=args)
     steps = min(args.steps, num_steps)
-    registry = GroupRegistry(world_size=world, rank=rank, group_sizes=group_sizes)  # [dcp 5/12]
+    registry = GroupRegistry.from_layouts(world_size=world, rank=rank,  # [dcp 3/12]
+                                          layouts=client.epoch_layouts(epoch_id) or [(1, 1, 1)])
+
+    torch.manual_seed(args.seed)
+    model = LlamaForCausalLM._from_config(config, attn_implementation=hf.register())  # [dcp 4/12]
+    hf.prepare(model, group_sizes=registry.ulysses_degrees)  # [dcp 5/12] (a ring's u divides the heads)
+    model, grad_sync = wrap(model, args.grad_sync)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     executor = Executor(registry=registry, weight_dtype=torch.float32, grad_sync=grad_sync)  # [dcp 6/12]
     plans = PlanPrefetcher(client, epoch_id=epoch_id, rank=rank, num_steps=num_steps)  # [dcp 7/12]
     sampler = PlanBatchSampler(plan_for_step=plans.get, steps=range(steps),  # [dcp 8/12]
@@ -102,7 +106,8 @@ def main() -> None:
         optimizer.step()
         dist.all_reduce(step_loss)
         if rank == 0:
-            print(f"step {step}: loss {step_loss.item():.4f} group sizes {rank_plan.group_sizes} "
+            rings = rank_plan.ring_degrees or [1] * len(rank_plan.group_sizes)
+            print(f"step {step}: loss {step_loss.item():.4f} group sizes {rank_plan.group_sizes} ring degrees {rings} "
                   f"sync {args.grad_sync} digest {rank_plan.plan_digest[:12]}", flush=True)
     plans.close()
     client.close()

@@ -4,11 +4,14 @@ planner service (CPU, gloo).
 Run (with a service on 127.0.0.1:8000, e.g. ``dcp serve``; needs ``pip install -e '.[hf]'``)::
 
     torchrun --nproc_per_node 4 examples/train_hf_wan.py --url http://127.0.0.1:8000 --steps 4
+    torchrun --nproc_per_node 4 examples/train_hf_wan.py --layout ring   # ring self-attention groups
 
 A small random-initialised ``WanTransformer3DModel`` (self-attention over each whole clip with 3D
 rotary positions, text cross-attention, per-token timestep modulation; no download) learns to
 predict the noise of synthetic latent videos of different shapes and lengths. The lines marked
-``# [dcp k/12]`` are all it takes to run it under DCP plans.
+``# [dcp k/12]`` are all it takes to run it under DCP plans; the process groups are those of the
+attention layouts the epoch declares (with ``--layout ring``/``auto``: Ulysses x ring groups, the
+ring over each clip's self-attention; the text cross-attention stays local).
 """
 
 from __future__ import annotations
@@ -62,7 +65,9 @@ def load(sample: Sample, seed: int) -> dict[str, torch.Tensor]:
 
 def main() -> None:
     """Train for ``--steps`` steps and print the loss of each."""
-    args = parse_args(__doc__ or "")
+    args = parse_args(__doc__ or "", extra=[("--layout", {
+        "default": "ulysses", "choices": ["ulysses", "auto", "ring"],
+        "help": "Attention layouts the planner may give a group (auto, ring: Ulysses x ring groups)."})])
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -75,18 +80,18 @@ def main() -> None:
         patch_size=PATCH, num_attention_heads=heads, attention_head_dim=head_dim, in_channels=CHANNELS,
         out_channels=CHANNELS, text_dim=TEXT_DIM, freq_dim=32, ffn_dim=4 * heads * head_dim, num_layers=layers,
         rope_max_seq_len=64)
-    group_sizes = [d for d in range(1, world + 1) if heads % d == 0]
-    hf_wan.prepare(model, group_sizes=group_sizes)  # [dcp 2/12]
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     samples = manifest(args.num_samples, args.seed)
 
     shape = ModelConfig(num_layers=layers, hidden=heads * head_dim, num_heads=heads, ffn_hidden=4 * heads * head_dim,
                         in_channels=CHANNELS)
-    client = PlannerClient(args.url, retry=RetryPolicy(deadline_s=args.deadline_s))  # [dcp 3/12]
+    client = PlannerClient(args.url, retry=RetryPolicy(deadline_s=args.deadline_s))  # [dcp 2/12]
     epoch_id, num_steps = start_epoch(client, spec=model_spec(shape, kind="3d", name="hf-wan-tiny"),
                                       samples=samples, world_size=world, args=args)
     steps = min(args.steps, num_steps)
-    registry = GroupRegistry(world_size=world, rank=rank, group_sizes=group_sizes)  # [dcp 4/12]
+    registry = GroupRegistry.from_layouts(world_size=world, rank=rank,  # [dcp 3/12]
+                                          layouts=client.epoch_layouts(epoch_id) or [(1, 1, 1)])
+    hf_wan.prepare(model, group_sizes=registry.ulysses_degrees)  # [dcp 4/12] (a ring's u divides the heads)
     executor = Executor(registry=registry, weight_dtype=torch.float32)  # [dcp 5/12]
     plans = PlanPrefetcher(client, epoch_id=epoch_id, rank=rank, num_steps=num_steps)  # [dcp 6/12]
     loaded: dict[str, dict[str, torch.Tensor]] = {}
@@ -112,7 +117,8 @@ def main() -> None:
         optimizer.step()
         dist.all_reduce(step_loss)
         if rank == 0:
-            print(f"step {step}: loss {step_loss.item():.4f} group sizes {rank_plan.group_sizes} "
+            rings = rank_plan.ring_degrees or [1] * len(rank_plan.group_sizes)
+            print(f"step {step}: loss {step_loss.item():.4f} group sizes {rank_plan.group_sizes} ring degrees {rings} "
                   f"digest {rank_plan.plan_digest[:12]}", flush=True)
     plans.close()
     client.close()

@@ -58,6 +58,23 @@ class SPContext:
             return SPContext(layout=ring.ulysses_layout(), group=self.group, ring=ring, ring_group=self.ring_group)
         return SPContext(layout=self.layout.subset(sample_indices), group=self.group)
 
+    @property
+    def placement(self) -> PackedLayout | RingLayout:
+        """Where the micro-batch's whole samples lie over the group: the ring layout of a Ulysses x
+        ring group (zig-zag chunks, :mod:`executor.ring_layout`), else :attr:`layout`. Its
+        ``samples`` are the whole samples (``layout.samples`` of a ring group are the sub-samples)."""
+        return self.ring if self.ring is not None else self.layout
+
+    def shard(self, full: torch.Tensor, sample: int) -> torch.Tensor:
+        """This rank's tokens of a whole-sample tensor (first dim = the sample's tokens), in local
+        order, for any layout: inputs, labels, rotary tables and position embeddings cut this way
+        follow the ranks' tokens (the executor cuts ``inputs`` and ``targets`` the same way).
+
+        Raises:
+            ValueError: when the tensor's first dim is not the sample's tokens.
+        """
+        return self.placement.shard(full, sample)
+
     def packed_positions(self) -> torch.Tensor:
         """Position inside its sample of every token of the packed (head-sharded) sequence."""
         if self.ring is not None:

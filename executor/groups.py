@@ -65,6 +65,10 @@ class GroupRegistry:
         """Ulysses x ring layouts ``(u, r)`` with ``r > 1`` within this world."""
         self.sizes = tuple(sorted({s for s in sizes if s <= world_size} | {u * r for u, r in self.layouts}))
         """Allowed group sizes within this world."""
+        self.ulysses_degrees = tuple(sorted({s for s in sizes if s <= world_size} | {u for u, _ in self.layouts}))
+        """Degrees the groups split the attention heads over: every size of ``group_sizes`` (pure Ulysses)
+        and the Ulysses degree ``u`` of every layout (a ring of ``u x r`` splits heads over ``u`` only),
+        within this world; what a model's heads must allow (the integrations' ``prepare``)."""
         self._groups: dict[tuple[int, int], dist.ProcessGroup] = {}
         self._by_ranks: dict[tuple[int, ...], dist.ProcessGroup] = {}
         needs_dist = any(s > 1 for s in self.sizes)
@@ -117,7 +121,9 @@ class GroupRegistry:
             if len(t) != 3 or t[1] * t[2] != t[0] or min(t) < 1:
                 raise ValueError(f"layout {list(t)} is not (size, ulysses_degree, ring_degree) with "
                                  "ulysses_degree x ring_degree = size")
-        return cls(world_size=world_size, rank=rank, group_sizes=[d for d, _, _ in triples],
+        # the layouts' sizes are registered from ``layouts``: a size declared only as a ring is no
+        # Ulysses degree (``ulysses_degrees``)
+        return cls(world_size=world_size, rank=rank, group_sizes=[d for d, _, r in triples if r == 1] or [1],
                    layouts=[(u, r) for _, u, r in triples], backend=backend)
 
     def _layout_rank_sets(self) -> list[tuple[int, ...]]:

@@ -24,8 +24,10 @@ Usage (per micro-batch; ``videos``, ``timesteps``, ``captions`` of the micro-bat
     pred = hf_diffusers.forward(model, work, videos=videos, timesteps=timesteps, captions=captions)
     work.loss(hf_diffusers.token_losses(pred, work.targets)).backward()
 
-Limits: ``norm_type="ada_norm_single"`` (Latte's), no attention masks, and a sample's frame
-count must be 1 or the model's ``video_length`` (the model's own rule).
+Limits: ``norm_type="ada_norm_single"`` (Latte's), no attention masks, a sample's frame
+count must be 1 or the model's ``video_length`` (the model's own rule), and Ulysses groups only:
+spatial and temporal attention are not cut by a ring over the sequence (``executor.ring.RING_KINDS``;
+the planner gives 2D models no ring layouts), so :func:`forward` refuses a ring group.
 """
 
 from __future__ import annotations
@@ -191,6 +193,10 @@ def forward(model: Any, work: MicroBatchWork, *, videos: Sequence[torch.Tensor],
         Per local token prediction ``(T, p*p*C_out)`` in the order of ``patchify``.
     """
     ctx = work.ctx
+    if ctx.ring is not None:
+        raise ValueError(f"micro-batch {work.index}: a Ulysses x ring group (ring_degree={ctx.ring.ring_degree}) "
+                         "cannot run Latte's spatial and temporal attention; plan it with layout='ulysses' "
+                         "(the planner gives 2D models no ring layouts)")
     layout = ctx.layout
     num_layers = len(model.transformer_blocks)
     validate_policies(work.recompute_layers, num_layers=num_layers, num_samples=layout.num_samples)

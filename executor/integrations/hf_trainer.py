@@ -6,8 +6,10 @@ keeps its optimizer, scheduler, gradient clipping, logging, checkpoint saving an
 changes, each at the ``Trainer``'s own extension point:
 
 - ``__init__``: the model's attention becomes Ulysses (:mod:`executor.integrations.hf_transformers`,
-  ``model.set_attn_implementation``) with per-sample checkpoint policies on its decoder layers,
-  and the sequence-parallel process groups are created once (:class:`executor.groups.GroupRegistry`).
+  ``model.set_attn_implementation``; Ulysses x ring in the groups whose plan layout has a ring) with
+  per-sample checkpoint policies on its decoder layers, and the sequence-parallel process groups are
+  created once (:class:`executor.groups.GroupRegistry`; from the epoch's declared layouts when the
+  plan source has them, ``ServicePlans.layouts``).
 - ``get_train_dataloader``: item ``k`` is this rank's step ``k`` of the epoch, its plan and the
   whole samples of its micro-batches (:class:`~executor.integrations.hf_trainer_data.PlannedSteps`).
   ``gradient_accumulation_steps`` must be 1: the plan's micro-batches are the accumulation.
@@ -133,7 +135,9 @@ class DCPTrainerMixin:
             args: The ``TrainingArguments`` (``gradient_accumulation_steps=1``).
             *posargs: The ``Trainer``'s further positional arguments.
             plans: This rank's plans (``ServicePlans`` or ``LocalPlans``).
-            group_sizes: Sizes the plans may use (default: every size the heads allow).
+            group_sizes: Sizes the plans may use (default: every size the heads allow), when the plan
+                source declares no layouts; a source with ``layouts`` (``ServicePlans``: the epoch's
+                ``(size, ulysses_degree, ring_degree)``) gets exactly those groups, rings included.
             id_column: Column of the sample ids the epoch was planned with (default: row index).
             to_item: ``(row, sample_id=...) -> {"inputs", "targets"}`` (default: ``causal_lm_item``).
             weight_dtype: Dtype of the loss weights.
@@ -161,11 +165,16 @@ class DCPTrainerMixin:
         self.dcp_weight_dtype = weight_dtype
         self.dcp_rank, self.dcp_world_size = int(trainer.args.process_index), int(trainer.args.world_size)
         core = trainer.model
-        sizes = list(group_sizes) if group_sizes is not None else allowed_group_sizes(
-            core.config, world_size=self.dcp_world_size)
+        layouts = getattr(plans, "layouts", None)
+        if layouts:  # the epoch's declared layouts (Ulysses x ring included)
+            self.dcp_registry = GroupRegistry.from_layouts(world_size=self.dcp_world_size, rank=self.dcp_rank,
+                                                           layouts=layouts)
+        else:
+            sizes = list(group_sizes) if group_sizes is not None else allowed_group_sizes(
+                core.config, world_size=self.dcp_world_size)
+            self.dcp_registry = GroupRegistry(world_size=self.dcp_world_size, rank=self.dcp_rank, group_sizes=sizes)
         core.set_attn_implementation(hf.register())
-        hf.prepare(core, group_sizes=sizes)
-        self.dcp_registry = GroupRegistry(world_size=self.dcp_world_size, rank=self.dcp_rank, group_sizes=sizes)
+        hf.prepare(core, group_sizes=self.dcp_registry.ulysses_degrees)
         dataset = trainer.train_dataset
         self.dcp_index_of = {(str(dataset[i][id_column]) if id_column else str(i)): i for i in range(len(dataset))}
         self._dcp_executor: Executor | None = None

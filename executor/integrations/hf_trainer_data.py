@@ -71,7 +71,9 @@ def manifest(dataset: Any, *, id_column: str | None = None) -> list[Sample]:
 
 
 class PlanSource(Protocol):
-    """Where a rank's plans come from."""
+    """Where a rank's plans come from. A source may also have ``layouts``: the ``(size,
+    ulysses_degree, ring_degree)`` triples its plans may use (``ServicePlans``: the epoch's declared
+    layouts), from which ``DCPTrainer`` builds its process groups (``GroupRegistry.from_layouts``)."""
 
     num_steps: int
     """Steps of the epoch."""
@@ -105,6 +107,9 @@ class ServicePlans:
             raise ValueError(f"epoch {epoch_id!r} has num_steps={self.num_steps}")
         self.prefetcher = PlanPrefetcher(client, epoch_id=epoch_id, rank=rank, depth=depth,
                                          num_steps=self.num_steps, fallback=fallback)
+        self.layouts = client.epoch_layouts(epoch_id)
+        """The epoch's declared layouts ``(size, ulysses_degree, ring_degree)`` (``None`` for an epoch
+        stored before epochs declared them: Ulysses groups of the sizes the heads allow)."""
         self.report = report
         self.reporter_config = reporter or ReporterConfig(batch_steps=4, flush_interval_s=1.0)
         self._reporter: MeasurementReporter | None = None
@@ -143,15 +148,19 @@ class LocalPlans:
     """Plans made in the training process by a function of the user's (every rank must get the
     same plan for a step: the executor checks the digests and fails loudly otherwise)."""
 
-    def __init__(self, plan_for_step: Callable[[int], Plan], *, num_steps: int, rank: int) -> None:
+    def __init__(self, plan_for_step: Callable[[int], Plan], *, num_steps: int, rank: int,
+                 layouts: Sequence[tuple[int, int, int]] | None = None) -> None:
         """Args:
             plan_for_step: ``step -> Plan`` (deterministic: the same on every rank).
             num_steps: Steps of the epoch.
             rank: This rank.
+            layouts: ``(size, ulysses_degree, ring_degree)`` the plans may use (e.g.
+                ``planner.layouts.config_layouts``); ``None``: Ulysses groups only.
         """
         if num_steps <= 0:
             raise ValueError(f"num_steps must be positive, got {num_steps}")
         self.plan_for_step, self.num_steps, self.rank = plan_for_step, num_steps, rank
+        self.layouts = None if layouts is None else [tuple(int(x) for x in t) for t in layouts]
         self.fetched: dict[int, str] = {}
         """Digest of every step this rank planned."""
 

@@ -6,10 +6,15 @@ The model's code is not changed. Three things plug in through the library's own 
   a model built with ``attn_implementation="dcp_ulysses"`` calls :func:`ulysses_attention` in
   every layer. It swaps this rank's sequence shard of q, k, v (one fused all-to-all, grouped-query
   heads kept with their key/value head) for a head shard of the whole packed micro-batch, runs
-  causal attention inside each sample (never across samples) and swaps back.
+  causal attention inside each sample (never across samples) and swaps back. In a group whose
+  plan layout is Ulysses x ring (``GroupPlan.ring_degree > 1``: ``u x r``, a pure ring when
+  ``u = 1``) the swap runs over the ``u`` ranks of this rank's ring position and the causal
+  attention goes round the ring (:func:`executor.ring.ring_packed_attention`, key/value heads
+  repeated to the query heads), as the executor's own models do (``executor/models.py``).
 - Inputs: :func:`model_inputs` turns a :class:`~executor.runtime.MicroBatchWork` into the
   model's keyword arguments: the local token ids as a batch of one, ``position_ids`` = each
-  token's position inside its sample (so RoPE is the unsharded one), the SP context and the
+  token's position inside its sample (so RoPE is the unsharded one; in a ring group the tokens
+  are the rank's zig-zag chunks and their positions ``SPContext.local_positions``), the SP context and the
   checkpoint policies (``transformers`` passes unknown keyword arguments down to the attention
   function and the decoder layers), and ``use_cache=False`` (a cache lets packed samples see
   each other in eager/sdpa).
@@ -20,8 +25,9 @@ The model's code is not changed. Three things plug in through the library's own 
 
 Usage (the lines a training loop adds; see ``examples/train_hf_llama.py``)::
 
+    registry = GroupRegistry.from_layouts(world_size=world, rank=rank, layouts=client.epoch_layouts(epoch_id))
     model = LlamaForCausalLM._from_config(config, attn_implementation=hf.register())
-    hf.prepare(model, group_sizes=registry.sizes)
+    hf.prepare(model, group_sizes=registry.ulysses_degrees)
     for work in executor.micro_batches(rank_plan, loaded=batches):
         logits = model(**hf.model_inputs(work)).logits
         work.loss(hf.token_losses(logits, work.targets)).backward()
@@ -41,6 +47,7 @@ from torch.utils.checkpoint import checkpoint
 from executor.attention import packed_attention
 from executor.checkpointing import validate_policies
 from executor.context import SPContext
+from executor.ring import ring_packed_attention
 from executor.runtime import MicroBatchWork
 from executor.ulysses import check_kv_heads, head_to_seq, qkv_seq_to_head
 
@@ -66,6 +73,8 @@ def check_heads(config: Any, *, group_sizes: Iterable[int]) -> None:
     """Check every group size against the heads Ulysses shards: it divides the query heads, and
     divides the key/value heads or is a multiple of them (past them each rank gets the key/value
     head its query heads use, replicated: ``costmodel.specs.ModelSpec.allowed_group_sizes``).
+    For Ulysses x ring groups give their Ulysses degrees, not their sizes
+    (``GroupRegistry.ulysses_degrees``): a ring does not split heads.
 
     Raises:
         ValueError: naming the heads and the sizes they do not allow.
@@ -91,7 +100,8 @@ def prepare(model: nn.Module, *, group_sizes: Iterable[int]) -> nn.Module:
 
     Args:
         model: A ``transformers`` model built with ``attn_implementation=register()``.
-        group_sizes: The sizes plans may use (``GroupRegistry.sizes``).
+        group_sizes: The degrees plans split the heads over (``GroupRegistry.ulysses_degrees``: the
+            pure Ulysses sizes and each Ulysses x ring layout's ``u``).
 
     Returns:
         The same model (changed in place: each decoder layer's ``forward``).
@@ -186,7 +196,8 @@ def _run(original: Any, hidden_states: torch.Tensor, kwargs: dict[str, Any], *, 
 def ulysses_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, *, scaling: float | None = None,
                       dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """The ``transformers`` attention function: Ulysses SP around causal per-sample attention.
+    """The ``transformers`` attention function: Ulysses SP around causal per-sample attention
+    (in a Ulysses x ring group: around the ring's, :func:`executor.ring.ring_packed_attention`).
 
     Args:
         module: The attention module (unused but for its name in errors).
@@ -224,7 +235,12 @@ def ulysses_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     fused = torch.cat([query[0].transpose(0, 1).reshape(tokens, kv_heads, rep, head_dim),
                        key[0].transpose(0, 1)[:, :, None], value[0].transpose(0, 1)[:, :, None]], dim=2)
     q, k, v = qkv_seq_to_head(fused, ctx.layout, ctx.group)
-    o = packed_attention(q, k, v, samples=ctx.layout.samples, kind="causal_1d", scale=scaling)
+    if ctx.ring is not None:  # Ulysses x ring: the ring between the all-to-alls (executor.ring)
+        if k.shape[1] != q.shape[1]:  # the ring takes a key/value head per query head
+            k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+        o = ring_packed_attention(q, k, v, layout=ctx.ring, group=ctx.ring_group, kind="causal_1d", scale=scaling)
+    else:
+        o = packed_attention(q, k, v, samples=ctx.layout.samples, kind="causal_1d", scale=scaling)
     local = head_to_seq(o, ctx.layout, ctx.group).reshape(tokens, heads, head_dim)
     if pad:
         local = torch.cat([local, local.new_zeros(pad, heads, head_dim)])

@@ -7,17 +7,21 @@ model's modules are used unchanged; what plugs in:
 - Attention processors (``Attention.set_processor``, diffusers' own mechanism): every block's
   self-attention runs :class:`UlyssesWanSelfAttention` (q/k RMS norm across heads and the 3D
   rotary embedding on the local tokens, one fused q/k/v all-to-all, attention over each whole
-  clip: ``full_3d``, and back); cross-attention runs :class:`PerSampleWanCrossAttention` (local
-  queries against their own sample's text keys and values, no communication).
+  clip: ``full_3d``, and back; in a Ulysses x ring group, ``GroupPlan.ring_degree > 1``, the
+  all-to-all runs over the ``u`` ranks of the rank's ring position and the non-causal attention
+  goes round the ring, :func:`executor.ring.ring_packed_attention`); cross-attention runs
+  :class:`PerSampleWanCrossAttention` (local queries against their own sample's text keys and
+  values, no communication, whatever the layout: the ring applies to self-attention only).
 - :func:`forward`: the model's forward step for step (3D patch embedding, rotary tables, time and
   text embedding, blocks, output modulation and projection) on the rank's local tokens as one
   sequence, with the blocks' per-token modulation (the ``(B, T, 6, D)`` form Wan 2.2 uses), so each
   token gets its own sample's timestep; each sample's checkpoint policy recomputes its first
-  ``k`` blocks.
+  ``k`` blocks. Patches and rotary tables are cut by ``SPContext.shard``, so in a ring group each
+  rank embeds its zig-zag chunks with their own 3D positions.
 
 Usage (per micro-batch; ``videos``, ``timesteps``, ``texts`` of the micro-batch's samples)::
 
-    hf_wan.prepare(model, group_sizes=registry.sizes)
+    hf_wan.prepare(model, group_sizes=registry.ulysses_degrees)
     pred = hf_wan.forward(model, work, videos=videos, timesteps=timesteps, texts=texts)
     work.loss(hf_wan.token_losses(pred, work.targets)).backward()
 
@@ -40,6 +44,7 @@ from torch import nn
 from executor.attention import packed_attention
 from executor.checkpointing import run_split_by_policy, validate_policies
 from executor.context import SPContext
+from executor.ring import ring_packed_attention
 from executor.runtime import MicroBatchWork
 from executor.ulysses import head_to_seq, seq_to_head
 
@@ -66,7 +71,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 class UlyssesWanSelfAttention:
-    """A block's self-attention under Ulysses SP, over each whole clip."""
+    """A block's self-attention under Ulysses SP (or Ulysses x ring), over each whole clip."""
 
     def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
                  attention_mask: torch.Tensor | None = None, rotary_emb: Any = None) -> torch.Tensor:
@@ -86,7 +91,11 @@ class UlyssesWanSelfAttention:
         fused = torch.cat([q[:local], k[:local], v[:local]], dim=-1)  # (T, H, 3*Dh): one all-to-all
         full = seq_to_head(fused.contiguous(), ctx.layout, ctx.group)
         fq, fk, fv = full.split(head_dim, dim=-1)
-        o = packed_attention(fq, fk, fv, samples=ctx.layout.samples, kind="full_3d")
+        if ctx.ring is not None:  # Ulysses x ring: the ring between the all-to-alls (executor.ring)
+            o = ring_packed_attention(fq.contiguous(), fk.contiguous(), fv.contiguous(), layout=ctx.ring,
+                                      group=ctx.ring_group, kind="full_3d")
+        else:
+            o = packed_attention(fq, fk, fv, samples=ctx.layout.samples, kind="full_3d")
         out = head_to_seq(o.contiguous(), ctx.layout, ctx.group).flatten(1, 2)
         if pad:
             out = torch.cat([out, out.new_zeros(pad, out.shape[1])])
@@ -129,7 +138,8 @@ def _token_samples(ctx: SPContext, tokens: int) -> torch.Tensor:
 
 
 def check_heads(model: nn.Module, *, group_sizes: Iterable[int]) -> None:
-    """Every group size must divide the attention heads (Ulysses shards heads).
+    """Every group size must divide the attention heads (Ulysses shards heads; for Ulysses x ring
+    groups give their Ulysses degrees, ``GroupRegistry.ulysses_degrees``).
 
     Raises:
         ValueError: naming the heads and the sizes they do not divide.
@@ -172,12 +182,13 @@ def _embed(model: Any, videos: Sequence[torch.Tensor], ctx: SPContext
     parts, cos_parts, sin_parts = [], [], []
     for s, video in enumerate(videos):
         tokens = model.patch_embedding(video[None]).flatten(2).transpose(1, 2)[0]
-        if tokens.shape[0] != ctx.layout.samples[s].tokens:
-            raise ValueError(f"sample {s}: {tokens.shape[0]} patches, the plan has {ctx.layout.samples[s].tokens}")
+        planned = ctx.placement.samples[s].tokens
+        if tokens.shape[0] != planned:
+            raise ValueError(f"sample {s}: {tokens.shape[0]} patches, the plan has {planned}")
         cos, sin = model.rope(video[None])  # (1, n, 1, Dh), the model's own tables
-        parts.append(ctx.layout.shard(tokens, s))
-        cos_parts.append(ctx.layout.shard(cos[0], s))
-        sin_parts.append(ctx.layout.shard(sin[0], s))
+        parts.append(ctx.shard(tokens, s))
+        cos_parts.append(ctx.shard(cos[0], s))
+        sin_parts.append(ctx.shard(sin[0], s))
     return torch.cat(parts), torch.cat(cos_parts), torch.cat(sin_parts)
 
 

@@ -53,6 +53,26 @@ def plans() -> list[Plan]:
     return [a, b]
 
 
+def ring_plans() -> list[Plan]:
+    """Ulysses x ring groups (:mod:`executor.ring`, ``full_3d``): a pure ring of 2 beside a Ulysses
+    pair (an idle-free world), a 2 x 2 hybrid, a pure ring of 4; clips of different shapes packed in
+    one micro-batch (each at least the ring's ``2 r`` chunks), mixed policies (none, selective, full),
+    token and sample normalisation."""
+    from tests.executor.test_ring_step import _with_rings
+
+    a = _with_rings(make_plan([
+        ([0, 1], [[(s2d("RA", 3, 1, 3), 0), (s2d("RB", 1, 2, 2), 2)], [(s2d("RC", 2, 2, 1), 1)]]),
+        ([2, 3], [[(s2d("RD", 1, 1, 3), 2), (s2d("RE", 3, 1, 1), 0)]]),
+    ], num_ranks=4, step=0), [2, 1])
+    b = _with_rings(make_plan([
+        ([0, 1, 2, 3], [[(s2d("RF", 3, 1, 5), 1), (s2d("RG", 1, 2, 2), 2)], [(s2d("RH", 2, 2, 2), 0)]]),
+    ], num_ranks=4, step=1, normalizer="samples"), [2])
+    c = _with_rings(make_plan([
+        ([0, 1, 2, 3], [[(s2d("RI", 2, 2, 3), 0), (s2d("RJ", 1, 2, 4), 2), (s2d("RK", 4, 1, 2), 1)]]),
+    ], num_ranks=4, step=2), [4])
+    return [a, b, c]
+
+
 def data(sample_id: str, frames: int, height: int, width: int) -> dict[str, torch.Tensor]:
     """Deterministic latent video, target, timestep and text states of one sample (fp64)."""
     seed = int.from_bytes(hashlib.sha256(sample_id.encode()).digest()[:7], "little")
