@@ -1,5 +1,9 @@
-"""Regenerate the pictures under ``docs/images/``: the dashboard (a finished, a running and a
-cancelled job) in headless Chromium, and a plan's memory chart and Gantt chart.
+"""Regenerate the pictures under ``docs/images/``: the dashboard (a finished, a running, a
+cancelled and a failed job) in headless Chromium, and a plan's memory chart and Gantt chart.
+
+The failed job fails as a user's would: its cost model was replaced under the same id while the
+job was cancelled, so resuming it fails with the reason (plans already stored were made under the
+old model).
 
 Starts a real ``dcp serve`` on a free loopback port in a temporary directory, posts the epochs
 through the API, and takes the screenshots with Debian's ``/usr/bin/chromium``. Run from the
@@ -61,6 +65,24 @@ def _shot(url: str, path: Path, *, tmp: Path, height: int = 1500) -> None:
     logger.info("wrote %s", path.relative_to(ROOT))
 
 
+def _failed_job(client: httpx.Client, base: dict[str, object]) -> None:
+    """A job that fails: cancelled, its uploaded cost model deleted and re-uploaded changed under
+    the same id, then resumed (the job refuses plans under a different model than it started)."""
+    file = client.get(f"/v1/cost-models/{COST_MODEL}").json()
+    file["id"] = "team-fit"
+    client.post("/v1/cost-models", json=file).raise_for_status()
+    client.post("/v1/epochs", json={**base, "epoch_id": "failed-e3", "cost_model_id": "team-fit",
+                                    "manifest_jsonl": _manifest(2048), "batch": {"samples_per_step": 128}}
+                ).raise_for_status()
+    client.post("/v1/epochs/failed-e3/cancel").raise_for_status()
+    _wait(client, "failed-e3", ("cancelled",))
+    client.delete("/v1/cost-models/team-fit").raise_for_status()
+    file["notes"] = "refitted"
+    client.post("/v1/cost-models", json=file).raise_for_status()
+    client.post("/v1/epochs/failed-e3/resume").raise_for_status()
+    _wait(client, "failed-e3", ("failed",))
+
+
 def main() -> None:
     """Start a service, make the jobs, take the pictures."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -93,8 +115,9 @@ def main() -> None:
                 client.post("/v1/epochs", json={**base, "epoch_id": "cancelled-e1", "manifest_jsonl": _manifest(2048),
                                                 "batch": {"samples_per_step": 128}}).raise_for_status()
                 client.post("/v1/epochs/cancelled-e1/cancel").raise_for_status()
+                _failed_job(client, base)
                 client.post("/v1/epochs", json={**base, "epoch_id": "running-e2", "manifest_jsonl": _manifest(20000),
-                                                "batch": {"samples_per_step": 128}}).raise_for_status()
+                                                "batch": {"samples_per_step": 4}}).raise_for_status()
                 _wait(client, "running-e2", ("running",))
                 _shot(f"{url}/dashboard#epoch=done-e0&step=2", OUT / "dashboard.png", tmp=tmp)
                 (OUT / "memory.svg").write_bytes(client.get("/v1/epochs/done-e0/steps/2/memory.svg").content)

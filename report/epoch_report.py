@@ -8,6 +8,7 @@ import math
 from collections.abc import Iterator, Sequence
 
 import numpy as np
+from matplotlib import ticker
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
@@ -62,6 +63,33 @@ def split_baselines(steps: Sequence[StepFigures]) -> tuple[list[str], list[str]]
     return strong, weak
 
 
+class SpeedupFormatter(ticker.Formatter):
+    """Tick labels ``1.0025x`` with as many decimals as the ticks need (at least 2, at most 4 to
+    show them exactly, else as many as keep them distinct), so a narrow range (every speedup within
+    1.00-1.02x) gets true, distinct labels, not ``1.01x`` four times."""
+
+    @staticmethod
+    def decimals(values: Sequence[float]) -> int:
+        """Decimals that label ``values`` exactly (2 to 4), else distinctly (up to 8)."""
+        locs = [float(v) for v in values]
+        for decimals in range(2, 5):
+            if all(abs(round(v, decimals) - v) <= 1e-9 * max(1.0, abs(v)) for v in locs):
+                return decimals
+        for decimals in range(2, 9):
+            if len({f"{v:.{decimals}f}" for v in locs}) == len(set(locs)):
+                return decimals
+        return 8
+
+    def format_ticks(self, values: Sequence[float]) -> list[str]:
+        """The labels of the axis' ticks ``values``, all with the same decimals."""
+        decimals = self.decimals(values)
+        return [f"{float(v):.{decimals}f}x" for v in values]
+
+    def __call__(self, x: float, pos: int | None = None) -> str:
+        """The label of one value (a cursor readout): two decimals."""
+        return f"{x:.2f}x"
+
+
 def _speedup_panel(ax: Axes, ordered: Sequence[StepFigures], names: Sequence[str], *, window: int,
                    marker: str | None, title: str, colors: Iterator[str]) -> None:
     x = [s.step for s in ordered]
@@ -75,7 +103,7 @@ def _speedup_panel(ax: Axes, ordered: Sequence[StepFigures], names: Sequence[str
             ax.plot(x, ys, color=next(colors, "#888888"), linewidth=1.2, linestyle=style, marker=marker,
                     markersize=3, label=name, gid=f"speedup-{name}")
     ax.axhline(1.0, color="#888888", linewidth=0.8, linestyle="--")
-    ax.yaxis.set_major_formatter(lambda v, _: f"{v:.2f}x")
+    ax.yaxis.set_major_formatter(SpeedupFormatter())
     ax.set_ylabel("speedup: baseline time\n/ plan time")
     ax.set_title(title + (f" (mean over a sliding window of {window} steps)" if window > 1 else ""), loc="left")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)

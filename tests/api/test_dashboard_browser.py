@@ -108,6 +108,20 @@ def test_dashboard_deep_link_and_job_actions(server_factory: Any, tmp_path: Path
     big = {**done, "epoch_id": "big", "manifest_jsonl": manifest_lines(600), "batch": {"samples_per_step": 4}}
     assert server.request("POST", "/v1/epochs", json=big).status_code == 202
     assert server.request("POST", "/v1/epochs/big/cancel").json()["state"] == "cancelled"
+    # a job that fails as a user's would: its uploaded cost model replaced (same id) while it was
+    # cancelled, then resumed
+    file = server.request("GET", f"/v1/cost-models/{COST_MODEL}").json()
+    file["id"] = "team-fit"
+    assert server.request("POST", "/v1/cost-models", json=file).status_code == 201
+    fails = {**big, "epoch_id": "fails", "cost_model_id": "team-fit"}
+    assert server.request("POST", "/v1/epochs", json=fails).status_code == 202
+    assert server.request("POST", "/v1/epochs/fails/cancel").json()["state"] == "cancelled"
+    assert server.request("DELETE", "/v1/cost-models/team-fit").status_code == 204
+    assert server.request("POST", "/v1/cost-models", json={**file, "notes": "refitted"}).status_code == 201
+    assert server.request("POST", "/v1/epochs/fails/resume").status_code == 200
+    while server.request("GET", "/v1/epochs/fails").json()["state"] != "failed":
+        assert time.monotonic() < deadline + 60, "epoch not failed"
+        time.sleep(0.2)
 
     dom = _chromium(tmp_path, f"{server.url}/dashboard#epoch=small&step=2", "--dump-dom").stdout
     assert 'data-status="ready"' in dom, dom[:3000]
@@ -115,4 +129,8 @@ def test_dashboard_deep_link_and_job_actions(server_factory: Any, tmp_path: Path
     assert re.search(r'<tr data-epoch="small" data-state="done" class="selected">', dom)  # the linked epoch
     rows = {m.group(1): m.group(0) for m in re.finditer(r'<tr data-epoch="(\w+)".*?</tr>', dom, flags=re.S)}
     assert 'data-action="resume"' in rows["big"] and "<button" not in rows["small"]
+    # the failed job's row, then its error under it
+    failed = re.search(r'<tr data-epoch="fails" data-state="failed".*?</tr>\s*<tr[^>]*>(.*?)</tr>', dom, flags=re.S)
+    assert failed and "team-fit" in failed.group(1), dom[:5000]
+    assert "changed since the job was created" in failed.group(1), failed.group(1)
     assert "/v1/epochs/small/steps/2/trace.json" in dom  # the step's trace link

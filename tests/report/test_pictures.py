@@ -148,3 +148,19 @@ def test_epoch_chart_puts_the_strongest_first_and_weak_baselines_apart() -> None
     texts = " ".join("".join(t.itertext()) for t in ET.fromstring(svg).iter(f"{SVG}text"))
     assert "Weak baselines" in texts and "over the strongest baseline" in texts
     assert "1.04x" in texts or "1.02x" in texts  # a linear axis labels speedups near 1 in hundredths
+
+
+def test_speedup_axis_labels_are_distinct_in_a_narrow_range() -> None:
+    """Speedups within 1.00-1.02x: the axis ticks are 0.0025 apart, and two-decimal labels
+    repeated (``1.01x`` four times on the dashboard's chart)."""
+    steps = [StepFigures(step=i, predicted_step_time_s=1.0, lower_bound_s=0.98, bound_kind="area", status="HEURISTIC",
+                         baselines_s={"static-best": 1.005 + 0.004 * (i % 3), "megatron-dyncp": 1.012 + 0.002 * i})
+             for i in range(4)]
+    svg = epoch_image(steps, title="t", fmt="svg").decode()
+    root = ET.fromstring(svg)
+    axis = next(g for g in root.iter(f"{SVG}g") if g.get("id") == "matplotlib.axis_2")  # the first panel's y axis
+    labels = [t for t in ("".join(e.itertext()).strip() for e in axis.iter(f"{SVG}text")) if t.endswith("x")]
+    assert len(labels) >= 3, labels
+    assert len(set(labels)) == len(labels), labels
+    assert all(abs(float(a[:-1]) - float(b[:-1]) - (float(labels[1][:-1]) - float(labels[0][:-1]))) < 1e-9
+               for a, b in zip(labels[1:], labels[:-1])), labels  # evenly spaced values, as the ticks
