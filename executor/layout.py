@@ -48,8 +48,38 @@ def piece_sizes(tokens: int, group_size: int) -> list[int]:
     return [base + (1 if r < extra else 0) for r in range(group_size)]
 
 
+class PiecewiseTokens:
+    """Token counts of a layout whose samples are cut into per-rank pieces: the sizes
+    :class:`PackedLayout` and :class:`executor.ring_layout.RingLayout` share (both set
+    ``samples``, ``pieces`` and ``index_in_group``)."""
+
+    __slots__ = ()
+    samples: tuple[SampleShape, ...]
+    pieces: tuple[tuple[int, ...], ...]
+    index_in_group: int
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in the layout."""
+        return len(self.samples)
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens of all samples (the packed sequence every rank holds after a Ulysses swap)."""
+        return sum(s.tokens for s in self.samples)
+
+    def rank_tokens(self, rank: int) -> int:
+        """Tokens group rank ``rank`` holds in sequence-sharded form."""
+        return sum(p[rank] for p in self.pieces)
+
+    @property
+    def local_tokens(self) -> int:
+        """Tokens this rank holds in sequence-sharded form."""
+        return self.rank_tokens(self.index_in_group)
+
+
 @dataclass(kw_only=True, frozen=True, slots=True)
-class PackedLayout:
+class PackedLayout(PiecewiseTokens):
     """Token placement of one micro-batch (or a subset of its samples) on one rank of a group."""
 
     samples: tuple[SampleShape, ...]
@@ -71,25 +101,6 @@ class PackedLayout:
         )
 
     # ------------------------------------------------------------ sizes
-    @property
-    def num_samples(self) -> int:
-        """Samples in the layout."""
-        return len(self.samples)
-
-    @property
-    def total_tokens(self) -> int:
-        """Tokens of all samples (the packed sequence on every rank after the swap)."""
-        return sum(s.tokens for s in self.samples)
-
-    def rank_tokens(self, rank: int) -> int:
-        """Tokens group rank ``rank`` holds in sequence-sharded form."""
-        return sum(p[rank] for p in self.pieces)
-
-    @property
-    def local_tokens(self) -> int:
-        """Tokens this rank holds in sequence-sharded form."""
-        return self.rank_tokens(self.index_in_group)
-
     def piece_range(self, sample: int) -> tuple[int, int]:
         """``[start, end)`` of this rank's piece inside sample ``sample``."""
         sizes = self.pieces[sample]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from executor.layout import PackedLayout, SampleShape, piece_sizes
+from executor.layout import PackedLayout, PiecewiseTokens, SampleShape, piece_sizes
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -77,7 +77,7 @@ def _sub_positions(tokens: int, ring_degree: int, ring_index: int) -> torch.Tens
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
-class RingLayout:
+class RingLayout(PiecewiseTokens):
     """Token placement of one micro-batch (or some of its samples) on one rank of a ``u x r`` group."""
 
     samples: tuple[SampleShape, ...]
@@ -119,25 +119,6 @@ class RingLayout:
     def ulysses_index(self) -> int:
         """This rank's position ``i`` inside its Ulysses subgroup."""
         return self.index_in_group % self.ulysses_degree
-
-    @property
-    def num_samples(self) -> int:
-        """Samples in the layout."""
-        return len(self.samples)
-
-    @property
-    def total_tokens(self) -> int:
-        """Tokens of all samples."""
-        return sum(s.tokens for s in self.samples)
-
-    def rank_tokens(self, rank: int) -> int:
-        """Tokens group rank ``rank`` holds in sequence-sharded form."""
-        return sum(p[rank] for p in self.pieces)
-
-    @property
-    def local_tokens(self) -> int:
-        """Tokens this rank holds in sequence-sharded form."""
-        return self.rank_tokens(self.index_in_group)
 
     def sub_tokens(self, sample: int, ring_index: int) -> int:
         """Tokens of sample ``sample`` that ring position ``ring_index`` owns (its two chunks)."""
