@@ -49,7 +49,7 @@ def piece_sizes(tokens: int, group_size: int) -> list[int]:
 
 
 class PiecewiseTokens:
-    """Token counts of a layout whose samples are cut into per-rank pieces: the sizes
+    """Token counts and local rows of a layout whose samples are cut into per-rank pieces: what
     :class:`PackedLayout` and :class:`executor.ring_layout.RingLayout` share (both set
     ``samples``, ``pieces`` and ``index_in_group``)."""
 
@@ -76,6 +76,19 @@ class PiecewiseTokens:
     def local_tokens(self) -> int:
         """Tokens this rank holds in sequence-sharded form."""
         return self.rank_tokens(self.index_in_group)
+
+    def local_sample_index(self) -> torch.Tensor:
+        """Index of the sample of every local token (local order)."""
+        return torch.cat([torch.full((self.pieces[s][self.index_in_group],), s, dtype=torch.long)
+                          for s in range(self.num_samples)])
+
+    def local_rows(self, sample_indices: Sequence[int]) -> torch.Tensor:
+        """Rows of the local tensor that hold the given samples' pieces (in the given order)."""
+        starts = [0]
+        for s in range(self.num_samples):
+            starts.append(starts[-1] + self.pieces[s][self.index_in_group])
+        parts = [torch.arange(starts[s], starts[s + 1]) for s in sample_indices]
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -148,20 +161,6 @@ class PackedLayout(PiecewiseTokens):
         parts = [torch.full((self.pieces[s][self.index_in_group],), shape.spatial, dtype=torch.long)
                  for s, shape in enumerate(self.samples)]
         return torch.cat(parts)
-
-    def local_sample_index(self) -> torch.Tensor:
-        """Index of the sample of every local token (local order)."""
-        parts = [torch.full((self.pieces[s][self.index_in_group],), s, dtype=torch.long)
-                 for s in range(self.num_samples)]
-        return torch.cat(parts)
-
-    def local_rows(self, sample_indices: Sequence[int]) -> torch.Tensor:
-        """Rows of the local tensor that hold the given samples' pieces (in the given order)."""
-        starts = [0]
-        for s in range(self.num_samples):
-            starts.append(starts[-1] + self.pieces[s][self.index_in_group])
-        parts = [torch.arange(starts[s], starts[s + 1]) for s in sample_indices]
-        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
 
     def subset(self, sample_indices: Sequence[int]) -> PackedLayout:
         """The layout of some of the samples (same group, same per-sample pieces)."""

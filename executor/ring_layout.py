@@ -166,19 +166,6 @@ class RingLayout(PiecewiseTokens):
         return torch.cat([torch.full((self.pieces[s][self.index_in_group],), shape.spatial, dtype=torch.long)
                           for s, shape in enumerate(self.samples)])
 
-    def local_sample_index(self) -> torch.Tensor:
-        """Index of the sample of every local token (local order)."""
-        return torch.cat([torch.full((self.pieces[s][self.index_in_group],), s, dtype=torch.long)
-                          for s in range(self.num_samples)])
-
-    def local_rows(self, sample_indices: Sequence[int]) -> torch.Tensor:
-        """Rows of the local tensor that hold the given samples' pieces (in the given order)."""
-        starts = [0]
-        for s in range(self.num_samples):
-            starts.append(starts[-1] + self.pieces[s][self.index_in_group])
-        parts = [torch.arange(starts[s], starts[s + 1]) for s in sample_indices]
-        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
-
     def subset(self, sample_indices: Sequence[int]) -> RingLayout:
         """The layout of some of the samples (same group, same per-sample pieces)."""
         return RingLayout(samples=tuple(self.samples[s] for s in sample_indices),
