@@ -12,6 +12,7 @@ Run from the repository root::
     .venv/bin/python bench/plan_scale.py                 # ~5-10 minutes on 2 shared cores
     .venv/bin/python bench/plan_scale.py --quick         # the diagonal up to 1,024 x 8,192
     .venv/bin/python bench/plan_scale.py --points 1024x8192 4096x32768 --out ...  # just these
+    .venv/bin/python bench/plan_scale.py --layout auto --points 256x32 1024x8192 ...  # layouts chosen
 
 It prints a table per sweep and writes ``bench/results/plan_scale.json``.
 """
@@ -48,7 +49,7 @@ cpu, wall, gaps = [], [], []
 for step in range({steps}):
     samples = sample_batch(spec, num_samples={samples}, seed=0, step=step)
     c, w = time.process_time(), time.perf_counter()
-    plan = plan_batch(samples, cluster=cluster, cost_model=cmf, config=PlannerConfig(),
+    plan = plan_batch(samples, cluster=cluster, cost_model=cmf, config=PlannerConfig(layout={layout!r}),
                       reference_sample=spec.max_sample)
     cpu.append(time.process_time() - c)
     wall.append(time.perf_counter() - w)
@@ -58,10 +59,11 @@ print(json.dumps({{"cpu_s": cpu, "wall_s": wall, "gap": gaps,
 """
 
 
-def run_point(workload: str, gpus: int, samples: int, steps: int) -> dict[str, Any]:
-    """Plan ``steps`` batches in a fresh process; CPU and wall seconds, gaps, peak RSS."""
+def run_point(workload: str, gpus: int, samples: int, steps: int, layout: str = "ulysses") -> dict[str, Any]:
+    """Plan ``steps`` batches in a fresh process under ``PlannerConfig(layout=layout)``; CPU and
+    wall seconds, gaps, peak RSS."""
     code = _POINT.format(root=str(ROOT), workload=workload, gpus=gpus, samples=samples,
-                         steps=steps)
+                         steps=steps, layout=layout)
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                          text=True)
     data = json.loads(out.stdout.strip().splitlines()[-1])
@@ -89,13 +91,13 @@ def growth_exponent(xs: list[float], ys: list[float]) -> float:
 
 
 def sweep(name: str, workload: str, points: list[tuple[int, int]], x_of: str,
-          steps_per_point: int | None = None) -> dict[str, Any]:
+          steps_per_point: int | None = None, layout: str = "ulysses") -> dict[str, Any]:
     """Run every ``(gpus, samples)`` point (``steps_per_point`` steps, default 3 up to 2,048
     samples and 1 above); fit the exponent of CPU time in ``x_of``."""
     rows = []
     for gpus, samples in points:
         steps = steps_per_point or (3 if samples <= 2048 else 1)
-        rows.append(run_point(workload, gpus, samples, steps))
+        rows.append(run_point(workload, gpus, samples, steps, layout))
         r = rows[-1]
         logger.info("%s %s %d x %d: cpu %.3f s wall %.3f s rss %.0f MiB", name, workload, gpus,
                     samples, r["cpu_p50_s"], r["wall_p50_s"], r["peak_rss_bytes"] / 2**20)
@@ -117,6 +119,9 @@ def main() -> None:
                              "sweep per workload instead of the three sweeps")
     parser.add_argument("--steps", type=int, default=None,
                         help="steps per point (default: 3 up to 2,048 samples, 1 above)")
+    parser.add_argument("--layout", choices=["ulysses", "auto", "ring"], default="ulysses",
+                        help="PlannerConfig.layout: the attention layouts a group may take (default: the "
+                             "default preset's, ulysses; auto: each group's Ulysses x ring chosen)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "plan_scale.json")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -131,7 +136,9 @@ def main() -> None:
                                      capture_output=True, check=False).stdout.strip() or None,
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "cpu_count": os.cpu_count(), "loadavg_at_start": os.getloadavg()},
-        "config": "PlannerConfig() (default preset)", "sweeps": []}
+        "config": ("PlannerConfig() (default preset)" if args.layout == "ulysses"
+                   else f"PlannerConfig(layout={args.layout!r}) (default preset, layouts chosen)"),
+        "layout": args.layout, "sweeps": []}
     sweeps: tuple[tuple[str, list[tuple[int, int]], str], ...] = (
         ("diagonal", diagonal, "num_samples"),
         ("samples", [] if args.quick else by_samples, "num_samples"),
@@ -141,7 +148,7 @@ def main() -> None:
     for workload in args.workloads:
         for name, points, x_of in sweeps:
             if points:
-                result["sweeps"].append(sweep(name, workload, points, x_of, args.steps))
+                result["sweeps"].append(sweep(name, workload, points, x_of, args.steps, args.layout))
     result["machine"]["loadavg_at_end"] = os.getloadavg()
     for s in result["sweeps"]:
         print(f"\n{s['workload']}, {s['sweep']} sweep: CPU time grows as {s['x']}^"

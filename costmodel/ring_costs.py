@@ -25,6 +25,7 @@ from costmodel.ring_time import (
     calls_exposed_s,
     default_p2p_links,
     kv_bytes_per_token,
+    microbatches_exposed_s,
     ring_attention_time_s,
     ring_steps_s,
 )
@@ -126,3 +127,28 @@ class RingCosts:
             return t.exposed_forward_s, t.exposed_backward_s
 
         return calls_exposed_s(tokens, recompute_layers, num_layers=self.num_layers, exposed=exposed)
+
+    def ring_exposed_many_s(self, tokens: ArrayLike, recompute_layers: ArrayLike, starts: ArrayLike, *,
+                            layout: GroupLayout) -> FloatArray:
+        """:meth:`ring_exposed_s` of many micro-batches of one layout at once (the samples of all of
+        them in order, ``starts``: each micro-batch's first offset), vectorised over the layer calls
+        (:func:`costmodel.ring_time.microbatches_exposed_s`; a planner evaluates thousands)."""
+        num_mbs = len(np.asarray(starts))
+        if layout.ring_degree == 1:
+            return np.zeros(num_mbs)
+        u, r = layout.ulysses_degree, layout.ring_degree
+        model = self.file.model
+        kwargs = dict(ring_degree=r, forward_s_per_pair=self.file.compute.forward.per_attn_pair,
+                      backward_s_per_pair=self.file.compute.backward.per_attn_pair,
+                      kv_bytes_per_token=self.kv_bytes_per_token(u),
+                      query_channels=model.num_heads // u * model.head_size, links=self.p2p_links,
+                      crosses_nodes=layout.ring_crosses_nodes,
+                      hbm_bytes_per_s=self.cluster.hardware.hbm_bandwidth_bytes_per_s)
+
+        def exposed(sums: FloatArray, squares: FloatArray) -> tuple[FloatArray, FloatArray]:
+            # ring_attention_time_s's pairs per step and block tokens, one entry per call
+            _, _, exp_f, exp_b = ring_steps_s(squares / (u * r * r), sums / r, **kwargs)  # type: ignore[arg-type]
+            return np.asarray(exp_f, dtype=np.float64), np.asarray(exp_b, dtype=np.float64)
+
+        return microbatches_exposed_s(np.asarray(tokens, dtype=np.float64), np.asarray(recompute_layers),
+                                      np.asarray(starts), num_layers=self.num_layers, exposed=exposed)

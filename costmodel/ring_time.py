@@ -185,3 +185,67 @@ def calls_exposed_s(tokens: Sequence[float], recompute_layers: Sequence[int], *,
             per_layer += f + b
         total += (hi - lo) * per_layer
     return total
+
+
+def microbatches_exposed_s(tokens: np.ndarray, recompute_layers: np.ndarray, starts: np.ndarray, *, num_layers: int,
+                           exposed: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """:func:`calls_exposed_s` of many micro-batches at once, the same sums in the same order.
+
+    Args:
+        tokens: Tokens of every sample, the micro-batches one after another.
+        recompute_layers: Policy ``k`` of every sample.
+        starts: Offset of each micro-batch's first sample (increasing, ``starts[0] == 0``; every
+            micro-batch non-empty).
+        num_layers: ``L``.
+        exposed: ``exposed(sum of tokens, sum of squared tokens)`` -> ``(forward, backward)`` seconds
+            of one layer's ring for calls with those sums (arrays, one entry per call): a ring's
+            exposed time depends on its samples only through these two sums
+            (:func:`ring_attention_time_s`).
+
+    Returns:
+        Seconds each micro-batch's rings add (one entry per micro-batch).
+    """
+    s = np.asarray(tokens, dtype=np.float64)
+    k = np.clip(np.asarray(recompute_layers, dtype=np.int64), 0, num_layers)
+    starts = np.asarray(starts, dtype=np.int64)
+    if len(starts) == 0:
+        return np.zeros(0)
+    sums, squares = np.add.reduceat(s, starts), np.add.reduceat(s**2, starts)
+    k_hi, k_lo = np.maximum.reduceat(k, starts), np.minimum.reduceat(k, starts)
+    # One policy per micro-batch (the common case): one call per layer, the first k recomputed.
+    f, b = exposed(sums, squares)
+    kf = k_hi.astype(np.float64)
+    out = kf * (2 * f + b) + (num_layers - kf) * (f + b)
+    mixed = np.flatnonzero(k_hi != k_lo).tolist()
+    if mixed:  # calls_exposed_s's segments, their calls' sums gathered into one exposed() call
+        ends = [*starts[1:].tolist(), len(s)]
+        start_list = starts.tolist()
+        calls: list[tuple[int, int, int, int]] = []  # (micro-batch, layers, kept call or -1, plain call or -1)
+        call_sums: list[float] = []
+        call_squares: list[float] = []
+        for m in mixed:
+            a, e = start_list[m], ends[m]
+            seg_s, seg_k = s[a:e], k[a:e]
+            cuts = sorted({0, num_layers, *seg_k.tolist()})
+            for lo, hi in itertools.pairwise(cuts):
+                ids = []
+                for part in (seg_s[seg_k > lo], seg_s[seg_k <= lo]):
+                    if len(part):
+                        ids.append(len(call_sums))
+                        call_sums.append(float(part.sum()))
+                        call_squares.append(float((part**2).sum()))
+                    else:
+                        ids.append(-1)
+                calls.append((m, hi - lo, ids[0], ids[1]))
+        cf, cb = exposed(np.array(call_sums), np.array(call_squares))
+        cf_list, cb_list = cf.tolist(), cb.tolist()
+        totals = dict.fromkeys(mixed, 0.0)
+        for m, layers, kept, plain in calls:
+            per_layer = 0.0
+            if kept >= 0:
+                per_layer += 2 * cf_list[kept] + cb_list[kept]
+            if plain >= 0:
+                per_layer += cf_list[plain] + cb_list[plain]
+            totals[m] += layers * per_layer
+        out[mixed] = [totals[m] for m in mixed]
+    return np.asarray(out, dtype=np.float64)

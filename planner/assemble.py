@@ -121,11 +121,7 @@ def _sample_times(mbs: list[list[tuple[int, int]]], arrays: BatchArrays, cost_mo
                + (cost_model.num_layers + hi - lo) * (call_f + call_b) + hi * call_f)
     mb_times = fixed_s + np.add.reduceat(times, starts)
     if layout is not None and layout.ring_degree > 1:  # per layer call, not per sample
-        tokens = arrays.tokens[idx].tolist()
-        ends = [*starts[1:].tolist(), len(idx)]
-        ks_list = ks.tolist()
-        mb_times = mb_times + np.array([cost_model.ring_exposed_s(tokens[a:b], ks_list[a:b], layout=layout)
-                                        for a, b in zip(starts.tolist(), ends, strict=True)])
+        mb_times = mb_times + cost_model.ring_exposed_many_s(arrays.tokens[idx], ks, starts, layout=layout)
     return idx, ks, starts, times, mb_times.tolist()
 
 
