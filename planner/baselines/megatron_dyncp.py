@@ -125,18 +125,30 @@ def megatron_dyncp_draft(table: CostTable, *, seed: int = 0,
     # Groups of each size sorted by (load, index): the least loaded with room for the sample
     # is the one of least projected load (ties: the lower index).
     of_size: dict[int, list[tuple[float, int]]] = {}
+    # Per size, at least the most tokens any of its groups has room for (exact after a scan that
+    # found none with room): a longer sample skips the scan, which finds no room for it.
+    max_room: dict[int, float] = {}
     for i in sorted(range(len(tokens)), key=lambda i: (-tokens[i], i)):
         d, t = need[i], time_s(i, need[i])
         best: tuple[float, int] | None = None  # (projected load, group or -1 for a new one)
         if free >= d:
             best = (t, -1)
-        for load_g, g in of_size.get(d, []):
-            if held[g] + tokens[i] > d * tpr:
-                continue
-            projected = load_g + t
-            if projected <= (1 + LOAD_CAP) * top and (best is None or projected < best[0]):
-                best = (projected, g)
-            break
+        if tokens[i] <= max_room.get(d, math.inf):
+            cap = (1 + LOAD_CAP) * top
+            most_room = -math.inf
+            for load_g, g in of_size.get(d, []):
+                projected = load_g + t
+                if projected > cap:
+                    break  # this group and the later ones (no less loaded) are over the cap
+                if held[g] + tokens[i] > d * tpr:
+                    most_room = max(most_room, d * tpr - held[g])
+                    continue
+                if best is None or projected < best[0]:
+                    best = (projected, g)
+                break
+            else:  # every group scanned, none with room for this sample
+                if d in max_room:
+                    max_room[d] = most_room
         if best is None:
             leftovers.append(i)
             continue
@@ -154,6 +166,8 @@ def megatron_dyncp_draft(table: CostTable, *, seed: int = 0,
         loads[g] += t
         held[g] += tokens[i]
         members[g].append(i)
+        if len(members[g]) == 1:  # a new group: its room may exceed the others'
+            max_room[d] = max(max_room.get(d, -math.inf), d * tpr - held[g])
         bisect.insort(lst, (loads[g], g))
         top = max(top, loads[g])
     while True:  # fill free ranks by doubling the most loaded groups
