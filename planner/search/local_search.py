@@ -44,12 +44,25 @@ def local_search(table: CostTable, groups: list[GroupState], *, max_moves: int,
         load[gi] = g.load_s
         max_free[gi] = max(g.free_bytes, default=-1.0)
 
+    # Groups by size column, for each column's least load: a class's move lands no lower than
+    # the least loaded group of some column plus its time there (a bound that skips the vectors).
+    by_col = np.argsort(cols, kind="stable")
+    col_ids, col_starts = np.unique(cols[by_col], return_index=True)
+    floor_rows: dict[int, list[float]] = {}  # class -> its time on each column of col_ids
     rejected: set[tuple[int, int, int]] = set()  # (class, from, to) moves undone since a change
     for _ in range(max_moves):
         top = int(np.argmax(load))
         g = groups[top]
         current = load[top]
-        best: tuple[float, int, int] | None = None  # (new makespan, sample, destination)
+        limit = current * (1 - 1e-12)
+        col_min = np.minimum.reduceat(load[by_col], col_starts).tolist()
+        # One candidate per (class, alone) of the slowest group, in its order (pos): the makespan
+        # after moving it is at least new_src (the slowest group without it). Scored in order of
+        # new_src, the best (lowest makespan, then lowest pos: the first found in group order) is
+        # found after a few vector evaluations, the rest pruned by new_src alone.
+        time_top = table.time_s[:, int(cols[top])]
+        o_top = o_g[top]
+        entries: list[tuple[float, int, int, int]] = []  # (new_src, pos, sample, class)
         seen: set[tuple[int, bool]] = set()
         for mb in g.mbs:
             alone = len(mb) == 1
@@ -58,25 +71,35 @@ def local_search(table: CostTable, groups: list[GroupState], *, max_moves: int,
                 if (c, alone) in seen:
                     continue
                 seen.add((c, alone))
-                t_row = time_rows.get(c)
-                if t_row is None:
-                    t_row = time_rows[c] = table.time_s[c, cols]
-                    mem_rows[c] = table.mem_bytes[c, cols]
-                new_src = current - t_row[top] - (o_g[top] if alone else 0.0)
-                # Every candidate is at least new_src: skip the vector work when none can win.
-                if not (new_src < current * (1 - 1e-12) and (best is None or new_src < best[0])):
-                    continue
-                new_dst = load + t_row + o_g * (max_free < mem_rows[c])
-                new_dst[top] = np.inf
-                cand = np.maximum(new_dst, new_src)
-                for key in rejected:
-                    if key[0] == c and key[1] == top:
-                        cand[key[2]] = np.inf
-                h = int(np.argmin(cand))
-                if cand[h] < current * (1 - 1e-12) and (best is None or cand[h] < best[0]):
-                    best = (float(cand[h]), i, h)
+                entries.append((current - time_top[c] - (o_top if alone else 0.0), len(entries), i, c))
+        entries.sort()
+        best: tuple[float, int, int, int] | None = None  # (new makespan, pos, sample, destination)
+        for new_src, pos, i, c in entries:
+            if not new_src < limit or (best is not None and new_src > best[0]):
+                break  # sorted by new_src: no later candidate can win either
+            if best is not None and new_src == best[0] and pos > best[1]:
+                continue
+            floor_row = floor_rows.get(c)
+            if floor_row is None:
+                floor_row = floor_rows[c] = table.time_s[c, col_ids].tolist()
+            floor = max(new_src, min([m + t for m, t in zip(col_min, floor_row, strict=True)]))
+            if not floor < limit or (best is not None and (floor > best[0] or (floor == best[0] and pos > best[1]))):
+                continue  # no destination can make this move win
+            t_row = time_rows.get(c)
+            if t_row is None:
+                t_row = time_rows[c] = table.time_s[c, cols]
+                mem_rows[c] = table.mem_bytes[c, cols]
+            new_dst = load + t_row + o_g * (max_free < mem_rows[c])
+            new_dst[top] = np.inf
+            cand = np.maximum(new_dst, new_src)
+            for key in rejected:
+                if key[0] == c and key[1] == top:
+                    cand[key[2]] = np.inf
+            h = int(np.argmin(cand))
+            if cand[h] < limit and (best is None or (cand[h], pos) < (best[0], best[1])):
+                best = (float(cand[h]), pos, i, h)
         if best is not None:
-            _, i, h = best
+            _, _, i, h = best
             remove_sample(table, g, i)
             insert_sample(table, groups[h], i)
             refresh(top)
