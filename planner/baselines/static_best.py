@@ -56,20 +56,24 @@ def static_best_draft(table: CostTable, *, seed: int = 0,
     """
     del seed, reference
     arrays = BatchArrays.of(table.samples)
-    best: tuple[float, Draft] | None = None
     num_gpus = table.cost_model.cluster.num_gpus
+    floors: list[tuple[float, int]] = []
     for d in table.sizes:
-        # Skip a size whose groups cannot beat the best draft so far even perfectly balanced
-        # (its samples' table times spread evenly, or its longest sample alone, plus the
-        # sync), with a 10% margin for placements slower than the table's aligned one.
+        # A size's floor: its groups perfectly balanced (its samples' table times spread evenly,
+        # or its longest sample alone) plus the sync.
         times = table.time_s[table.classes.class_of, table.size_index(d)]
-        floor_s = max(float(times.max()), float(times.sum()) / (num_gpus // d)) + table.grad_sync_s
+        floors.append((max(float(times.max()), float(times.sum()) / (num_gpus // d)) + table.grad_sync_s, d))
+    best: tuple[float, int, Draft] | None = None  # (step time, size, draft)
+    # Most promising size first, so that the others are skipped by their floors: a size whose
+    # floor is over the best draft so far (with a 10% margin for placements slower than the
+    # table's aligned one) cannot beat it, in any order.
+    for floor_s, d in sorted(floors):
         if best is not None and floor_s > 1.1 * best[0]:
             continue
         draft = lpt_draft(table, group_size=d)
         if draft is None:
             continue
         t = draft_step_time_s(draft, arrays, table.cost_model, grad_sync_s=table.grad_sync_s)
-        if best is None or t < best[0]:
-            best = (t, draft)
-    return None if best is None else best[1]
+        if best is None or t < best[0] or (t == best[0] and d < best[1]):  # ties: the smaller size
+            best = (t, d, draft)
+    return None if best is None else best[2]
