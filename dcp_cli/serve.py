@@ -47,10 +47,11 @@ def register(app: typer.Typer) -> None:
             except StoreLockedError as exc:
                 typer.echo(f"error: {exc}", err=True)
                 raise typer.Exit(2) from None
-        from api.http_guard import guarded_protocol
+        from api.http_guard import server_options
 
-        protocol = guarded_protocol(head_timeout_s=settings.request_head_timeout_s,
-                                    max_connections=settings.max_connections)
-        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, http=protocol,
-                    backlog=min(settings.max_connections, 2048), log_level=log_level,
-                    timeout_graceful_shutdown=10)
+        # The guarded protocol, the backlog and asyncio's loop (uvloop accepts one connection per
+        # iteration: api/http_guard.py).
+        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level,
+                    timeout_graceful_shutdown=10,
+                    **server_options(head_timeout_s=settings.request_head_timeout_s,
+                                     max_connections=settings.max_connections))

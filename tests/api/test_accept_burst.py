@@ -1,0 +1,175 @@
+"""A burst of connections opened while the event loop is busy is accepted at once (issue 24's
+rank-view tail: uvloop's libuv accepts one connection per loop iteration, so under load the last
+of 256 new connections waited 2.3 s in the kernel's accept queue; api/http_guard.py).
+
+The server is uvicorn with ``dcp serve``'s own connection settings (``server_options``: the
+guarded protocol, backlog, event loop) on loopback. A task in the app blocks the loop for
+``BLOCK_S`` on every iteration, as serving many busy connections does; 32 connections are then
+opened at once and each sends one request. Accepting them all in one iteration answers the last
+within a few iterations; one accept per iteration (uvloop) needs at least 32.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from typing import Any
+
+import pytest
+import uvicorn
+
+from api.http_guard import CoalescingTransport, server_options
+from dcp_cli.net import free_port
+
+BLOCK_S = 0.02
+BURST = 32
+
+
+def _app() -> Any:
+    """A minimal ASGI app whose lifespan starts a task that blocks the loop on every iteration."""
+    busy: list[asyncio.Task[None]] = []
+
+    async def spin() -> None:
+        while True:
+            time.sleep(BLOCK_S)  # noqa: ASYNC251 - blocking the loop is the point
+            await asyncio.sleep(0)
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    for task in busy:
+                        task.cancel()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["path"] == "/spin" and not busy:
+            busy.append(asyncio.get_running_loop().create_task(spin()))
+        body = b"ok"
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+def _get(sock: socket.socket, path: str) -> bytes:
+    sock.sendall(f"GET {path} HTTP/1.1\r\nhost: t\r\n\r\n".encode())
+    data = b""
+    while not data.endswith(b"ok"):
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+@pytest.fixture()
+def busy_server() -> Any:
+    port = free_port()
+    config = uvicorn.Config(_app(), host="127.0.0.1", port=port, log_level="warning", lifespan="on",
+                            **server_options(head_timeout_s=30.0, max_connections=2048))
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.02)
+    yield port
+    server.should_exit = True
+    thread.join(timeout=20)
+
+
+def test_burst_of_connections_is_accepted_in_one_iteration(busy_server: int) -> None:
+    with socket.create_connection(("127.0.0.1", busy_server)) as first:
+        assert _get(first, "/spin").startswith(b"HTTP/1.1 200")  # the loop blocks from now on
+        start = time.perf_counter()
+        burst = [socket.create_connection(("127.0.0.1", busy_server)) for _ in range(BURST)]
+        try:
+            for sock in burst:
+                sock.sendall(b"GET / HTTP/1.1\r\nhost: t\r\n\r\n")
+            answered_s = []
+            for sock in burst:
+                data = b""
+                while not data.endswith(b"ok"):
+                    chunk = sock.recv(4096)
+                    assert chunk, "connection closed before the answer"
+                    data += chunk
+                assert data.startswith(b"HTTP/1.1 200")
+                answered_s.append(time.perf_counter() - start)
+        finally:
+            for sock in burst:
+                sock.close()
+    # One accept per iteration: >= BURST iterations of BLOCK_S (0.64 s). All at once: ~6.
+    assert max(answered_s) < BURST * BLOCK_S / 2, (
+        f"the last of {BURST} new connections was answered after {max(answered_s):.3f} s "
+        f"(loop blocked {BLOCK_S} s per iteration): connections are accepted one per iteration")
+
+
+def test_coalescing_transport_writes_a_response_once_in_order() -> None:
+    async def scenario() -> tuple[bytes, list[int]]:
+        loop = asyncio.get_running_loop()
+        a, b = socket.socketpair()
+        b.setblocking(False)
+        transport, _ = await loop.create_connection(asyncio.Protocol, sock=a)
+        writes: list[int] = []
+        real_write = transport.write
+
+        def counting_write(data: bytes) -> None:
+            writes.append(len(data))
+            real_write(data)
+
+        transport.write = counting_write  # type: ignore[method-assign]
+        wrapped = CoalescingTransport(transport, loop)  # type: ignore[arg-type]
+        wrapped.write(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\n")
+        wrapped.write(b"")
+        wrapped.write(b"body")
+        assert writes == [] and wrapped.get_write_buffer_size() == 42
+        await asyncio.sleep(0)  # the end of this callback: one write
+        wrapped.write(b"tail")
+        wrapped.close()  # what is held is written before the close
+        received = b""
+        while True:
+            try:
+                chunk = await loop.sock_recv(b, 4096)
+            except ConnectionError:
+                break
+            if not chunk:
+                break
+            received += chunk
+        b.close()
+        return received, writes
+
+    received, writes = asyncio.run(scenario())
+    assert received == b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nbodytail"
+    assert writes == [42, 4]
+
+
+def test_coalescing_transport_abort_drops_what_is_held() -> None:
+    async def scenario() -> bytes:
+        loop = asyncio.get_running_loop()
+        a, b = socket.socketpair()
+        b.setblocking(False)
+        transport, _ = await loop.create_connection(asyncio.Protocol, sock=a)
+        wrapped = CoalescingTransport(transport, loop)  # type: ignore[arg-type]
+        wrapped.write(b"never sent")
+        wrapped.abort()
+        await asyncio.sleep(0)
+        received = b""
+        while True:
+            try:
+                chunk = await loop.sock_recv(b, 4096)
+            except ConnectionError:
+                break
+            if not chunk:
+                break
+            received += chunk
+        b.close()
+        return received
+
+    assert asyncio.run(scenario()) == b""
