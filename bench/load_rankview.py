@@ -3,14 +3,15 @@
 Run::
 
     .venv/bin/python bench/load_rankview.py                 # 3 x 30 s at 256 connections (~3 min)
+    .venv/bin/python bench/load_rankview.py --connections 256 128 64   # 3 x 30 s at each (~5 min)
     .venv/bin/python bench/load_rankview.py --duration-s 5 --runs 1 --out /tmp/l.json   # smoke
 
 Starts ``dcp serve`` on loopback (a fresh SQLite file, 1 solver process, a token set as in a
 deployment, so every fetch is authenticated), precomputes an epoch through ``POST /v1/epochs``
 (the shipped ``examples/manifests/train.jsonl``, 2,048 samples in steps of 64 on ``h200x8``:
 32 steps x 8 ranks = 256 rank views), fetches every view once (the first fetch of a step freezes
-it), then runs ``wrk`` ``--runs`` times with ``--connections`` keep-alive connections for
-``--duration-s`` each, every request ``GET /v1/epochs/{id}/steps/{s}/ranks/{r}`` walking the
+it), then runs ``wrk`` ``--runs`` times for each of ``--connections`` (keep-alive connections)
+for ``--duration-s`` each, every request ``GET /v1/epochs/{id}/steps/{s}/ranks/{r}`` walking the
 256 views round-robin (a Lua script). wrk's own latency percentiles (``--latency``: 50, 75, 90,
 99 %), requests per second, socket errors and non-2xx answers are recorded per run, with the
 server's resident set (main process, and with its solver process) before the first run and
@@ -136,7 +137,8 @@ def _precompute(url: str, manifest: Path) -> int:
 def main() -> int:
     """Precompute, load with wrk, write the JSON and print a table."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--connections", type=int, default=256)
+    parser.add_argument("--connections", type=int, nargs="+", default=[256],
+                        help="wrk connections; --runs runs for each value, in this order")
     parser.add_argument("--threads", type=int, default=2, help="wrk threads")
     parser.add_argument("--duration-s", type=int, default=30)
     parser.add_argument("--runs", type=int, default=3)
@@ -163,16 +165,19 @@ def main() -> int:
                     client.get(f"/v1/epochs/{EPOCH_ID}/steps/{step}/ranks/{rank}").raise_for_status()
         rss_before = _rss(proc.pid)
         runs = []
-        for index in range(args.runs):
-            load = os.getloadavg()
-            result = subprocess.run([wrk, "-t", str(args.threads), "-c", str(args.connections), "-d",
-                                     f"{args.duration_s}s", "--latency", "--timeout", "10s", "-s", str(lua),
-                                     "-H", f"Authorization: Bearer {TOKEN}", url],
-                                    capture_output=True, text=True, timeout=args.duration_s + 120)
-            run = {"run": index, **parse_wrk(result.stdout), "rss_after": _rss(proc.pid),
-                   "load_avg_1m_before": round(load[0], 2), "wrk_output": result.stdout}
-            logger.info("run %d: p99 %.1f ms, %.0f req/s", index, run["p99_s"] * 1e3, run["requests_per_s"])
-            runs.append(run)
+        for connections in args.connections:
+            for index in range(args.runs):
+                load = os.getloadavg()
+                result = subprocess.run([wrk, "-t", str(args.threads), "-c", str(connections), "-d",
+                                         f"{args.duration_s}s", "--latency", "--timeout", "10s", "-s", str(lua),
+                                         "-H", f"Authorization: Bearer {TOKEN}", url],
+                                        capture_output=True, text=True, timeout=args.duration_s + 120)
+                run = {"run": index, "connections": connections, **parse_wrk(result.stdout),
+                       "rss_after": _rss(proc.pid), "load_avg_1m_before": round(load[0], 2),
+                       "wrk_output": result.stdout}
+                logger.info("%d connections, run %d: p99 %.1f ms, %.0f req/s", connections, index,
+                            run["p99_s"] * 1e3, run["requests_per_s"])
+                runs.append(run)
     finally:
         stop_service(proc)
     summary = {"connections": args.connections, "wrk_threads": args.threads, "duration_s": args.duration_s,
@@ -182,6 +187,10 @@ def main() -> int:
                "auth": "bearer token on every fetch (DCP_AUTH_TOKEN set)", "wrk_version": version,
                "rss_before": rss_before, "runs": runs,
                "p99_s_max": max(r["p99_s"] for r in runs),
+               "p99_s_max_by_connections": {str(c): max(r["p99_s"] for r in runs if r["connections"] == c)
+                                            for c in args.connections},
+               "server": "dcp serve: uvicorn 0.55 on the asyncio event loop with api/http_guard.py's "
+                         "protocol (one socket write per response)",
                "errors": sum(sum(r["socket_errors"].values()) + r["non_2xx_3xx"] for r in runs),
                "rss_main_growth_bytes": runs[-1]["rss_after"]["main_bytes"] - rss_before["main_bytes"],
                "host_cpus": os.cpu_count(),
@@ -192,11 +201,13 @@ def main() -> int:
                                "view is fetched round-robin)"}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({**provenance(), **summary}, indent=2) + "\n")
-    print(f"{'run':>3} {'req/s':>8} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'errors':>7} {'RSS MiB':>8}")
+    print(f"{'conns':>5} {'run':>3} {'req/s':>8} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'errors':>7} "
+          f"{'RSS MiB':>8}")
     for r in runs:
         errors = sum(r["socket_errors"].values()) + r["non_2xx_3xx"]
-        print(f"{r['run']:>3} {r['requests_per_s']:>8.0f} {r['p50_s'] * 1e3:>7.1f} {r['p90_s'] * 1e3:>7.1f} "
-              f"{r['p99_s'] * 1e3:>7.1f} {errors:>7d} {r['rss_after']['main_bytes'] / 2**20:>8.1f}")
+        print(f"{r['connections']:>5} {r['run']:>3} {r['requests_per_s']:>8.0f} {r['p50_s'] * 1e3:>7.1f} "
+              f"{r['p90_s'] * 1e3:>7.1f} {r['p99_s'] * 1e3:>7.1f} {errors:>7d} "
+              f"{r['rss_after']['main_bytes'] / 2**20:>8.1f}")
     print(f"RSS before: {rss_before['main_bytes'] / 2**20:.1f} MiB (main process)")
     return 0 if summary["errors"] == 0 else 1
 

@@ -164,7 +164,7 @@ def _rankview(data: dict[str, Any]) -> list[str]:
     for r in data["runs"]:
         errors = sum(r["socket_errors"].values()) + r["non_2xx_3xx"]
         rss = r["rss_after"]
-        lines.append(_row([str(r["run"]), str(data["connections"]), f"{r['requests']:,}",
+        lines.append(_row([str(r["run"]), str(r.get("connections", data["connections"])), f"{r['requests']:,}",
                            f"{r['requests_per_s']:,.0f}", f"{r['p50_s'] * 1e3:.1f}", f"{r['p90_s'] * 1e3:.1f}",
                            f"**{r['p99_s'] * 1e3:.1f}**", str(errors),
                            f"{rss['main_bytes'] / 2**20:.1f} / {rss['with_children_bytes'] / 2**20:.1f}",

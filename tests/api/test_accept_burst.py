@@ -33,7 +33,7 @@ def _app() -> Any:
 
     async def spin() -> None:
         while True:
-            time.sleep(BLOCK_S)  # noqa: ASYNC251 - blocking the loop is the point
+            time.sleep(BLOCK_S)  # blocking the loop is the point
             await asyncio.sleep(0)
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
