@@ -120,6 +120,18 @@ def _scale_points(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _scale_points_gap(data: dict[str, Any]) -> list[str]:
+    """``_scale_points`` with each point's mean gap to its lower bound."""
+    lines = [_row(["workload", "GPUs x samples", "CPU s per step", "p50", "gap", "RSS MiB"]),
+             "|---|---|---|---:|---:|---:|"]
+    for sweep in data["sweeps"]:
+        for r in sweep["rows"]:
+            lines.append(_row([r["workload"], f"{r['num_gpus']} x {r['num_samples']}",
+                               ", ".join(f"{t:.2f}" for t in r["cpu_s"]), f"**{r['cpu_p50_s']:.2f}**",
+                               _pct(r["gap_mean"]), _mib(r["peak_rss_bytes"])]))
+    return lines
+
+
 def _statuses(data: dict[str, Any]) -> list[str]:
     head = ["workload", "steps", "search (HEURISTIC / FEASIBLE / OPTIMAL)", "BASELINE", "POLISHED_BASELINE",
             "search alone beat strongest", "polishing gain mean (max)"]
@@ -182,6 +194,8 @@ TABLES: dict[str, TableSpec] = {
     "plan-scale-sweeps": TableSpec(json_name="plan_scale.json", render=_scale_sweeps),
     "plan-scale-points": TableSpec(json_name="plan_scale_points_5steps.json", render=_scale_points),
     "plan-scale-readme": TableSpec(json_name="plan_scale_points_5steps_rerun.json", render=_scale_points),
+    "plan-scale-layouts": TableSpec(json_name="plan_scale_layouts.json", render=_scale_points_gap),
+    "plan-scale-layouts-16384": TableSpec(json_name="plan_scale_layouts_16384.json", render=_scale_points_gap),
     "plan-quality-grid": TableSpec(json_name="plan_quality.json", render=_grid),
     "plan-quality-budgets": TableSpec(json_name="plan_quality.json", render=_budgets),
     "plan-quality-24-48": TableSpec(json_name="plan_quality_24_48.json", render=_grid),
