@@ -125,22 +125,25 @@ def choose_group_layouts(draft: Draft, arrays: BatchArrays, table: CostTable) ->
     layout unless another is strictly faster, so the step time never grows."""
     cm: CostModel = table.cost_model
     limit = cm.fixed_bytes() + table.budget_bytes
-    out: Draft = []
-    for g in draft:
-        options = table.ring_options.get(g.size, (g.ring_degree,))
-        if not g.micro_batches or len(options) < 2:
-            out.append(g)
-            continue
-        shortest = min(arrays.tokens[i] for mb in g.micro_batches for i, _ in mb)
-        best, best_s = g, draft_costs([g], arrays, cm)[0].time_s
-        for r in options:
-            if r == g.ring_degree or shortest < 2 * r:
-                continue
-            cand = DraftGroup(size=g.size, first_rank=g.first_rank, micro_batches=g.micro_batches, ring_degree=r)
-            costs = draft_costs([cand], arrays, cm)[0]
-            if max(costs.microbatch_peak_bytes) <= limit * (1 + 1e-12) and costs.time_s < best_s * (1 - 1e-9):
-                best, best_s = cand, costs.time_s
-        out.append(best)
+    out: Draft = list(draft)
+    # The groups with a choice, their current times, and their shortest sample.
+    choosing = [gi for gi, g in enumerate(draft)
+                if g.micro_batches and len(table.ring_options.get(g.size, (g.ring_degree,))) >= 2]
+    if not choosing:
+        return out
+    best_s = dict(zip(choosing, (c.time_s for c in draft_costs([draft[gi] for gi in choosing], arrays, cm)),
+                      strict=True))
+    shortest = {gi: min(arrays.tokens[i] for mb in draft[gi].micro_batches for i, _ in mb) for gi in choosing}
+    # Each ring degree for every group that may take it, costed in one call (draft_costs prices each
+    # group alone); ascending, as each group's options are, so each group sees them in its order.
+    for r in sorted({r for gi in choosing for r in table.ring_options[draft[gi].size]}):
+        takers = [gi for gi in choosing if r in table.ring_options[draft[gi].size]
+                  and r != draft[gi].ring_degree and shortest[gi] >= 2 * r]
+        cands = [DraftGroup(size=draft[gi].size, first_rank=draft[gi].first_rank,
+                            micro_batches=draft[gi].micro_batches, ring_degree=r) for gi in takers]
+        for gi, cand, costs in zip(takers, cands, draft_costs(cands, arrays, cm), strict=True):
+            if max(costs.microbatch_peak_bytes) <= limit * (1 + 1e-12) and costs.time_s < best_s[gi] * (1 - 1e-9):
+                out[gi], best_s[gi] = cand, costs.time_s
     return out
 
 
