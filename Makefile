@@ -22,8 +22,10 @@ $(VENV)/.run-installed: $(BIN)/python pyproject.toml
 # (tests/api/test_ray_runner.py; Ray adds ~25 s and ~280 MB to a clean install).
 $(VENV)/.test-installed: $(BIN)/python pyproject.toml
 	# parity: Megatron-Core's own scheduler for tests/planner/test_megatron_parity.py (installs in ~11 s
-	# beside the pinned torch 2.13.0, which its requirement torch>=2.6 keeps).
-	$(BIN)/python -m pip install -q -e '.[torch,dev,hf,ray,parity]'
+	# beside the pinned torch 2.13.0, which its requirement torch>=2.6 keeps). trl: TRL's SFTTrainer
+	# under DCP plans (test_hf_trainer.py's equivalence test; one pure-Python wheel, ~1 s, keeps
+	# torch 2.13.0 and transformers 5.24.0).
+	$(BIN)/python -m pip install -q -e '.[torch,dev,hf,ray,parity,trl]'
 	touch $@ $(VENV)/.run-installed
 
 # Debian's headless Chromium for the dashboard's browser test (tests/api/test_dashboard_browser.py;

@@ -22,7 +22,8 @@ in fp64:
    convention under the executor's scenario plans (torchtitan itself needs a GPU);
 5. ``sft`` (when ``trl`` is installed): TRL's ``SFTTrainer`` padding-free (each rank's batch packed
    into one sequence, the same fp64 loss) and ``DCPSFTTrainer`` with ``packing=True``, 3 steps,
-   completion-only labels (each document's first 6 tokens are -100).
+   completion-only labels (each document's first 6 tokens are -100); ``DCPSFTTrainer`` resumed from
+   its ``checkpoint-2`` into a differently initialised model (step 2 again).
 
 Each run records its per-rank loss values and (rank 0) its final parameters into ``rank{r}.pt``.
 Usage: ``torchrun --nproc-per-node 4 hf_trainer_worker.py URL EPOCH_ID OUT_DIR``.
@@ -203,9 +204,11 @@ def _sft_args(out: Path, *, packing: bool, padding_free: bool, **extra: Any) -> 
     return SFTConfig(**{k: v for k, v in base.items() if k not in ("hub_token", "push_to_hub_token")})
 
 
-def _sft(out: Path, docs: list[dict[str, Any]], batches: list[list[str]], plans: Any, world: int) -> dict[str, Any]:
+def _sft(out: Path, docs: list[dict[str, Any]], batches: list[list[str]], plans: Any, resume_plans: Any,
+         world: int) -> dict[str, Any]:
     """TRL's SFTTrainer, padding-free (each rank's batch packed into one sequence), and DCPSFTTrainer
-    with ``packing=True`` (the plans pack), on a ``datasets.Dataset`` of the same documents."""
+    with ``packing=True`` (the plans pack), on a ``datasets.Dataset`` of the same documents; then
+    ``DCPSFTTrainer`` on a differently initialised model resumed from its ``checkpoint-2``."""
     from datasets import Dataset
     from transformers import ByT5Tokenizer
     from trl import SFTTrainer
@@ -233,12 +236,22 @@ def _sft(out: Path, docs: list[dict[str, Any]], batches: list[list[str]], plans:
                                                           per_device_train_batch_size=SAMPLES_PER_STEP // world),
                        train_dataset=ordered, processing_class=tokenizer, compute_loss_func=_causal_lm_loss_fp64)
     plain.train()
-    dcp = dcp_sft_trainer_class()(model=_model(SEED), args=_sft_args(out / "sft_dcp", packing=True, padding_free=False),
-                                  train_dataset=Dataset.from_list(docs), processing_class=tokenizer, plans=plans,
-                                  id_column="id")
-    dcp.train()
+    dcp_sft = dcp_sft_trainer_class()
+
+    def dcp_run(seed: int, served: Any, resume: str | None = None) -> Any:
+        trainer = dcp_sft(model=_model(seed), args=_sft_args(out / "sft_dcp", packing=True, padding_free=False,
+                                                             save_strategy="steps", save_steps=2),
+                          train_dataset=Dataset.from_list(docs), processing_class=tokenizer, plans=served,
+                          id_column="id")
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    dcp = dcp_run(SEED, plans)
+    # a differently initialised model resumed from the run's step-2 checkpoint: the last step's plan again
+    resumed = dcp_run(SEED + 1, resume_plans, resume=str(out / "sft_dcp" / "checkpoint-2"))
     return {"plain_losses": list(plain.losses), "plain_params": _params(plain), "params": _params(dcp),
-            "history": list(dcp.dcp_history),
+            "history": list(dcp.dcp_history), "resumed_history": list(resumed.dcp_history),
+            "resumed_params": _params(resumed),
             "plain_logged": [e["loss"] for e in plain.state.log_history if "loss" in e],
             "logged": [e["loss"] for e in dcp.state.log_history if "loss" in e]}
 
@@ -309,8 +322,11 @@ def run(url: str, epoch_id: str, out: Path) -> dict[str, Any]:
         results["sft"] = None
     else:
         sft_plans = ServicePlans(client, epoch_id=epoch_id, rank=rank)
-        results["sft"] = _sft(out, docs, [sorted(p.sample_ids) for p in plans], sft_plans, world)
+        sft_resume_plans = ServicePlans(client, epoch_id=epoch_id, rank=rank, report=False)
+        results["sft"] = _sft(out, docs, [sorted(p.sample_ids) for p in plans], sft_plans, sft_resume_plans,
+                              world)
         sft_plans.close()
+        sft_resume_plans.close()
     client.close()
     if rank != 0:
         for key in ("plain", "dcp", "resumed", "local"):
@@ -320,6 +336,7 @@ def run(url: str, epoch_id: str, out: Path) -> dict[str, Any]:
         if results["sft"] is not None:
             results["sft"].pop("params")
             results["sft"].pop("plain_params")
+            results["sft"].pop("resumed_params")
     return results
 
 

@@ -4,7 +4,7 @@ One torchrun of 4 gloo ranks (``hf_trainer_worker.py``) against a real ``dcp ser
 ``Trainer`` (DDP) on the plans' global batches, :class:`DCPTrainer` with the service's plans
 (checkpoints at steps 2 and 4), the same resumed from ``checkpoint-2`` into a differently
 initialised model, :class:`DCPTrainer` with plans made locally, TRL's ``SFTTrainer`` and its DCP
-twin, and the CPU part of the torchtitan integration. fp64: losses and parameters after 3-4
+twin (resumed from its ``checkpoint-2`` too), and the CPU part of the torchtitan integration. fp64: losses and parameters after 3-4
 optimizer steps (AdamW, linear schedule, gradient clipping) within 1e-8 relative.
 """
 
@@ -181,6 +181,24 @@ def test_dcp_sft_trainer_equals_trls_padding_free_run(world4: list[dict[str, Any
         assert abs(dcp[s] - plain[s]) <= TOLERANCE * abs(plain[s]), (s, dcp[s], plain[s])
     # completion-only labels: a loss of its own (the Trainer's runs train on every token)
     assert abs(dcp[0] - _step_losses(world4, "dcp")[0]) > 1e-6 * dcp[0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_dcp_sft_trainer_resumes_the_same_steps_plans(world4: list[dict[str, Any]]) -> None:
+    """DCPSFTTrainer resumed from its checkpoint-2 into a differently initialised model runs step 2's
+    plan again and ends at TRL's padding-free parameters."""
+    if world4[0]["sft"] is None:
+        pytest.skip("trl is not installed (extra [trl])")
+    for res in world4:
+        full = {h["step"]: h["plan_digest"] for h in res["sft"]["history"]}
+        resumed = {h["step"]: h["plan_digest"] for h in res["sft"]["resumed_history"]}
+        assert sorted(resumed) == [2] and resumed[2] == full[2], (full, resumed)
+    last = [h["loss_share"] for res in world4 for h in res["sft"]["history"] if h["step"] == 2]
+    again = [h["loss_share"] for res in world4 for h in res["sft"]["resumed_history"]]
+    assert sum(again) == pytest.approx(sum(last), rel=TOLERANCE)
+    worst, where = _worst_relative(world4[0]["sft"]["resumed_params"], world4[0]["sft"]["plain_params"])
+    assert worst <= TOLERANCE, f"{where}: relative difference {worst:.2e}"
 
 
 @pytest.mark.slow
