@@ -1,5 +1,6 @@
-"""The README's Trainer block runs as written: ``examples/train_hf_trainer.py`` under torchrun, 4 gloo
-ranks, plans made locally, the ``Trainer``'s logging and checkpoints; with ``--service``, the example's
+"""The README's Trainer blocks run as written: ``examples/train_hf_trainer.py`` and
+``examples/train_trl_sft.py`` under torchrun, 4 gloo ranks, plans made locally, the ``Trainer``'s
+logging and checkpoints; with ``--service``, the example's
 measured step times reach a real ``dcp serve`` without measurement code in the script."""
 
 from __future__ import annotations
@@ -25,24 +26,29 @@ ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 
 
-def _trainer_block() -> str:
+def _trainer_block(script: str = "examples/train_hf_trainer.py") -> str:
+    """The bash block of the README's Trainer section that runs ``script``."""
     readme = (ROOT / "README.md").read_text()
     section = readme.split("### Hugging Face Trainer and TRL\n", 1)[1].split("\n### ", 1)[0]
-    blocks = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
-    assert len(blocks) == 1
+    blocks = [b for b in re.findall(r"```bash\n(.*?)```", section, flags=re.S) if script in b]
+    assert len(blocks) == 1, (script, blocks)
     return blocks[0]
+
+
+def _run_block(block: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    (cwd / "examples").symlink_to(ROOT / "examples")
+    block = block.replace(".venv/bin/", f"{BIN}/")
+    block = block.replace("torchrun ", f"torchrun --master-addr 127.0.0.1 --master-port {free_port()} ")
+    result = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=cwd, capture_output=True,
+                            text=True, timeout=280, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return result
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_readme_trainer_block_runs_as_written(tmp_path: Path) -> None:
-    (tmp_path / "examples").symlink_to(ROOT / "examples")
-    block = _trainer_block().replace(".venv/bin/", f"{BIN}/")
-    assert "examples/train_hf_trainer.py" in block
-    block = block.replace("torchrun ", f"torchrun --master-addr 127.0.0.1 --master-port {free_port()} ")
-    result = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=280, check=False)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    result = _run_block(_trainer_block(), tmp_path)
     losses = [float(x) for x in re.findall(r"^step \d+: loss ([0-9.]+)", result.stdout, re.MULTILINE)]
     assert len(losses) == 4, result.stdout
     assert losses[-1] < losses[0]  # it trains
@@ -51,6 +57,17 @@ def test_readme_trainer_block_runs_as_written(tmp_path: Path) -> None:
     assert len(evals) == 2 and evals[1] < evals[0], result.stdout  # eval_strategy='steps' (2, 4) under DCP
     for step in (2, 4):  # the Trainer's own checkpoints (save_steps=2)
         assert (tmp_path / "runs" / "hf-trainer" / f"checkpoint-{step}" / "trainer_state.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_readme_trl_block_runs_as_written(tmp_path: Path) -> None:
+    """``examples/train_trl_sft.py``: TRL's ``SFTTrainer`` script with its ``# [dcp]`` lines, 2 steps."""
+    pytest.importorskip("trl")
+    result = _run_block(_trainer_block("examples/train_trl_sft.py"), tmp_path)
+    losses = [float(x) for x in re.findall(r"^step \d+: loss ([0-9.]+)", result.stdout, re.MULTILINE)]
+    assert len(losses) == 2 and losses[1] < losses[0], result.stdout  # it trains
+    assert "done: 2 steps on 4 ranks (local plans)" in result.stdout
 
 
 @pytest.fixture(scope="module")
