@@ -23,7 +23,9 @@ in fp64:
 5. ``sft`` (when ``trl`` is installed): TRL's ``SFTTrainer`` padding-free (each rank's batch packed
    into one sequence, the same fp64 loss) and ``DCPSFTTrainer`` with ``packing=True``, 3 steps,
    completion-only labels (each document's first 6 tokens are -100); ``DCPSFTTrainer`` resumed from
-   its ``checkpoint-2`` into a differently initialised model (step 2 again).
+   its ``checkpoint-2`` into a differently initialised model (step 2 again);
+8. ``ring``: a second epoch of the same documents served with ``layout="ring"``: the plain ``Trainer``
+   on its global batches and :class:`DCPTrainer` with its plans (groups from the declared layouts), 3 steps.
 
 Each run records its per-rank loss values and (rank 0) its final parameters into ``rank{r}.pt``.
 Usage: ``torchrun --nproc-per-node 4 hf_trainer_worker.py URL EPOCH_ID OUT_DIR``.
@@ -32,6 +34,7 @@ Usage: ``torchrun --nproc-per-node 4 hf_trainer_worker.py URL EPOCH_ID OUT_DIR``
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any, ClassVar
@@ -45,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 STEPS = 4
 SAMPLES_PER_STEP = 8
 SFT_STEPS = 3
+RING_STEPS = 3
 PROMPT_TOKENS = 6
 EVAL_DOCS = 10
 EVAL = {"eval_strategy": "steps", "eval_steps": 2, "per_device_eval_batch_size": 2}
@@ -112,7 +116,8 @@ def _evals(trainer: Any) -> dict[str, Any]:
     return {"during": during, "final": trainer.evaluate()}
 
 
-def _plain(out: Path, docs: list[dict[str, Any]], batches: list[list[str]], world: int) -> dict[str, Any]:
+def _plain(out: Path, docs: list[dict[str, Any]], batches: list[list[str]], world: int, *,
+           steps: int = STEPS, evaluate: bool = True) -> dict[str, Any]:
     from transformers import Trainer
 
     class Recording(Trainer):
@@ -129,11 +134,12 @@ def _plain(out: Path, docs: list[dict[str, Any]], batches: list[list[str]], worl
     ordered = [by_id[i] for batch in batches for i in batch]  # step s = rows 8s..8s+7, 2 per rank
     trainer = Recording(model=_model(SEED), args=_args(out / "plain", train_sampling_strategy="sequential",
                                                        per_device_train_batch_size=SAMPLES_PER_STEP // world,
-                                                       **EVAL),
-                        train_dataset=ordered, eval_dataset=docs[:EVAL_DOCS], data_collator=_pad,
-                        compute_loss_func=_causal_lm_loss_fp64)
+                                                       max_steps=steps, **(EVAL if evaluate else {})),
+                        train_dataset=ordered, eval_dataset=docs[:EVAL_DOCS] if evaluate else None,
+                        data_collator=_pad, compute_loss_func=_causal_lm_loss_fp64)
     trainer.train()
-    return {"losses": list(trainer.losses), "params": _params(trainer), "evals": _evals(trainer)}
+    return {"losses": list(trainer.losses), "params": _params(trainer),
+            "evals": _evals(trainer) if evaluate else None}
 
 
 def _dcp(out: Path, docs: list[dict[str, Any]], plans: Any, *, seed: int = SEED,
@@ -256,6 +262,39 @@ def _sft(out: Path, docs: list[dict[str, Any]], batches: list[list[str]], plans:
             "logged": [e["loss"] for e in dcp.state.log_history if "loss" in e]}
 
 
+def _ring(out: Path, docs: list[dict[str, Any]], client: Any, *, epoch_id: str, rank: int, world: int,
+          samples: Any, cluster: Any, cost_model: Any) -> dict[str, Any]:
+    """A ``layout="ring"`` epoch of the same documents (rank 0 starts it; the cost model is uploaded):
+    the plain ``Trainer`` on its global batches and :class:`DCPTrainer` with its plans, groups from the
+    epoch's declared layouts (``ServicePlans.layouts``), ``RING_STEPS`` steps."""
+    import torch.distributed as dist
+    from train_hf_trainer import OPTIONS
+
+    from executor.integrations.hf_trainer import DCPTrainer
+    from executor.integrations.hf_trainer_data import ServicePlans
+
+    if rank == 0:
+        client.start_epoch({
+            "epoch_id": epoch_id, "seed": SEED, "batch": {"samples_per_step": SAMPLES_PER_STEP},
+            "manifest_jsonl": "\n".join(x.model_dump_json(exclude_none=True) for x in samples),
+            "cluster": cluster.model_dump(mode="json"), "cost_model_id": cost_model.id,
+            "options": {**OPTIONS, "layout": "ring"}})
+    dist.barrier()
+    plans = [client.step_plan(epoch_id, s)[0] for s in range(RING_STEPS)]
+    plain = _plain(out / "ring", docs, [sorted(p.sample_ids) for p in plans], world, steps=RING_STEPS,
+                   evaluate=False)
+    served = ServicePlans(client, epoch_id=epoch_id, rank=rank, report=False)
+    trainer = DCPTrainer(model=_model(SEED), args=_args(out / "ring_dcp", max_steps=RING_STEPS), train_dataset=docs,
+                         plans=served, id_column="id")
+    trainer.train()
+    served.close()
+    return {"layouts": served.layouts, "plan_layouts": [[(g.size, g.ulysses_degree, g.ring_degree) for g in p.groups]
+                                                         for p in plans],
+            "registry_sizes": list(trainer.dcp_registry.sizes),
+            "plain_losses": plain["losses"], "plain_params": plain["params"], "params": _params(trainer),
+            "history": list(trainer.dcp_history)}
+
+
 def _titan(rank: int, world: int) -> dict[str, Any]:
     """``executor.integrations.torchtitan`` on a decoder with torchtitan's calling convention
     (``titan_standin``), under the executor's scenario plans (groups 2+1+1, 4, 1+2+1)."""
@@ -327,8 +366,14 @@ def run(url: str, epoch_id: str, out: Path) -> dict[str, Any]:
                               world)
         sft_plans.close()
         sft_resume_plans.close()
+    start_s = time.perf_counter()
+    results["ring"] = _ring(out, docs, client, epoch_id=f"{epoch_id}-ring", rank=rank, world=world,
+                            samples=samples, cluster=cluster, cost_model=cost_model)
+    results["ring"]["time_s"] = time.perf_counter() - start_s
     client.close()
     if rank != 0:
+        results["ring"].pop("params")
+        results["ring"].pop("plain_params")
         for key in ("plain", "dcp", "resumed", "local"):
             results[key].pop("params")
         results["fsdp2"].pop("params")

@@ -4,7 +4,8 @@ One torchrun of 4 gloo ranks (``hf_trainer_worker.py``) against a real ``dcp ser
 ``Trainer`` (DDP) on the plans' global batches, :class:`DCPTrainer` with the service's plans
 (checkpoints at steps 2 and 4), the same resumed from ``checkpoint-2`` into a differently
 initialised model, :class:`DCPTrainer` with plans made locally, TRL's ``SFTTrainer`` and its DCP
-twin (resumed from its ``checkpoint-2`` too), and the CPU part of the torchtitan integration. fp64: losses and parameters after 3-4
+twin (resumed from its ``checkpoint-2`` too), :class:`DCPTrainer` on a served ``layout="ring"``
+epoch, and the CPU part of the torchtitan integration. fp64: losses and parameters after 3-4
 optimizer steps (AdamW, linear schedule, gradient clipping) within 1e-8 relative.
 """
 
@@ -199,6 +200,26 @@ def test_dcp_sft_trainer_resumes_the_same_steps_plans(world4: list[dict[str, Any
     assert sum(again) == pytest.approx(sum(last), rel=TOLERANCE)
     worst, where = _worst_relative(world4[0]["sft"]["resumed_params"], world4[0]["sft"]["plain_params"])
     assert worst <= TOLERANCE, f"{where}: relative difference {worst:.2e}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_dcp_trainer_under_a_served_ring_epoch_equals_the_trainers_run(world4: list[dict[str, Any]]) -> None:
+    """A ``layout="ring"`` epoch: DCPTrainer builds its groups from the declared layouts and runs the
+    ring groups through the attention plug-in; losses and parameters are the plain Trainer's after 3 steps."""
+    ring = world4[0]["ring"]
+    assert ring["layouts"] and all(u == 1 for _, u, _ in ring["layouts"]), ring["layouts"]
+    rings = {(d, u, r) for step in ring["plan_layouts"] for d, u, r in step if r > 1}
+    assert rings, ring["plan_layouts"]  # otherwise no ring runs
+    assert [h["step"] for h in ring["history"]] == [0, 1, 2]
+    world = len(world4)
+    plain = [sum(res["ring"]["plain_losses"][s] for res in world4) / world for s in range(3)]
+    dcp = _step_losses(world4, "ring")
+    for s in range(3):
+        assert abs(dcp[s] - plain[s]) <= TOLERANCE * abs(plain[s]), (s, dcp[s], plain[s])
+    worst, where = _worst_relative(ring["params"], ring["plain_params"])
+    assert worst <= TOLERANCE, f"{where}: relative difference {worst:.2e}"
+    print(f"ring epoch: layouts {sorted(rings)}, parameters within {worst:.1e}, {ring['time_s']:.1f} s in rank 0")
 
 
 @pytest.mark.slow
