@@ -13,7 +13,7 @@ PACKAGES = ("api", "bench", "costmodel", "dcp_cli", "executor", "ingest", "plann
 
 def _sources() -> list[Path]:
     files = [p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")]
-    return files + [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md"]
+    return [*files, ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md"]
 
 
 def test_every_cited_doc_exists_with_its_section() -> None:

@@ -16,7 +16,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -73,7 +72,7 @@ def test_lost_local_raylet_ends_dcp_epoch_with_a_resume_message(tmp_path: Path) 
         assert raylets
         for pid in raylets:  # the driver's local raylet (the only node)
             os.kill(pid, signal.SIGKILL)
-        out, err = driver.communicate(timeout=120)
+        _, err = driver.communicate(timeout=120)
     finally:
         with contextlib.suppress(Exception):
             cluster.shutdown()

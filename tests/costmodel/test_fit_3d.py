@@ -70,7 +70,7 @@ def synthetic_3d_profile(model: ModelSpec, *, noise: float, seed: int = 0) -> Pr
     compute = []
     for batch in batches:
         tokens = sum(f * hw for f, hw in batch)
-        for n, k, d in [(n, k, 1) for n in (1, 2) for k in range(n + 1)] + [(2, 0, 2), (2, 0, 4)]:
+        for n, k, d in [*((m, j, 1) for m in (1, 2) for j in range(m + 1)), (2, 0, 2), (2, 0, 4)]:
             kept = tokens / d * ((n - k) * NONE_B + k * FULL_B)
             peak = tokens / d * (max(n - k, 1 if k else 0) * NONE_B + k * FULL_B + TRANSIENT_B) + n * LAYER_B
             compute.append(ComputeRecord(

@@ -163,4 +163,4 @@ def test_speedup_axis_labels_are_distinct_in_a_narrow_range() -> None:
     assert len(labels) >= 3, labels
     assert len(set(labels)) == len(labels), labels
     assert all(abs(float(a[:-1]) - float(b[:-1]) - (float(labels[1][:-1]) - float(labels[0][:-1]))) < 1e-9
-               for a, b in zip(labels[1:], labels[:-1])), labels  # evenly spaced values, as the ticks
+               for a, b in zip(labels[1:], labels[:-1], strict=True)), labels  # evenly spaced values, as the ticks
