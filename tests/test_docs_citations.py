@@ -33,5 +33,5 @@ def test_every_cited_doc_exists_with_its_section() -> None:
 def test_nothing_cites_notes_outside_the_repository() -> None:
     for path in _sources():
         text = path.read_text(encoding="utf-8")
-        for bad in ("DESIGN.md", "FACTS.md", "STYLE.md", "../shared", "shared/docs", "shared/workloads"):
+        for bad in ("DESIGN.md", "FACTS.md", "STYLE.md", "RESEARCH.md", "../shared", "shared/docs", "shared/workloads"):
             assert bad not in text, f"{path.relative_to(ROOT)} cites {bad}"

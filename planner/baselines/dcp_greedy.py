@@ -1,4 +1,4 @@
-"""``dcp-greedy``: the scheduler published with DCP (DCP-inter, RESEARCH.md), seeded.
+"""``dcp-greedy``: the scheduler published with DCP (DCP-inter; docs/planner.md), seeded.
 
 * Profile: for every shape bucket (``common.shape_buckets``) the ``(SP size, batch size)`` pair
   with the most samples per GPU-second that fits memory, as DCP profiles each bucket: SP sizes

@@ -1,4 +1,4 @@
-"""``megatron-dyncp``: Megatron-Core's dynamic context-parallel scheduler (RESEARCH.md).
+"""``megatron-dyncp``: Megatron-Core's dynamic context-parallel scheduler (docs/planner.md).
 
 The rules, as Megatron documents them:
 
