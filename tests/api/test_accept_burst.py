@@ -111,6 +111,21 @@ def test_burst_of_connections_is_accepted_in_one_iteration(busy_server: int) -> 
         f"(loop blocked {BLOCK_S} s per iteration): connections are accepted one per iteration")
 
 
+
+async def _read_to_end(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> bytes:
+    """Everything the peer sends on ``sock`` until it closes (or resets); closes ``sock``."""
+    received = b""
+    while True:
+        try:
+            chunk = await loop.sock_recv(sock, 4096)
+        except ConnectionError:
+            break
+        if not chunk:
+            break
+        received += chunk
+    sock.close()
+    return received
+
 def test_coalescing_transport_writes_a_response_once_in_order() -> None:
     async def scenario() -> tuple[bytes, list[int]]:
         loop = asyncio.get_running_loop()
@@ -133,16 +148,7 @@ def test_coalescing_transport_writes_a_response_once_in_order() -> None:
         await asyncio.sleep(0)  # the end of this callback: one write
         wrapped.write(b"tail")
         wrapped.close()  # what is held is written before the close
-        received = b""
-        while True:
-            try:
-                chunk = await loop.sock_recv(b, 4096)
-            except ConnectionError:
-                break
-            if not chunk:
-                break
-            received += chunk
-        b.close()
+        received = await _read_to_end(loop, b)
         return received, writes
 
     received, writes = asyncio.run(scenario())
@@ -160,16 +166,7 @@ def test_coalescing_transport_abort_drops_what_is_held() -> None:
         wrapped.write(b"never sent")
         wrapped.abort()
         await asyncio.sleep(0)
-        received = b""
-        while True:
-            try:
-                chunk = await loop.sock_recv(b, 4096)
-            except ConnectionError:
-                break
-            if not chunk:
-                break
-            received += chunk
-        b.close()
+        received = await _read_to_end(loop, b)
         return received
 
     assert asyncio.run(scenario()) == b""
