@@ -42,7 +42,6 @@ pytest.importorskip("transformers")
 pytest.importorskip("diffusers")
 
 from tests.executor.integrations import hf_llama, hf_ring_worker, hf_wan_model
-from tests.executor.integrations.test_hf_wan import _fp32_bound
 
 EPOCH = "hf-rings"
 TOL = 1e-10
@@ -139,27 +138,7 @@ def test_llama_under_a_served_ring_epoch_equals_the_plain_model(
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("index", [0, 1, 2])
 def test_wan_ring_layouts_equal_the_plain_model(world4: list[dict[str, object]], index: int) -> None:
-    plan = hf_wan_model.ring_plans()[index]
-    model = hf_wan_model.build()
-    loss = hf_wan_model.reference_backward(model, plan)
-    reference = hf_llama.grads(model)
-    shares = [float(res[f"wan_loss_{index}"]) for res in world4]  # type: ignore[arg-type]
-    assert sum(shares) == pytest.approx(loss, rel=TOL)
-    fp32_bound = _fp32_bound(model)
-    checked = 0
-    for r, res in enumerate(world4):
-        grads = res[f"wan_grad_{index}"]
-        assert isinstance(grads, dict)
-        for name, want in reference.items():
-            scale = float(want.abs().max())
-            if scale == 0.0:
-                assert float(grads[name].abs().max()) == 0.0, name
-                continue
-            rel = float((grads[name] - want).abs().max()) / scale
-            bound = 1e-6 if name in fp32_bound else TOL
-            assert rel <= bound, f"rank {r}, plan {index}: {name} relative diff {rel:.2e} > {bound}"
-            checked += name not in fp32_bound
-    assert checked > 4 * 30  # most parameters are checked to fp64 precision
+    hf_wan_model.assert_world_equals_plain(world4, hf_wan_model.ring_plans()[index], index, tol=TOL)
 
 
 def test_the_wan_ring_plans_cover_the_layouts() -> None:

@@ -21,41 +21,13 @@ import torch
 pytest.importorskip("diffusers")
 
 from executor.integrations import hf_wan
-from tests.executor.integrations import hf_llama, hf_wan_model
+from tests.executor.integrations import hf_wan_model
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("index", [0, 1])
 def test_step_equals_the_plain_model(hf_world4: list[dict[str, object]], index: int) -> None:
-    plan = hf_wan_model.plans()[index]
-    model = hf_wan_model.build()
-    loss = hf_wan_model.reference_backward(model, plan)
-    reference = hf_llama.grads(model)
-    shares = [float(res[f"wan_loss_{index}"]) for res in hf_world4]  # type: ignore[arg-type]
-    assert sum(shares) == pytest.approx(loss, rel=1e-10)
-    fp32_bound = _fp32_bound(model)
-    checked = 0
-    for r, res in enumerate(hf_world4):
-        grads = res[f"wan_grad_{index}"]
-        assert isinstance(grads, dict)
-        for name, want in reference.items():
-            scale = float(want.abs().max())
-            if scale == 0.0:
-                assert float(grads[name].abs().max()) == 0.0, name
-                continue
-            rel = float((grads[name] - want).abs().max()) / scale
-            bound = 1e-6 if name in fp32_bound else 1e-10
-            assert rel <= bound, f"rank {r}: {name} relative diff {rel:.2e} > {bound}"
-            checked += name not in fp32_bound
-    assert checked > 4 * 30  # most parameters are checked to fp64 precision
-
-
-def _fp32_bound(model: torch.nn.Module) -> set[str]:
-    """Parameters whose gradient Wan rounds or reduces in fp32: the modules it keeps in fp32
-    (``_keep_in_fp32_modules``: time embedder, norms, modulation table) and ``time_proj``, whose
-    output every block casts with ``temb.float()``."""
-    keep = set(getattr(model, "_keep_in_fp32_modules", None) or ()) | {"time_proj"}
-    return {name for name, _ in model.named_parameters() if keep & set(name.split("."))}
+    hf_wan_model.assert_world_equals_plain(hf_world4, hf_wan_model.plans()[index], index, tol=1e-10)
 
 
 def test_prepare_refuses_a_group_size_that_does_not_divide_the_heads() -> None:
