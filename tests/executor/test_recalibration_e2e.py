@@ -3,7 +3,8 @@
 A real ``dcp serve``; 2 or 4 ranks (4: two SP-2 groups at once, 4 processes on the CI's 2
 cores) train a reference model (1D, and 2D with spatial and temporal attention) under a
 deliberately wrong cost model
-(the analytic model of the H200, compute made 2x too fast on top), post their measured
+(the analytic model of the H200, compute made 2x too fast on top, and for 2D the fixed costs
+4x too small), post their measured
 micro-batch times, the service fits a revision and re-plans the steps nobody fetched. Asserted
 on what the ranks measured: the prediction error of the re-planned steps is far below that of
 the first steps; fetched steps kept their digest; every step kept its samples.
@@ -47,7 +48,12 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
 
 def wrong_setup(world: int, kind: str = "1d") -> tuple[ClusterSpec, list[Sample], dict[str, object]]:
     """A CPU 'cluster' whose memory forces SP groups on long samples, a manifest, and the
-    deliberately wrong cost model (analytic H200 coefficients, compute x0.5)."""
+    deliberately wrong cost model (analytic H200 coefficients, compute x0.5; 2D: fixed costs x0.25).
+
+    Why 2D also scales the fixed costs: its H200 prediction is dominated by per-layer-call
+    overheads, which put it within 2-3x of a CPU's time on some days (|ln| 0.8-0.95 on 2026-12-04
+    here and in CI against 1.2-2.5 before), so "x0.5 on compute" alone no longer made a start that
+    is far off. With fixed costs x0.25 both kinds start ~15-25x too fast."""
     spec = ModelSpec(name=f"ref-recal-{kind}", kind=kind, num_layers=CONFIG.num_layers, hidden=CONFIG.hidden,
                      num_heads=CONFIG.num_heads, ffn_hidden=CONFIG.ffn_hidden,
                      vocab=CONFIG.vocab if kind == "1d" else 0, causal=kind == "1d",
@@ -60,8 +66,8 @@ def wrong_setup(world: int, kind: str = "1d") -> tuple[ClusterSpec, list[Sample]
     hardware = cluster.hardware.model_copy(update={"name": "h200-tight",
                                                    "hbm_bytes": need / cluster.memory_cap_fraction})
     cluster = cluster.model_copy(update={"hardware": hardware})
-    wrong = scale_file(analytic.model_copy(update={"hardware": "h200-tight"}), TermScales(compute=0.5),
-                       new_id=f"ref-recal-{kind}-wrong")
+    scales = TermScales(compute=0.5, overhead=0.25 if kind == "2d" else 1.0)
+    wrong = scale_file(analytic.model_copy(update={"hardware": "h200-tight"}), scales, new_id=f"ref-recal-{kind}-wrong")
     count = SAMPLES_PER_STEP * (STEPS_A + STEPS_B)
     if kind == "1d":
         samples = [Sample(id=f"r{i}", tokens=8 + (i * 53) % 400) for i in range(count)]
@@ -130,17 +136,18 @@ def test_measured_error_drops_after_recalibration_and_fetched_steps_stay(service
                                             "revisions": [(r["ref"], r["scales"], r["fit"])
                                                           for r in report["revisions"]]}))
     # 2D (spatial + temporal attention, clips of 4-288 tokens) is recalibrated less well from the
-    # H200 model, whose shape (overheads against work) is far from a CPU's: before ~5-9x too fast
-    # (MAPE 74-88%, |ln| 1.2-2.5). After, the error sits at the box's noise: the same
-    # micro-batch's time spreads sd(ln) 0.26 between runs, and a fit on all of a run's steps
-    # leaves sd(ln) 0.24. With 4 steps after the fit, |ln| after / before was 0.15 median, 0.28
-    # worst in 20 local runs and 0.33 once in CI (0.55 against 1.68); averaged over 6 steps, 0.11
-    # median, 0.19 worst in 15 runs; with 4 ranks 0.18 median, 0.30 worst in 8. The bar is 0.45
-    # of the start: scaled by one common factor instead of per term, the same 2-rank records give
-    # |ln| 0.44 mean, 0.90 worst. Over-prediction has no MAPE ceiling (0.78 after against 0.79
-    # before in that CI run), so 2D is judged on |ln| only. The first check only says the start
-    # is far off (how far depends on the machine's speed that day).
-    before_mape, before_floor, mape_ratio, log_ratio = (0.8, 2.0, 0.6, 0.3) if kind == "1d" else (0.6, 1.0, None, 0.45)
+    # H200 model, whose shape (overheads against work) is far from a CPU's. With compute x0.5 only
+    # it started ~5-9x too fast (MAPE 74-88%, |ln| 1.2-2.5) until 2026-12-03, then 2.2-2.6x (|ln|
+    # 0.8-0.95) here and in CI, so the fixed costs are scaled x0.25 too: before |ln| 2.4-3.3,
+    # after 0.17-0.48 in 4 runs each with 2 and 4 ranks (after / before 0.07-0.17, load ~1). The
+    # after-error is the box's noise, as it was from the older start: the same micro-batch's time
+    # spreads sd(ln) 0.26 between runs, and a fit on all of a run's steps leaves sd(ln) 0.24
+    # (older start: |ln| after 0.2-0.55 with 2 ranks, 0.55 the worst seen in CI). The bar is 0.3
+    # of the start (|ln| <= ~0.75 after from ~2.5): scaled by one common factor instead of per
+    # term, 2-rank records gave |ln| 0.44 mean, 0.90 worst. Over-prediction has no MAPE ceiling
+    # (0.78 after against 0.79 before in one CI run), so 2D is judged on |ln| only. The first
+    # check only says the start is far off (how far depends on the machine's speed that day).
+    before_mape, before_floor, mape_ratio, log_ratio = (0.8, 2.0, 0.6, 0.3) if kind == "1d" else (0.7, 1.5, None, 0.3)
     assert before_err["mape"] > before_mape and before_err["mean_abs_log_ratio"] > before_floor, before_err
     if mape_ratio is not None:
         assert later_mape < mape_ratio * before_err["mape"], (before_err, later)
