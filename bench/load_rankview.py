@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 from _service import start_service, stop_service  # bench/ (the script's folder) is on sys.path
 from provenance import provenance  # bench/ (the script's folder) is on sys.path
 
@@ -61,30 +62,11 @@ end
 """
 
 
-def rss_bytes(pid: int) -> int:
-    """Resident set of process ``pid`` (``VmRSS`` in ``/proc``)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise ValueError(f"no VmRSS for pid {pid}")
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
 def _rss(pid: int) -> dict[str, int]:
-    children = _children(pid)
-    return {"main_bytes": rss_bytes(pid), "with_children_bytes": rss_bytes(pid) + sum(rss_bytes(c) for c in children)}
+    """Resident set of process ``pid`` alone and with its children (the solver workers)."""
+    process = psutil.Process(pid)
+    main = process.memory_info().rss
+    return {"main_bytes": main, "with_children_bytes": main + sum(c.memory_info().rss for c in process.children())}
 
 
 _UNITS_S = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}

@@ -44,6 +44,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -103,25 +104,11 @@ class Service:
     def rss_bytes(self) -> dict[str, int]:
         """RSS of the main process and of main + solver workers."""
         assert self.proc is not None
-        main = _rss(self.proc.pid)
-        children = _children(self.proc.pid)
-        return {"main": main, "with_workers": main + sum(_rss(c) for c in children),
+        process = psutil.Process(self.proc.pid)
+        main = process.memory_info().rss
+        children = process.children()
+        return {"main": main, "with_workers": main + sum(c.memory_info().rss for c in children),
                 "num_children": len(children)}
-
-
-def _rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text().split()
-        out += [int(c) for c in text]
-    return out
 
 
 def _pct(values: list[float], q: float) -> float:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 from fastapi.testclient import TestClient
 
@@ -136,26 +137,16 @@ class Server:
 
 
 def child_pids(parent: int) -> list[int]:
-    """Pids whose parent is ``parent`` (from /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
-                found.append(int(entry.name))
-    return found
+    """Pids whose parent is ``parent``."""
+    return [child.pid for child in psutil.Process(parent).children()]
 
 
 def alive(pid: int) -> bool:
     """True while ``pid`` runs (a zombie counts as gone)."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    return state != "Z"
 
 
 @pytest.fixture
