@@ -8,9 +8,7 @@ runs the scenario plans micro-batch by micro-batch, and saves the counts to
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,7 +16,7 @@ import torch.distributed as dist
 
 from executor.groups import GroupRegistry
 from executor.runtime import Executor
-from tests.executor.helpers import build_model, dataset_for, init_gloo
+from tests.executor.helpers import build_model, dataset_for, gloo_rank
 from tests.executor.scenarios import WORLD, plans_1d, plans_2d
 
 
@@ -47,12 +45,10 @@ class Counter:
 
 def worker(rank: int, port: int, out_dir: str) -> None:
     """Count per micro-batch, per plan and kind; results to ``out_dir/rank<r>.pt``."""
-    init_gloo(rank, WORLD, port)
-    results: dict[str, object] = {}
-    a2a, allreduce = Counter(), Counter()
-    dist.all_to_all_single = a2a.wrap(dist.all_to_all_single, 1)  # type: ignore[assignment]
-    dist.all_reduce = allreduce.wrap(dist.all_reduce, 0)  # type: ignore[assignment]
-    try:
+    with gloo_rank(rank, WORLD, port, out_dir) as results:
+        a2a, allreduce = Counter(), Counter()
+        dist.all_to_all_single = a2a.wrap(dist.all_to_all_single, 1)  # type: ignore[assignment]
+        dist.all_reduce = allreduce.wrap(dist.all_reduce, 0)  # type: ignore[assignment]
         registry = GroupRegistry(world_size=WORLD, rank=rank, group_sizes=[1, 2, 4])
         executor = Executor(registry=registry)
         for kind, plans in (("1d", plans_1d()), ("2d", plans_2d())):
@@ -72,9 +68,3 @@ def worker(rank: int, port: int, out_dir: str) -> None:
                 results[f"{kind}_{i}_mb"] = per_mb
                 results[f"{kind}_{i}_sync"] = a2a.take() + allreduce.take()
                 results[f"{kind}_{i}_params"] = sum(p.numel() for p in model.parameters())
-    except Exception:
-        results["error"] = traceback.format_exc()
-        raise
-    finally:
-        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-        dist.destroy_process_group()

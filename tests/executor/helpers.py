@@ -6,9 +6,12 @@ whatever valid plan it gets.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+import traceback
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -113,3 +116,31 @@ def init_gloo(rank: int, world_size: int, port: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size, timeout=timedelta(seconds=60))
+
+
+@contextlib.contextmanager
+def gloo_rank(rank: int, world_size: int, port: int, out_dir: str | Path) -> Iterator[dict[str, object]]:
+    """One spawned rank's life: join the gloo world, fill the yielded results, save them.
+
+    The results go to ``out_dir/rank<r>.pt`` whatever happens, with the traceback under
+    ``error`` when the body raised (the exception still propagates, so ``mp.spawn`` fails too);
+    then the rank leaves the world. Read them back with :func:`load_rank_results`.
+    """
+    init_gloo(rank, world_size, port)
+    results: dict[str, object] = {}
+    try:
+        yield results
+    except Exception:
+        results["error"] = traceback.format_exc()
+        raise
+    finally:
+        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+        dist.destroy_process_group()
+
+
+def load_rank_results(out_dir: str | Path, world_size: int) -> list[dict[str, object]]:
+    """What :func:`gloo_rank` saved for each rank, in rank order; fails on a rank's error."""
+    loaded = [torch.load(Path(out_dir) / f"rank{r}.pt") for r in range(world_size)]
+    for r, res in enumerate(loaded):
+        assert "error" not in res, f"rank {r} failed:\n{res['error']}"
+    return loaded

@@ -6,9 +6,6 @@ Run under ``torch.multiprocessing.spawn``; each rank saves what it computed to
 
 from __future__ import annotations
 
-import traceback
-from pathlib import Path
-
 import torch
 import torch.distributed as dist
 
@@ -21,7 +18,7 @@ from tests.executor.helpers import (
     CONFIG,
     build_model,
     dataset_for,
-    init_gloo,
+    gloo_rank,
     make_plan,
     s1d,
     s2d,
@@ -122,9 +119,7 @@ def run_step(executor: Executor, model: torch.nn.Module, plan: Plan, kind: str) 
 
 def worker(rank: int, port: int, out_dir: str) -> None:
     """Every scenario on one rank; results to ``out_dir/rank<r>.pt``."""
-    init_gloo(rank, WORLD, port)
-    results: dict[str, object] = {}
-    try:
+    with gloo_rank(rank, WORLD, port, out_dir) as results:
         registry = GroupRegistry(world_size=WORLD, rank=rank, group_sizes=[1, 2, 4])
         executor = Executor(registry=registry)
         for kind, plans in (("1d", plans_1d()), ("2d", plans_2d()), ("3d", plans_2d())):
@@ -182,9 +177,3 @@ def worker(rank: int, port: int, out_dir: str) -> None:
             results["wrong_step"] = None
         except PlanMismatchError as err:
             results["wrong_step"] = str(err)
-    except Exception:
-        results["error"] = traceback.format_exc()
-        raise
-    finally:
-        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-        dist.destroy_process_group()

@@ -13,9 +13,7 @@ all-reduced tensors), to ``<out_dir>/rank<r>.pt``.
 from __future__ import annotations
 
 import time
-import traceback
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,7 +24,7 @@ from executor.grad_sync import DDPSync, FSDP2Sync
 from executor.groups import GroupRegistry
 from executor.models import Llama1D
 from executor.runtime import Executor
-from tests.executor.helpers import build_model, dataset_for, init_gloo
+from tests.executor.helpers import build_model, dataset_for, gloo_rank
 from tests.executor.scenarios import WORLD, plans_1d
 from tests.executor.sync_scenarios import idle_item
 
@@ -179,18 +177,10 @@ def _run(rank: int, registry: GroupRegistry, mode: str, counters: Counters, *,
 
 def worker(rank: int, port: int, out_dir: str, ddp_caps_mb: list[float | None]) -> None:
     """DDP at each bucket cap (``None``: DDP's default), then FSDP2; results to ``out_dir``."""
-    init_gloo(rank, WORLD, port)
-    results: dict[str, object] = {}
-    counters = Counters()
-    counters.install()
-    try:
+    with gloo_rank(rank, WORLD, port, out_dir) as results:
+        counters = Counters()
+        counters.install()
         registry = GroupRegistry(world_size=WORLD, rank=rank, group_sizes=[1, 2, 4])
         for cap in ddp_caps_mb:
             results[f"ddp_{cap}"] = _run(rank, registry, "ddp", counters, bucket_cap_mb=cap)
         results["fsdp2"] = _run(rank, registry, "fsdp2", counters, bucket_cap_mb=None)
-    except Exception:
-        results["error"] = traceback.format_exc()
-        raise
-    finally:
-        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-        dist.destroy_process_group()

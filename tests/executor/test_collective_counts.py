@@ -4,10 +4,7 @@ one gradient all-reduce per step."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import torch
 import torch.multiprocessing as mp
 
 from costmodel.analytic import analytic_cost_model
@@ -16,7 +13,7 @@ from costmodel.presets import load_hardware
 from costmodel.specs import ClusterSpec, ModelSpec
 from dcp_cli.net import free_port
 from tests.executor import collectives
-from tests.executor.helpers import CONFIG
+from tests.executor.helpers import CONFIG, load_rank_results
 from tests.executor.scenarios import WORLD, plans_1d, plans_2d
 
 FP32_OVER_BF16 = 2  # the analytic file counts bf16 bytes; the test runs fp32
@@ -35,9 +32,7 @@ def _cost_model(kind: str) -> CostModel:
 def counts(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object]]:
     out = tmp_path_factory.mktemp("collectives")
     mp.spawn(collectives.worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
-    loaded = [torch.load(Path(out) / f"rank{r}.pt") for r in range(WORLD)]
-    for r, res in enumerate(loaded):
-        assert "error" not in res, f"rank {r} failed:\n{res['error']}"
+    loaded = load_rank_results(out, WORLD)
     return loaded
 
 

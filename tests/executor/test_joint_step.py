@@ -21,12 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import traceback
-from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
@@ -46,7 +43,8 @@ from tests.executor.helpers import (
     JOINT_TEXT_TOKENS,
     build_model,
     dataset_for,
-    init_gloo,
+    gloo_rank,
+    load_rank_results,
     make_plan,
     reference_backward,
     s2d,
@@ -76,9 +74,7 @@ WORLD2_CASES = [(4, 0), (4, 1), (1, 0), (1, 1)]
 
 
 def _worker2(rank: int, port: int, out_dir: str) -> None:
-    init_gloo(rank, 2, port)
-    results: dict[str, object] = {}
-    try:
+    with gloo_rank(rank, 2, port, out_dir) as results:
         registry = GroupRegistry(world_size=2, rank=rank, group_sizes=[1, 2])
         executor = Executor(registry=registry)
         for kv_heads, i in WORLD2_CASES:
@@ -96,12 +92,6 @@ def _worker2(rank: int, port: int, out_dir: str) -> None:
             work.loss(JointDiT3D.token_losses(out, work.targets)).backward()
         executor.sync_gradients(ddp)
         results["grad_ddp"] = [p.grad.detach().clone() for p in ddp.parameters()]  # type: ignore[union-attr]
-    except Exception:
-        results["error"] = traceback.format_exc()
-        raise
-    finally:
-        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
@@ -109,9 +99,7 @@ def world2_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, o
     """Every rank's results of :func:`_worker2` on a gloo world of 2."""
     out = tmp_path_factory.mktemp("joint_world2")
     mp.spawn(_worker2, args=(free_port(), str(out)), nprocs=2, join=True)
-    loaded = [torch.load(Path(out) / f"rank{r}.pt") for r in range(2)]
-    for r, res in enumerate(loaded):
-        assert "error" not in res, f"rank {r} failed:\n{res['error']}"
+    loaded = load_rank_results(out, 2)
     return loaded
 
 

@@ -16,7 +16,6 @@ meant to hide and waited for after it, in forward and backward; the synchronous 
 from __future__ import annotations
 
 import math
-import traceback
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ import torch.multiprocessing as mp
 from dcp_cli.net import free_port
 from executor.layout import SampleShape
 from executor.ring_layout import RingGroups, RingLayout
-from tests.executor.helpers import init_gloo
+from tests.executor.helpers import gloo_rank, load_rank_results
 
 WORLD = 4
 SAMPLES = (SampleShape(tokens=11, frames=1), SampleShape(tokens=9, frames=1), SampleShape(tokens=8, frames=2))
@@ -78,9 +77,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         ring_seq_to_head,
     )
 
-    init_gloo(rank, WORLD, port)
-    results: dict[str, object] = {}
-    try:
+    with gloo_rank(rank, WORLD, port, out_dir) as results:
         whole = dist.new_group([0, 1, 2, 3])
         pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
         strided = [dist.new_group([0, 2]), dist.new_group([1, 3])]
@@ -107,21 +104,13 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                 (out * g).sum().backward()
             results[f"events_{overlap}"] = list(events)
             results[f"grads_{overlap}"] = (q.grad, k.grad, v.grad)
-    except Exception:
-        results["error"] = traceback.format_exc()
-        raise
-    finally:
-        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
 def ring_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object]]:
     out = Path(tmp_path_factory.mktemp("ring"))
     mp.spawn(_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
-    loaded = [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
-    for r, res in enumerate(loaded):
-        assert "error" not in res, f"rank {r} failed:\n{res['error']}"
+    loaded = load_rank_results(out, WORLD)
     return loaded
 
 

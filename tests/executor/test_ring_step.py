@@ -11,19 +11,25 @@ reference's within 1e-10 relative."""
 from __future__ import annotations
 
 import time
-import traceback
 from pathlib import Path
 
 import pytest
-import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from dcp_cli.net import free_port
 from executor.groups import GroupRegistry
 from executor.runtime import Executor
 from planner.plan import GroupPlan, Plan
-from tests.executor.helpers import CONFIG, build_model, init_gloo, make_plan, reference_backward, s1d, s2d
+from tests.executor.helpers import (
+    CONFIG,
+    build_model,
+    gloo_rank,
+    load_rank_results,
+    make_plan,
+    reference_backward,
+    s1d,
+    s2d,
+)
 from tests.executor.scenarios import run_step
 
 L = CONFIG.num_layers
@@ -72,9 +78,7 @@ LAYOUTS = {4: [(1, 2), (2, 2), (1, 4)], 8: [(4, 2), (2, 2), (1, 2)]}
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    init_gloo(rank, world, port)
-    results: dict[str, object] = {}
-    try:
+    with gloo_rank(rank, world, port, out_dir) as results:
         start = time.perf_counter()
         registry = GroupRegistry(world_size=world, rank=rank, group_sizes=[1, 2, 4, 8], layouts=LAYOUTS[world])
         results["num_groups"] = (registry.num_groups, registry.num_ring_groups)
@@ -102,20 +106,12 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
             except ValueError as err:
                 results["short"] = str(err)
         results["wall_s"] = time.perf_counter() - start
-    except Exception:
-        results["error"] = traceback.format_exc()
-        raise
-    finally:
-        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-        dist.destroy_process_group()
 
 
 def _spawn(world: int, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object]]:
     out = Path(tmp_path_factory.mktemp(f"ring{world}"))
     mp.spawn(_worker, args=(world, free_port(), str(out)), nprocs=world, join=True)
-    loaded = [torch.load(out / f"rank{r}.pt") for r in range(world)]
-    for r, res in enumerate(loaded):
-        assert "error" not in res, f"rank {r} failed:\n{res['error']}"
+    loaded = load_rank_results(out, world)
     return loaded
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from executor.groups import GroupRegistry
 from executor.models import Llama1D, init_weights
 from executor.runtime import Executor
 from planner.layouts import num_process_groups
-from tests.executor.helpers import CONFIG, init_gloo, reference_backward
+from tests.executor.helpers import CONFIG, gloo_rank, init_gloo, load_rank_results, reference_backward
 from tests.executor.scenarios import run_step
 from tests.executor.service import OPTIONS, Service, start_epoch
 
@@ -70,28 +69,20 @@ def _model() -> torch.nn.Module:
 
 
 def _worker(rank: int, url: str, port: int, num_steps: int, out_dir: str) -> None:
-    init_gloo(rank, WORLD, port)
-    results: dict[str, object] = {}
-    try:
-        with PlannerClient(url, retry=RetryPolicy(deadline_s=30)) as client:
-            layouts = client.epoch_layouts(EPOCH)
-            assert layouts is not None
-            registry = GroupRegistry.from_layouts(world_size=WORLD, rank=rank, layouts=layouts)
-            results["num_groups"] = registry.num_groups
-            executor = Executor(registry=registry)
-            for step in range(num_steps):
-                plan, _ = client.step_plan(EPOCH, step)
-                view = client.rank_plan(EPOCH, step, rank)
-                assert view == plan.rank_view(rank), f"step {step}: the served rank view is not the plan's"
-                model = _model()
-                run_step(executor, model, plan, "1d")
-                results[f"grads_{step}"] = [p.grad.detach().clone() for p in model.parameters()]  # type: ignore[union-attr]
-    except Exception:
-        results["error"] = traceback.format_exc()
-        raise
-    finally:
-        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-        dist.destroy_process_group()
+    with (gloo_rank(rank, WORLD, port, out_dir) as results,
+          PlannerClient(url, retry=RetryPolicy(deadline_s=30)) as client):
+        layouts = client.epoch_layouts(EPOCH)
+        assert layouts is not None
+        registry = GroupRegistry.from_layouts(world_size=WORLD, rank=rank, layouts=layouts)
+        results["num_groups"] = registry.num_groups
+        executor = Executor(registry=registry)
+        for step in range(num_steps):
+            plan, _ = client.step_plan(EPOCH, step)
+            view = client.rank_plan(EPOCH, step, rank)
+            assert view == plan.rank_view(rank), f"step {step}: the served rank view is not the plan's"
+            model = _model()
+            run_step(executor, model, plan, "1d")
+            results[f"grads_{step}"] = [p.grad.detach().clone() for p in model.parameters()]  # type: ignore[union-attr]
 
 
 @pytest.fixture(scope="module")
@@ -121,9 +112,7 @@ def test_a_served_auto_epoch_with_rings_equals_the_plain_steps(
     assert rings, [[(g.size, g.ring_degree) for g in p.groups] for p in plans]
     start = time.perf_counter()
     mp.spawn(_worker, args=(svc.url, free_port(), num_steps, str(tmp_path)), nprocs=WORLD, join=True)
-    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
-    for r, res in enumerate(results):
-        assert "error" not in res, f"rank {r} failed:\n{res['error']}"
+    results = load_rank_results(tmp_path, WORLD)
     # the registry made exactly the groups the count formula says for the declared layouts
     declared = [tuple(t) for t in status["layouts"]]  # type: ignore[union-attr]
     assert {res["num_groups"] for res in results} == {num_process_groups(WORLD, declared)}  # type: ignore[arg-type]

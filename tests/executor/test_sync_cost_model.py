@@ -12,8 +12,6 @@ fp32 parameters are the masters beside the unsharded working copies.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -24,7 +22,7 @@ from costmodel.presets import load_hardware
 from costmodel.specs import DDP_DEFAULT_BUCKET_BYTES, ClusterSpec, ModelSpec
 from dcp_cli.net import free_port
 from tests.executor import sync_counts
-from tests.executor.helpers import CONFIG, build_model
+from tests.executor.helpers import CONFIG, build_model, load_rank_results
 from tests.executor.scenarios import WORLD
 
 FP32_OVER_BF16 = 2  # the analytic file counts bf16 bytes; the test runs fp32
@@ -56,9 +54,7 @@ def _fp32_state_bytes(cm: CostModel, *, sharded_params: bool) -> float:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object]]:
     out = tmp_path_factory.mktemp("sync_counts")
     mp.spawn(sync_counts.worker, args=(free_port(), str(out), DDP_CAPS_MB), nprocs=WORLD, join=True)
-    loaded = [torch.load(Path(out) / f"rank{r}.pt") for r in range(WORLD)]
-    for r, res in enumerate(loaded):
-        assert "error" not in res, f"rank {r} failed:\n{res['error']}"
+    loaded = load_rank_results(out, WORLD)
     return loaded
 
 

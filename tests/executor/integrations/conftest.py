@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 import torch.multiprocessing as mp
 
 from dcp_cli.net import free_port
+from tests.executor.helpers import load_rank_results
 
 
 @pytest.fixture(scope="session")
@@ -19,7 +19,5 @@ def hf_world4(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object
 
     out = Path(tmp_path_factory.mktemp("hf_world4"))
     mp.spawn(hf_worker.worker, args=(free_port(), str(out)), nprocs=hf_worker.WORLD, join=True)
-    loaded = [torch.load(out / f"rank{r}.pt") for r in range(hf_worker.WORLD)]
-    for r, res in enumerate(loaded):
-        assert "error" not in res, f"rank {r} failed:\n{res['error']}"
+    loaded = load_rank_results(out, hf_worker.WORLD)
     return loaded

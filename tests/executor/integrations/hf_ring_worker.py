@@ -15,17 +15,14 @@ Each rank writes its losses and gradients to ``rank<r>.pt`` (an ``error`` entry 
 
 from __future__ import annotations
 
-import traceback
-from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from executor.client import PlannerClient, RetryPolicy
 from executor.groups import GroupRegistry
 from executor.runtime import Executor
-from tests.executor.helpers import init_gloo
+from tests.executor.helpers import gloo_rank
 from tests.executor.integrations import hf_latte, hf_llama, hf_wan_model
 from tests.executor.test_ring_step import plans as ring_step_plans
 
@@ -103,15 +100,7 @@ def _wan(rank: int, results: dict[str, object]) -> None:
 
 def worker(rank: int, port: int, url: str, epoch_id: str, out_dir: str) -> None:
     """Every ring integration scenario on one rank; results to ``out_dir/rank<r>.pt``."""
-    init_gloo(rank, WORLD, port)
-    results: dict[str, object] = {}
-    try:
+    with gloo_rank(rank, WORLD, port, out_dir) as results:
         _llama(rank, results)
         _served(rank, url, epoch_id, results)
         _wan(rank, results)
-    except Exception:
-        results["error"] = traceback.format_exc()
-        raise
-    finally:
-        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-        dist.destroy_process_group()

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import traceback
-from pathlib import Path
-
 import torch
-import torch.distributed as dist
 
 from executor.groups import GroupRegistry
 from executor.runtime import Executor
 from tests.executor import scenarios
-from tests.executor.helpers import init_gloo
+from tests.executor.helpers import gloo_rank
 from tests.executor.integrations import hf_latte, hf_llama, hf_wan_model
 
 WORLD = 4
@@ -98,17 +94,9 @@ def _wan(rank: int, results: dict[str, object]) -> None:
 
 def worker(rank: int, port: int, out_dir: str) -> None:
     """Every integration scenario on one rank; results to ``out_dir/rank<r>.pt``."""
-    init_gloo(rank, WORLD, port)
-    results: dict[str, object] = {}
-    try:
+    with gloo_rank(rank, WORLD, port, out_dir) as results:
         _llama(rank, results)
         _llama_gqa(rank, results)
         _llama_fsdp2(rank, results)
         _latte(rank, results)
         _wan(rank, results)
-    except Exception:
-        results["error"] = traceback.format_exc()
-        raise
-    finally:
-        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-        dist.destroy_process_group()

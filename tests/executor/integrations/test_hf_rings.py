@@ -35,7 +35,7 @@ from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec, ModelSpec, Sample
 from dcp_cli.net import free_port
 from executor.client import PlannerClient
-from tests.executor.helpers import CONFIG
+from tests.executor.helpers import CONFIG, load_rank_results
 from tests.executor.service import OPTIONS, Service, start_epoch
 
 pytest.importorskip("transformers")
@@ -86,9 +86,7 @@ def world4(served: tuple[Service, dict[str, object]], tmp_path_factory: pytest.T
     start = time.perf_counter()
     mp.spawn(hf_ring_worker.worker, args=(free_port(), served[0].url, EPOCH, str(out)),
              nprocs=hf_ring_worker.WORLD, join=True)
-    loaded = [torch.load(out / f"rank{r}.pt") for r in range(hf_ring_worker.WORLD)]
-    for r, res in enumerate(loaded):
-        assert "error" not in res, f"rank {r} failed:\n{res['error']}"
+    loaded = load_rank_results(out, hf_ring_worker.WORLD)
     print(f"ring integrations: {time.perf_counter() - start:.1f} s in the ranks")
     return loaded
 
