@@ -88,15 +88,18 @@ def _rows(ctx: SPContext, samples: Sequence[int], extra_rows: int) -> torch.Tens
 
 def run_split_by_policy(fn: Callable[..., torch.Tensor], h: torch.Tensor, ctx: SPContext, *,
                         per_sample: Sequence[torch.Tensor], per_token: Sequence[torch.Tensor] = (),
-                        policies: Sequence[int], index: int) -> torch.Tensor:
+                        policies: Sequence[int], index: int, extra_rows: int = 0) -> torch.Tensor:
     """Layer ``index`` of a model whose forward the integrations run themselves: the samples that
     recompute it (policy ``k > index``) run as one checkpointed sub-batch, the others plain.
 
     ``fn(x, sub_ctx, *per_token_rows, *per_sample_rows)`` runs the layer on local tokens ``x`` of
     the samples of ``sub_ctx``; ``per_sample`` tensors have one row per sample, ``per_token`` one
-    row per local token (rotary tables), both cut to the sub-batch. A rank holding no token of a
-    sub-batch runs one padding token (per-token rows: the first row of each tensor's identity:
-    ones for the first, zeros for the others), so that it joins the layer's collectives.
+    row per local token (rotary tables), both cut to the sub-batch. With ``extra_rows``, ``h``
+    holds that many more rows per sample after the local tokens (the whole text tokens of a
+    joint-attention model, as in :func:`run_layers`): they go with their sample and ``fn`` gets
+    them after the sub-batch's local tokens. A rank holding no row of a sub-batch runs one
+    padding token (per-token rows: the first row of each tensor's identity: ones for the first,
+    zeros for the others), so that it joins the layer's collectives.
     """
     flags = [k > index for k in policies]
     groups = [[i for i, f in enumerate(flags) if f], [i for i, f in enumerate(flags) if not f]]
@@ -106,12 +109,14 @@ def run_split_by_policy(fn: Callable[..., torch.Tensor], h: torch.Tensor, ctx: S
             continue
         whole = len(samples) == len(flags)
         sub = ctx if whole else ctx.subset(samples)
-        rows = None if whole else ctx.layout.local_rows(samples).to(h.device)
+        rows = None if whole else _rows(ctx, samples, extra_rows).to(h.device)
+        token_rows = None if whole else ctx.layout.local_rows(samples).to(h.device)
         x = h if rows is None else h.index_select(0, rows)
-        tok = [t if rows is None else t.index_select(0, rows) for t in per_token]
+        tok = [t if token_rows is None else t.index_select(0, token_rows) for t in per_token]
         if x.shape[0] == 0:  # no token of these samples here: one padding token for the collectives
             x = h.new_zeros((1, h.shape[1]))
-        tok = [_pad_rows(t, x.shape[0], one=j == 0) for j, t in enumerate(tok)]
+        tokens = x.shape[0] - len(samples) * extra_rows  # local tokens, with a padding one carried along
+        tok = [_pad_rows(t, tokens, one=j == 0) for j, t in enumerate(tok)]
         index_t = torch.tensor(samples, device=h.device)
         args = (x, sub, *tok, *(t.index_select(0, index_t) for t in per_sample))
         out = checkpoint(fn, *args, use_reentrant=False) if recompute and torch.is_grad_enabled() else fn(*args)

@@ -77,6 +77,15 @@ class _GatherHeads(torch.autograd.Function):
         return grad[:, ctx.index * h:(ctx.index + 1) * h].contiguous(), None, None
 
 
+def gather_heads(x: torch.Tensor, group: Group, index: int) -> torch.Tensor:
+    """The whole ``(N, H, Dh)`` on every rank of a group from each rank's ``(N, H/d, Dh)`` heads
+    (rank ``index`` holds the ``index``-th block of heads, as :func:`executor.ulysses.seq_to_head`
+    gives them); backward: the gradient all-reduced over the group, then this rank's heads."""
+    out = _GatherHeads.apply(x, group, index)
+    assert isinstance(out, torch.Tensor)
+    return out
+
+
 def _bhsd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``(J, h, Dh)`` and ``(n, h, Dh)`` -> ``(1, h, J + n, Dh)``, the layout of the fused kernels."""
     return torch.cat([a, b]).transpose(0, 1)[None]
@@ -135,7 +144,7 @@ def joint_attention(clip_qkv: torch.Tensor, text_qkv: torch.Tensor, ctx: SPConte
     text = torch.cat(text_out)
     if d > 1:
         assert ctx.group is not None
-        text = _GatherHeads.apply(text, ctx.group, index)
+        text = gather_heads(text, ctx.group, index)
     return clip, text
 
 

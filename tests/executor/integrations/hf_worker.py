@@ -8,7 +8,7 @@ from executor.groups import GroupRegistry
 from executor.runtime import Executor
 from tests.executor import scenarios
 from tests.executor.helpers import gloo_rank
-from tests.executor.integrations import hf_latte, hf_llama, hf_wan_model
+from tests.executor.integrations import hf_hunyuan_model, hf_latte, hf_llama, hf_wan_model
 
 WORLD = 4
 
@@ -92,6 +92,19 @@ def _wan(rank: int, results: dict[str, object]) -> None:
         results[f"wan_grad_{i}"] = hf_llama.grads(model)
 
 
+def _hunyuan(rank: int, results: dict[str, object]) -> None:
+    from executor.integrations import hf_hunyuan
+
+    registry = GroupRegistry(world_size=WORLD, rank=rank, group_sizes=[1, 2, 4])
+    executor = Executor(registry=registry)
+    model = hf_hunyuan_model.build()
+    hf_hunyuan.prepare(model, group_sizes=registry.sizes)
+    for i, plan in enumerate(hf_wan_model.plans()):
+        model.zero_grad(set_to_none=True)
+        results[f"hunyuan_loss_{i}"] = hf_hunyuan_model.run_step(executor, model, plan)
+        results[f"hunyuan_grad_{i}"] = hf_llama.grads(model)
+
+
 def worker(rank: int, port: int, out_dir: str) -> None:
     """Every integration scenario on one rank; results to ``out_dir/rank<r>.pt``."""
     with gloo_rank(rank, WORLD, port, out_dir) as results:
@@ -100,3 +113,4 @@ def worker(rank: int, port: int, out_dir: str) -> None:
         _llama_fsdp2(rank, results)
         _latte(rank, results)
         _wan(rank, results)
+        _hunyuan(rank, results)

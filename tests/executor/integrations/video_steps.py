@@ -1,6 +1,6 @@
-"""The two halves of a video-model integration test, shared by the diffusers models (Latte, Wan):
-the plain model on each whole clip with the plan's normaliser by hand, and one planned step of the
-DCP model on one rank."""
+"""The two halves of a video-model integration test, shared by the diffusers models (Latte, Wan,
+HunyuanVideo): the plain model on each whole clip with the plan's normaliser by hand, and one
+planned step of the DCP model on one rank."""
 
 from __future__ import annotations
 
@@ -19,16 +19,17 @@ def plan_samples(plan: Plan) -> list[Any]:
 
 
 def reference_backward(model: Any, plan: Plan, *, data: Callable[[Any], dict[str, torch.Tensor]],
-                       text_key: str, values: int) -> float:
+                       text_key: str, values: int,
+                       extra: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None) -> float:
     """The plain model on each whole clip (``data(sample)``: video, target, timestep, text states
-    under ``text_key``), squared errors over ``values`` per patch, the plan's normaliser by hand;
-    gradients into ``model``; the loss."""
+    under ``text_key``; ``extra(d)``: the model's other keyword inputs, batched), squared errors
+    over ``values`` per patch, the plan's normaliser by hand; gradients into ``model``; the loss."""
     samples = plan_samples(plan)
     loss = torch.zeros((), dtype=torch.float64)
     for sample in samples:
         d = data(sample)
         out = model(hidden_states=d["video"][None], timestep=d["timestep"],
-                    encoder_hidden_states=d[text_key][None]).sample[0]
+                    encoder_hidden_states=d[text_key][None], **(extra(d) if extra else {})).sample[0]
         squared = ((out - d["target"]) ** 2).sum() / values
         if plan.loss_normalizer.kind == "tokens":
             loss = loss + squared / plan.loss_normalizer.total
