@@ -41,6 +41,7 @@ from torch import nn
 from executor.attention import AttentionKind, packed_attention
 from executor.checkpointing import run_split_by_policy, validate_policies
 from executor.context import SPContext
+from executor.integrations import clips
 from executor.runtime import MicroBatchWork
 from executor.ulysses import head_to_seq, seq_to_head
 
@@ -124,22 +125,6 @@ class PerSampleCrossAttention:
         return attn.to_out[1](attn.to_out[0](torch.cat(outs)))[:, None]
 
 
-def check_heads(model: nn.Module, *, group_sizes: Iterable[int]) -> None:
-    """Every group size must divide the attention heads.
-
-    Raises:
-        ValueError: naming the heads and the sizes that do not divide them.
-    """
-    config: Any = getattr(model, "config", None)
-    if config is None or not hasattr(config, "num_attention_heads"):
-        raise ValueError("the model has no config.num_attention_heads: hf_diffusers supports LatteTransformer3DModel")
-    heads = int(config.num_attention_heads)
-    bad = sorted(d for d in set(group_sizes) if heads % d != 0)
-    if bad:
-        raise ValueError(f"num_attention_heads={heads} is not divisible by group sizes {bad}: allow only "
-                         f"sizes that divide {heads}")
-
-
 def prepare(model: nn.Module, *, group_sizes: Iterable[int]) -> nn.Module:
     """Check the model and install the DCP attention processors (in place).
 
@@ -150,7 +135,7 @@ def prepare(model: nn.Module, *, group_sizes: Iterable[int]) -> nn.Module:
     for name in ("transformer_blocks", "temporal_transformer_blocks", "adaln_single", "pos_embed"):
         if not hasattr(model, name):
             raise ValueError(f"the model has no {name!r}: hf_diffusers supports LatteTransformer3DModel")
-    check_heads(model, group_sizes=group_sizes)
+    clips.check_heads(model, group_sizes=group_sizes, supports="LatteTransformer3DModel")
     for kind, blocks in (("spatial_2d", model.transformer_blocks), ("temporal_2d", model.temporal_transformer_blocks)):
         for block in blocks:  # type: ignore[union-attr]
             if block.norm_type != "ada_norm_single":

@@ -53,22 +53,10 @@ from torch import nn
 
 from executor.checkpointing import run_split_by_policy, validate_policies
 from executor.context import SPContext
+from executor.integrations import clips
 from executor.joint import gather_heads
 from executor.runtime import MicroBatchWork
 from executor.ulysses import head_to_seq, seq_to_head
-
-
-def check_heads(model: nn.Module, *, group_sizes: Iterable[int]) -> None:
-    """Every group size must divide the attention heads (Ulysses shards heads).
-
-    Raises:
-        ValueError: naming the heads and the sizes they do not divide.
-    """
-    config: Any = model.config
-    heads = int(config.num_attention_heads)
-    bad = sorted(d for d in set(group_sizes) if heads % d)
-    if bad:
-        raise ValueError(f"num_attention_heads={heads} is not divisible by group sizes {bad}")
 
 
 def prepare(model: nn.Module, *, group_sizes: Iterable[int]) -> nn.Module:
@@ -85,33 +73,13 @@ def prepare(model: nn.Module, *, group_sizes: Iterable[int]) -> nn.Module:
     condition = config.image_condition_type
     if condition is not None:
         raise ValueError(f"image conditioning (image_condition_type={condition!r}) is not supported")
-    check_heads(model, group_sizes=group_sizes)
+    clips.check_heads(model, group_sizes=group_sizes, supports="HunyuanVideoTransformer3DModel")
     return model
 
 
 def patchify(video: torch.Tensor, patch_size: Sequence[int]) -> torch.Tensor:
     """``(C, F, H, W)`` -> ``(f*h*w, C*p_t*p_h*p_w)``, in the order of the model's unpatchify."""
-    channels, frames, height, width = video.shape
-    p_t, p_h, p_w = patch_size
-    f, h, w = frames // p_t, height // p_h, width // p_w
-    x = video.reshape(channels, f, p_t, h, p_h, w, p_w)
-    return x.permute(1, 3, 5, 0, 2, 4, 6).reshape(f * h * w, channels * p_t * p_h * p_w)
-
-
-def _embed(model: Any, videos: Sequence[torch.Tensor], ctx: SPContext
-           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Patch embedding and rotary tables of every sample, this rank's pieces ``(T, D)``, ``(T, Dh)``."""
-    parts, cos_parts, sin_parts = [], [], []
-    for s, video in enumerate(videos):
-        tokens = model.x_embedder(video[None])[0]
-        planned = ctx.placement.samples[s].tokens
-        if tokens.shape[0] != planned:
-            raise ValueError(f"sample {s}: {tokens.shape[0]} patches, the plan has {planned}")
-        cos, sin = model.rope(video[None])  # (n, Dh) each, the model's own tables
-        parts.append(ctx.shard(tokens, s))
-        cos_parts.append(ctx.shard(cos, s))
-        sin_parts.append(ctx.shard(sin, s))
-    return torch.cat(parts), torch.cat(cos_parts), torch.cat(sin_parts)
+    return clips.patchify(video, patch_size, channels_first=True)
 
 
 def _heads(t: torch.Tensor, heads: int) -> torch.Tensor:
@@ -237,7 +205,8 @@ def forward(model: Any, work: MicroBatchWork, *, videos: Sequence[torch.Tensor],
                          "(joint text attention: the planner keeps such models at ring_degree=1)")
     blocks = [*model.transformer_blocks, *model.single_transformer_blocks]
     validate_policies(work.recompute_layers, num_layers=len(blocks), num_samples=layout.num_samples)
-    clip, cos, sin = _embed(model, videos, ctx)
+    clip, cos, sin = clips.embed_and_shard(videos, ctx, embed=lambda v: model.x_embedder(v[None])[0],
+                                           rope=lambda v: model.rope(v[None]))
     temb, _ = model.time_text_embed(timesteps, pooled, guidance)
     text = model.context_embedder(texts, timesteps, text_masks)  # (S, J, D), the model's token refiner
     text_tokens = text.shape[1]

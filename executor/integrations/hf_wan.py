@@ -44,6 +44,7 @@ from torch import nn
 from executor.attention import packed_attention
 from executor.checkpointing import run_split_by_policy, validate_policies
 from executor.context import SPContext
+from executor.integrations import clips
 from executor.ring import ring_packed_attention
 from executor.runtime import MicroBatchWork
 from executor.ulysses import head_to_seq, seq_to_head
@@ -137,19 +138,6 @@ def _token_samples(ctx: SPContext, tokens: int) -> torch.Tensor:
     return torch.cat([sample_of, torch.zeros(pad, dtype=torch.long)]) if pad else sample_of
 
 
-def check_heads(model: nn.Module, *, group_sizes: Iterable[int]) -> None:
-    """Every group size must divide the attention heads (Ulysses shards heads; for Ulysses x ring
-    groups give their Ulysses degrees, ``GroupRegistry.ulysses_degrees``).
-
-    Raises:
-        ValueError: naming the heads and the sizes they do not divide.
-    """
-    heads = int(model.config.num_attention_heads)  # type: ignore[attr-defined]
-    bad = sorted(d for d in set(group_sizes) if heads % d)
-    if bad:
-        raise ValueError(f"num_attention_heads={heads} is not divisible by group sizes {bad}")
-
-
 def prepare(model: nn.Module, *, group_sizes: Iterable[int]) -> nn.Module:
     """Install DCP's processors on every block of a ``WanTransformer3DModel`` (in place).
 
@@ -160,7 +148,7 @@ def prepare(model: nn.Module, *, group_sizes: Iterable[int]) -> nn.Module:
         raise ValueError("hf_wan supports diffusers' WanTransformer3DModel")
     if model.condition_embedder.image_embedder is not None:  # type: ignore[union-attr]
         raise ValueError("image conditioning (Wan I2V) is not supported")
-    check_heads(model, group_sizes=group_sizes)
+    clips.check_heads(model, group_sizes=group_sizes, supports="WanTransformer3DModel")
     for block in model.blocks:  # type: ignore[union-attr]
         block.attn1.set_processor(UlyssesWanSelfAttention())
         block.attn2.set_processor(PerSampleWanCrossAttention())
@@ -169,27 +157,20 @@ def prepare(model: nn.Module, *, group_sizes: Iterable[int]) -> nn.Module:
 
 def patchify(video: torch.Tensor, patch_size: Sequence[int]) -> torch.Tensor:
     """``(C, F, H, W)`` -> ``(f*h*w, p_t*p_h*p_w*C)``, in the order of the model's unpatchify."""
-    channels, frames, height, width = video.shape
-    p_t, p_h, p_w = patch_size
-    f, h, w = frames // p_t, height // p_h, width // p_w
-    x = video.reshape(channels, f, p_t, h, p_h, w, p_w)
-    return x.permute(1, 3, 5, 2, 4, 6, 0).reshape(f * h * w, p_t * p_h * p_w * channels)
+    return clips.patchify(video, patch_size, channels_first=False)
 
 
 def _embed(model: Any, videos: Sequence[torch.Tensor], ctx: SPContext
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Patch embedding and rotary tables of every sample, this rank's pieces ``(T, D)``, ``(T, 1, Dh)``."""
-    parts, cos_parts, sin_parts = [], [], []
-    for s, video in enumerate(videos):
-        tokens = model.patch_embedding(video[None]).flatten(2).transpose(1, 2)[0]
-        planned = ctx.placement.samples[s].tokens
-        if tokens.shape[0] != planned:
-            raise ValueError(f"sample {s}: {tokens.shape[0]} patches, the plan has {planned}")
+    def rope(video: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = model.rope(video[None])  # (1, n, 1, Dh), the model's own tables
-        parts.append(ctx.shard(tokens, s))
-        cos_parts.append(ctx.shard(cos[0], s))
-        sin_parts.append(ctx.shard(sin[0], s))
-    return torch.cat(parts), torch.cat(cos_parts), torch.cat(sin_parts)
+        return cos[0], sin[0]
+
+    def embed(video: torch.Tensor) -> torch.Tensor:
+        return model.patch_embedding(video[None]).flatten(2).transpose(1, 2)[0]
+
+    return clips.embed_and_shard(videos, ctx, embed=embed, rope=rope)
 
 
 def forward(model: Any, work: MicroBatchWork, *, videos: Sequence[torch.Tensor], timesteps: torch.Tensor,
