@@ -193,6 +193,29 @@ def _run(original: Any, hidden_states: torch.Tensor, kwargs: dict[str, Any], *, 
     return checkpoint(original, hidden_states, use_reentrant=False, **kwargs)
 
 
+def _check_unsupported(module: nn.Module, kwargs: dict[str, Any], ctx: SPContext) -> None:
+    """Refuse what the model asks of its attention that DCP's does not do, rather than attend
+    differently: a sliding window shorter than a sample of the micro-batch (Mistral, Qwen2 with
+    ``use_sliding_window``; DCP attends causally over the whole sample, which equals the window's
+    attention only when no sample is longer than the window: keys ``j`` with ``i - j < window``,
+    ``transformers.masking_utils``), logit soft-capping (Gemma 2) and attention sinks (gpt-oss).
+
+    Raises:
+        ValueError: naming the layer, the setting and the sample it does not hold for.
+    """
+    name = type(module).__name__
+    window = kwargs.get("sliding_window")
+    if window is not None:
+        longest = max(sample.tokens for sample in ctx.placement.samples)
+        if longest > int(window):
+            raise ValueError(f"{name}: sliding_window={window} is shorter than a sample of {longest} tokens; DCP "
+                             "attention is causal over whole samples (equal to the window's only for samples of "
+                             f"at most {window} tokens): cap the samples' length at {window} or disable the window")
+    for key in ("softcap", "s_aux"):
+        if kwargs.get(key) is not None:
+            raise ValueError(f"{name}: attention {key} is not supported under DCP")
+
+
 def ulysses_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, *, scaling: float | None = None,
                       dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
@@ -220,6 +243,7 @@ def ulysses_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
         raise ValueError(f"attention dropout={dropout} is not supported under DCP (set it to 0)")
     if attention_mask is not None:
         raise ValueError("DCP attention takes no attention_mask (samples are bounded by the layout)")
+    _check_unsupported(module, kwargs, ctx)
     pad = int(kwargs.get(PAD_KWARG, 0))
     batch, heads, tokens, head_dim = query.shape
     kv_heads = key.shape[1]
