@@ -196,13 +196,20 @@ def forward(model: Any, work: MicroBatchWork, *, videos: Sequence[torch.Tensor],
         Per local token prediction ``(T, C_out*p_t*p_h*p_w)`` in the order of :func:`patchify`.
 
     Raises:
-        ValueError: on a ring group, or policies or patches that do not match the plan.
+        ValueError: on a ring group, or inputs, policies or patches that do not match the plan.
     """
     ctx = work.ctx
     layout = ctx.layout
     if ctx.ring is not None:
         raise ValueError(f"hf_hunyuan runs pure Ulysses groups only, got a ring of {ctx.ring.ring_degree} "
                          "(joint text attention: the planner keeps such models at ring_degree=1)")
+    given = {"videos": len(videos), "timesteps": timesteps.shape[0], "texts": texts.shape[0],
+             "text_masks": text_masks.shape[0], "pooled": pooled.shape[0]}
+    if guidance is not None:
+        given["guidance"] = guidance.shape[0]
+    wrong = {name: n for name, n in given.items() if n != layout.num_samples}
+    if wrong:
+        raise ValueError(f"the micro-batch has {layout.num_samples} samples; got {wrong}")
     blocks = [*model.transformer_blocks, *model.single_transformer_blocks]
     validate_policies(work.recompute_layers, num_layers=len(blocks), num_samples=layout.num_samples)
     clip, cos, sin = clips.embed_and_shard(videos, ctx, embed=lambda v: model.x_embedder(v[None])[0],

@@ -48,3 +48,20 @@ def test_patchify_is_the_models_unpatchify_inverse() -> None:
     back = tokens.reshape(1, 3, 2, 3, 4, 1, 2, 2).permute(0, 4, 1, 5, 2, 6, 3, 7)
     back = back.flatten(6, 7).flatten(4, 5).flatten(2, 3)
     assert torch.equal(back[0], video)
+
+
+def test_inputs_that_do_not_match_the_micro_batch_are_named() -> None:
+    from executor.context import SPContext
+    from executor.layout import PackedLayout, SampleShape
+    from executor.runtime import MicroBatchWork
+
+    model = hf_hunyuan.prepare(hf_hunyuan_model.build(), group_sizes=[1])
+    d = hf_hunyuan_model.data("x", 1, 2, 2)
+    ctx = SPContext(layout=PackedLayout(samples=(SampleShape(tokens=4, frames=1),), group_size=1, index_in_group=0),
+                    group=None)
+    work = MicroBatchWork(index=0, ctx=ctx, inputs=d["video"], targets=d["target"], token_weights=torch.ones(4),
+                          recompute_layers=(0,), sample_ids=("x",))
+    with pytest.raises(ValueError, match=r"1 samples; got \{'texts': 2\}"):
+        hf_hunyuan.forward(model, work, videos=[d["video"]], timesteps=d["timestep"],
+                           texts=d["text"][None].repeat(2, 1, 1), text_masks=d["mask"][None],
+                           pooled=d["pooled"][None], guidance=d["guidance"])
