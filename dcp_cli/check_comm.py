@@ -38,7 +38,8 @@ from executor.ulysses import EmulatedGroup, Group
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AllToAllMeter", "in_layer_shapes", "profile_alltoall_in_layer", "profile_comm"]
+__all__ = ["AllToAllMeter", "comm_profile", "comm_records", "in_layer_profile", "in_layer_rows", "in_layer_shapes",
+           "profile_alltoall_in_layer", "profile_comm"]
 
 
 class AllToAllMeter:
@@ -64,30 +65,42 @@ class AllToAllMeter:
         return self
 
 
+def comm_records(world: int, *, clock: str) -> list[CommRecord]:
+    """The collectives' sweep on this rank of an initialised world of ``world`` gloo ranks (every
+    rank calls it; rank 0's records are the profile's)."""
+    config = CommSweepConfig(bytes_min=4 * 1024, bytes_max=2 * 1024 * 1024, num_sizes=6,
+                             gpus_per_node=world, warmup=3, repeats=15,
+                             clock=clock)  # type: ignore[arg-type]
+    return run_comm_sweep(config, device=torch.device("cpu"))
+
+
 def _comm_worker(rank: int, world: int, port: int, out: str, clock: str) -> None:
     init_rank(rank, world, port)
     try:
-        config = CommSweepConfig(bytes_min=4 * 1024, bytes_max=2 * 1024 * 1024, num_sizes=6,
-                                 gpus_per_node=world, warmup=3, repeats=15,
-                                 clock=clock)  # type: ignore[arg-type]
-        records = run_comm_sweep(config, device=torch.device("cpu"))
+        records = comm_records(world, clock=clock)
         if rank == 0:
             Path(out).write_text(json.dumps([r.model_dump(mode="json") for r in records]))
     finally:
         dist.destroy_process_group()
 
 
-def profile_comm(world: int, *, clock: str = "wall") -> Profile:
-    """All-to-all and all-reduce on ``world`` gloo ranks of this machine (timed by ``clock``)."""
+def comm_profile(world: int, records: Sequence[CommRecord]) -> Profile:
+    """The collectives' profile of ``records`` (rank 0's)."""
     header = ProfileHeader(hardware=CPU_HARDWARE, device="cpu", dtype="float32", world_size=world,
                            notes="dcp check-model: gloo on loopback")
+    return Profile(header=header, comm=list(records))
+
+
+def profile_comm(world: int, *, clock: str = "wall") -> Profile:
+    """All-to-all and all-reduce on ``world`` gloo ranks of this machine (timed by ``clock``), in
+    processes of their own."""
     if world < 2:
-        return Profile(header=header)
+        return comm_profile(world, [])
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "comm.json"
         mp.spawn(_comm_worker, args=(world, free_port(), str(out), clock), nprocs=world, join=True)
         comm = [CommRecord.model_validate(r) for r in json.loads(out.read_text())]
-    return Profile(header=header, comm=comm)
+    return comm_profile(world, comm)
 
 
 def in_layer_shapes(config: CheckConfig, group_size: int, *, num_sizes: int = 6) -> list[list[tuple[int, int]]]:
@@ -134,12 +147,14 @@ def _rank_inputs(config: CheckConfig, local_tokens: int, gen: torch.Generator) -
             torch.randn(local_tokens, channels, generator=gen))
 
 
-def _in_layer_worker(rank: int, world: int, port: int, out: str, config_json: str) -> None:
-    init_rank(rank, world, port)
+def in_layer_rows(config: CheckConfig, rank: int, world: int) -> list[Any]:
+    """Real group vs emulated group on this rank of an initialised world of ``world`` gloo ranks
+    (every rank calls it); every rank's rows, gathered on every rank."""
+    now = time.thread_time if config.clock == "thread" else time.perf_counter
+    meter = AllToAllMeter(now)
+    previous = dist.all_to_all_single
+    meter.install()
     try:
-        config = CheckConfig(**json.loads(config_json))
-        now = time.thread_time if config.clock == "thread" else time.perf_counter
-        meter = AllToAllMeter(now).install()
         model = build_reference_model(config)
         repeats = max(3, 3 * config.sweep_repeats)
         gen = torch.Generator().manual_seed(config.seed + rank)
@@ -167,8 +182,17 @@ def _in_layer_worker(rank: int, world: int, port: int, out: str, config_json: st
                         emulated_s.append(emulated)
                 rows.append({"group_size": d, "shape": shape, "real_s": real_s, "emulated_s": emulated_s,
                              "calls": calls, "bytes": sent})
-        gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, rows)
+    finally:
+        dist.all_to_all_single = previous  # type: ignore[assignment]
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, rows)
+    return gathered
+
+
+def _in_layer_worker(rank: int, world: int, port: int, out: str, config_json: str) -> None:
+    init_rank(rank, world, port)
+    try:
+        gathered = in_layer_rows(CheckConfig(**json.loads(config_json)), rank, world)
         if rank == 0:
             Path(out).write_text(json.dumps(gathered))
     finally:
@@ -201,9 +225,8 @@ def _records(per_rank: Sequence[Sequence[dict[str, Any]]]) -> list[CommRecord]:
     return records
 
 
-def profile_alltoall_in_layer(config: CheckConfig) -> Profile:
-    """What an all-to-all adds inside the reference model's layers on ``config.world_size`` gloo
-    ranks, per call (``in_layer`` comm records; none for a world of one).
+def in_layer_profile(config: CheckConfig, per_rank: Sequence[Sequence[dict[str, Any]]]) -> Profile:
+    """The ``in_layer`` comm profile of every rank's rows (:func:`in_layer_rows`).
 
     Raises:
         RuntimeError: When no shape gave a positive difference (a machine too noisy to tell).
@@ -213,12 +236,24 @@ def profile_alltoall_in_layer(config: CheckConfig) -> Profile:
                            notes="dcp check-model: all-to-all inside the reference layers, gloo on loopback")
     if config.world_size < 2:
         return Profile(header=header)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "in_layer.json"
-        mp.spawn(_in_layer_worker, args=(config.world_size, free_port(), str(out), json.dumps(asdict(config))),
-                 nprocs=config.world_size, join=True)
-        records = _records(json.loads(out.read_text()))
+    records = _records(per_rank)
     if not records:
         raise RuntimeError("no in-layer all-to-all measurement came out positive: the machine is too "
                            "busy to tell the all-to-all from the compute")
     return Profile(header=header, comm=records)
+
+
+def profile_alltoall_in_layer(config: CheckConfig) -> Profile:
+    """What an all-to-all adds inside the reference model's layers on ``config.world_size`` gloo
+    ranks, per call (``in_layer`` comm records; none for a world of one), in processes of their own.
+
+    Raises:
+        RuntimeError: When no shape gave a positive difference (a machine too noisy to tell).
+    """
+    if config.world_size < 2:
+        return in_layer_profile(config, [])
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "in_layer.json"
+        mp.spawn(_in_layer_worker, args=(config.world_size, free_port(), str(out), json.dumps(asdict(config))),
+                 nprocs=config.world_size, join=True)
+        return in_layer_profile(config, json.loads(out.read_text()))

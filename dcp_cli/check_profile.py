@@ -95,7 +95,8 @@ def _sweep_config(config: CheckConfig) -> SweepConfig:
                        cpu_clock=config.clock, group_sizes=tuple(config.group_sizes))
 
 
-def _sweep_records(config: CheckConfig) -> list[ComputeRecord | HeadRecord]:
+def sweep_records(config: CheckConfig) -> list[ComputeRecord | HeadRecord]:
+    """The profiling sweep of the reference layers and head in this process (one torch thread)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -106,22 +107,39 @@ def _sweep_records(config: CheckConfig) -> list[ComputeRecord | HeadRecord]:
         torch.set_num_threads(threads)
 
 
+def sweep_message(config: CheckConfig) -> str:
+    """The progress line of the compute profile."""
+    concurrent = config.concurrent and config.world_size > 1
+    return (f"profiling the executor's {config.kind} layers"
+            + (f" ({config.world_size} ranks at once)" if concurrent else ""))
+
+
+def compute_profile(config: CheckConfig, records: Sequence[ComputeRecord | HeadRecord]) -> Profile:
+    """The compute and head profile of ``records`` (rank 0's, when the ranks swept at once)."""
+    spec = reference_spec(config)
+    concurrent = config.concurrent and config.world_size > 1
+    header = make_header(model=spec, profiled=spec, hardware=CPU_HARDWARE, device=torch.device("cpu"),
+                         dtype="float32", cpu_clock=config.clock,
+                         notes="dcp check-model: the executor's reference layers"
+                               + (f", {config.world_size} ranks sweeping at once" if concurrent else ""))
+    return Profile(header=header, compute=[r for r in records if isinstance(r, ComputeRecord)],
+                   head=[r for r in records if isinstance(r, HeadRecord)])
+
+
 def _sweep_worker(rank: int, out: str, config_json: str) -> None:
     """One of the ranks sweeping at once; rank 0 writes its records."""
-    records = _sweep_records(CheckConfig(**json.loads(config_json)))
+    records = sweep_records(CheckConfig(**json.loads(config_json)))
     if rank == 0:
         Path(out).write_text(json.dumps([r.model_dump(mode="json") for r in records]))
 
 
 def profile_reference(config: CheckConfig, *, progress: ProgressFn | None = None) -> Profile:
     """Compute and head profile of the reference model on this CPU (one torch thread per rank;
-    all ``world_size`` ranks at once when ``config.concurrent``)."""
-    spec = reference_spec(config)
-    concurrent = config.concurrent and config.world_size > 1
+    all ``world_size`` ranks at once when ``config.concurrent``), in processes of its own
+    (``dcp check-model`` runs the same sweep inside its one world of ranks)."""
     if progress:
-        progress(f"profiling the executor's {config.kind} layers"
-                 + (f" ({config.world_size} ranks at once)" if concurrent else ""))
-    if concurrent:
+        progress(sweep_message(config))
+    if config.concurrent and config.world_size > 1:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "records.json"
             mp.spawn(_sweep_worker, args=(str(out), json.dumps(asdict(config))),
@@ -129,10 +147,5 @@ def profile_reference(config: CheckConfig, *, progress: ProgressFn | None = None
             records = [HeadRecord.model_validate(r) if r["record"] == "head"
                        else ComputeRecord.model_validate(r) for r in json.loads(out.read_text())]
     else:
-        records = _sweep_records(config)
-    header = make_header(model=spec, profiled=spec, hardware=CPU_HARDWARE, device=torch.device("cpu"),
-                         dtype="float32", cpu_clock=config.clock,
-                         notes="dcp check-model: the executor's reference layers"
-                               + (f", {config.world_size} ranks sweeping at once" if concurrent else ""))
-    return Profile(header=header, compute=[r for r in records if isinstance(r, ComputeRecord)],
-                   head=[r for r in records if isinstance(r, HeadRecord)])
+        records = sweep_records(config)
+    return compute_profile(config, records)

@@ -20,6 +20,11 @@
    micro-batch of one sample of half the longest size on each rank (its peak less its predicted
    activations), kept out of the comparison.
 
+Steps 1-4 run in one world of ``W`` spawned gloo ranks (rank 0 fits and plans and broadcasts the
+plans; ``dcp_cli.check_exec`` runs them): starting a world of ranks that import torch costs
+seconds on a small machine, once instead of four times. With ``cost_model`` given, only steps
+3-5 run.
+
 Clocks: ``wall`` times everything and needs a quiet machine; ``thread`` times the CPU time of
 each rank's one torch thread, in the compute profile, the collectives' profile and the executor
 alike, which other processes on a busy machine and waits for a peer do not inflate (gloo moves
@@ -34,53 +39,46 @@ import logging
 import random
 import statistics
 import tempfile
-import time
 import traceback
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from functools import partial
+from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from costmodel.evaluate import CostModel
-from costmodel.fit import FitConfig, FitResult, fit_profiles
+from costmodel.fit import FitConfig, fit_profiles
 from costmodel.presets import cpu_cluster
-from costmodel.profiling.memtrack import LiveBytesTracker
+from costmodel.profiling.format import Profile
 from costmodel.recalibrate import TERMS, TermSplitter
 from costmodel.schema import CostModelFile
 from costmodel.specs import Sample
-from dcp_cli.check_comm import AllToAllMeter, profile_alltoall_in_layer, profile_comm
-from dcp_cli.check_config import (
-    CheckConfig,
-    ProgressFn,
-    build_reference_model,
-    init_rank,
-    reference_spec,
-    run_as_profiled,
+from dcp_cli.check_comm import (
+    comm_profile,
+    comm_records,
+    in_layer_profile,
+    in_layer_rows,
+    profile_alltoall_in_layer,
+    profile_comm,
 )
-from dcp_cli.check_profile import ReferenceLayer, profile_reference
+from dcp_cli.check_config import CheckConfig, ProgressFn, build_reference_model, init_rank, reference_spec
+from dcp_cli.check_exec import calibration_sample, execute, execute_rank
+from dcp_cli.check_profile import ReferenceLayer, compute_profile, profile_reference, sweep_message, sweep_records
 from dcp_cli.net import free_port
-from executor.context import SPContext
-from executor.data import SyntheticDataset
-from executor.groups import GroupRegistry
-from executor.layout import PackedLayout, SampleShape
-from executor.runtime import Executor
-from executor.ulysses import EmulatedGroup
 from planner.config import PlannerConfig
 from planner.plan import Plan
 from planner.planning import plan_batch
 
-__all__ = ["CheckConfig", "ReferenceLayer", "build_reference_model", "compare", "execute", "make_plans",
-           "profile_alltoall_in_layer", "profile_comm", "profile_reference", "reference_spec", "run_check"]
+__all__ = ["CheckConfig", "ReferenceLayer", "build_reference_model", "compare", "execute", "fit_check_profiles",
+           "make_plans", "profile_alltoall_in_layer", "profile_comm", "profile_reference", "reference_spec",
+           "run_check"]
 
 logger = logging.getLogger(__name__)
 
 
-# ------------------------------------------------------------------- plans and execution
+# ------------------------------------------------------------------- plans
 def _samples(config: CheckConfig, step: int) -> list[Sample]:
     rng = random.Random(config.seed * 1000 + step)
     out = []
@@ -112,172 +110,13 @@ def make_plans(config: CheckConfig, file: CostModelFile) -> list[tuple[Plan, lis
     return plans
 
 
-def _calibration_sample(config: CheckConfig) -> Sample:
-    """One sample of half the longest size: its micro-batch's peak less its predicted activations
-    is the fixed working memory (on few tokens the peak is the parameter gradients' buffers, not
-    activations, so a tiny sample would overstate it)."""
-    tokens = max(8, 8 * (config.tokens_max // 16))
-    if config.kind == "1d":
-        return Sample(id="calibration", tokens=tokens)
-    return Sample(id="calibration", tokens=tokens, frames=2, height=4, width=tokens // 8)
-
-
-def _calibration_peak(model: Any, config: CheckConfig) -> float:
-    """Peak live bytes of the calibration micro-batch on one rank."""
-    sample = _calibration_sample(config)
-    data = SyntheticDataset([sample], kind=config.kind, vocab=config.vocab,
-                            channels=config.model_config.in_channels, seed=config.seed)
-    item = data.load(sample)
-    layout = PackedLayout(samples=(SampleShape(tokens=sample.tokens, frames=sample.num_frames),),
-                          group_size=1, index_in_group=0)
-    ctx = SPContext(layout=layout, group=None)
-
-    def run() -> None:
-        out = model(item["inputs"], ctx, recompute_layers=[0])
-        (model.token_losses(out, item["targets"]).sum() / sample.tokens).backward()
-
-    run()
-    with LiveBytesTracker() as tracker:
-        run()
-    return float(tracker.peak_bytes)
-
-
-@dataclass(frozen=True, slots=True)
-class _Timed:
-    """One micro-batch of this rank to time: ``run`` on its group (``group`` None for a group of
-    one rank) and, for groups of several ranks, ``twin`` on an emulated group."""
-
-    key: str
-    run: Callable[[], None]
-    group: Any
-    ranks: tuple[int, ...]
-    twin: Callable[[], None] | None = None
-
-
-def _timed(run: Callable[[], None], now: Callable[[], float]) -> float:
-    start = now()
-    run()
-    return now() - start
-
-
-def _time_rounds(items: Sequence[_Timed], *, repeats: int, now: Callable[[], float], rank: int,
-                 concurrent: bool, a2a: AllToAllMeter, results: dict[str, Any]) -> None:
-    """Time ``items`` the way the profile times its configurations: a warm-up of each, then
-    ``repeats`` rounds that run every item once (so a slow minute of a shared machine slows one
-    repeat of every item, not every repeat of a few), then one run of each for the peak.
-
-    A group's ranks meet at a barrier before each timed run; the twin runs as the compute
-    profile ran (the group's ranks at once, or one at a time). Each rank's items are in plan
-    order, so the ranks of a group reach its barriers and all-to-alls in the same order.
-    """
-    for item in items:
-        item.run()
-        if item.twin is not None:
-            item.twin()
-    for item in items:
-        results[item.key] = {"times_s": [], "alltoall_times_s": [], "peak_bytes": 0}
-        if item.twin is not None:
-            results[item.key]["emulated_times_s"] = []
-    for _ in range(repeats):
-        for item in items:
-            rec = results[item.key]
-            if item.group is not None:
-                dist.barrier(group=item.group)
-            inside = a2a.total_s
-            rec["times_s"].append(_timed(item.run, now))
-            rec["alltoall_times_s"].append(a2a.total_s - inside)
-            if item.twin is None:
-                continue
-            rec["emulated_times_s"].append(run_as_profiled(
-                partial(_timed, item.twin, now), rank=rank, ranks=item.ranks,
-                concurrent=concurrent, group=item.group))
-    for item in items:
-        if item.group is not None:
-            dist.barrier(group=item.group)
-        with LiveBytesTracker() as tracker:
-            item.run()
-        results[item.key]["peak_bytes"] = tracker.peak_bytes
-
-
-def _exec_worker(rank: int, world: int, port: int, out_dir: str, config_json: str, plans_json: str) -> None:
-    init_rank(rank, world, port)
-    results: dict[str, Any] = {}
-    try:
-        config = CheckConfig(**json.loads(config_json))
-        plans = [Plan.model_validate(p) for p in json.loads(plans_json)]
-        registry = GroupRegistry(world_size=world, rank=rank, group_sizes=config.group_sizes)
-        executor = Executor(registry=registry, weight_dtype=torch.float64)
-        now = time.thread_time if config.clock == "thread" else time.perf_counter
-        # The executor's all-to-alls (executor.ulysses calls dist.all_to_all_single) are timed
-        # apart, so the report splits each micro-batch into all-to-all and the rest.
-        a2a = AllToAllMeter(now).install()  # this spawned rank only
-        model: Any = build_reference_model(config)
-        for p in model.parameters():
-            p.grad = torch.zeros_like(p)  # as after the first micro-batch of a step
-        results["calibration"] = _calibration_peak(model, config)
-        items: list[_Timed] = []
-        for plan in plans:
-            rank_plan = plan.rank_view(rank)
-            executor.begin_step(rank_plan, step=plan.step or 0)
-            samples = [ps.sample for mb in rank_plan.group.micro_batches for ps in mb.samples]
-            data = SyntheticDataset(samples, kind=config.kind, vocab=config.vocab,
-                                    channels=config.model_config.in_channels, seed=config.seed)
-            group = registry.group_for(rank_plan.group)
-            for m, work in enumerate(executor.micro_batches(rank_plan, load_sample=data.load)):
-                def run(work: Any = work) -> None:
-                    out = model(work.inputs, work.ctx, recompute_layers=work.recompute_layers)
-                    work.loss(model.token_losses(out, work.targets)).backward()
-
-                def twin(work: Any = work, d: int = rank_plan.group.size) -> None:
-                    # the same micro-batch on the emulated group: what the compute profile predicts
-                    ctx = SPContext(layout=work.ctx.layout, group=EmulatedGroup(d))
-                    out = model(work.inputs, ctx, recompute_layers=work.recompute_layers)
-                    work.loss(model.token_losses(out, work.targets)).backward()
-                items.append(_Timed(key=f"{plan.step}/{m}", run=run, group=group,
-                                    ranks=tuple(rank_plan.group.ranks), twin=None if group is None else twin))
-        # Concurrent (a cpu:W cluster's ranks share the machine): every rank times its
-        # micro-batches at once, as in training; otherwise groups of several ranks run together
-        # and one-rank groups take turns, so that no other rank shares the CPU while they are
-        # timed (a GPU rank has its device to itself).
-        phases: list[tuple[int | None, list[_Timed]]] = [(None, items)]  # (the rank timing it, or all)
-        if not config.concurrent:
-            solo = [i for i in items if i.group is None]
-            phases = [(None, [i for i in items if i.group is not None]), *((r, solo) for r in range(world))]
-        for owner, phase in phases:
-            dist.barrier()
-            if owner is None or owner == rank:
-                _time_rounds(phase, repeats=config.repeats, now=now, rank=rank,
-                             concurrent=config.concurrent, a2a=a2a, results=results)
-        dist.barrier()
-    except Exception:
-        results["error"] = traceback.format_exc()
-        raise
-    finally:
-        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(results))
-        dist.destroy_process_group()
-
-
-def execute(config: CheckConfig, plans: Sequence[Plan]) -> list[dict[str, Any]]:
-    """Run the plans on ``world_size`` gloo ranks; per rank, per ``step/micro-batch``: the
-    timed repeats and the peak of live bytes."""
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_exec_worker, args=(config.world_size, free_port(), tmp, json.dumps(asdict(config)),
-                                     json.dumps([p.model_dump(mode="json") for p in plans])),
-                 nprocs=config.world_size, join=True)
-        out = [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(config.world_size)]
-    for r, res in enumerate(out):
-        if "error" in res:
-            raise RuntimeError(f"rank {r} failed:\n{res['error']}")
-    return out
-
-
 # ------------------------------------------------------------------- comparison
 def compare(file: CostModelFile, config: CheckConfig, plans: Sequence[tuple[Plan, list[Sample]]],
             measured: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Measured vs predicted time and peak bytes per micro-batch and per group."""
     # The fixed working memory of a micro-batch, from the calibration micro-batch of each rank.
     base = CostModel(file=file, cluster=cpu_cluster(config.world_size))
-    calibration = _calibration_sample(config)
+    calibration = calibration_sample(config)
     calibration_act = float(base.activation_bytes(calibration.tokens, group_size=1))
     fixed_working = max(0.0, max(float(m["calibration"]) for m in measured) - calibration_act)
     # The model's layer count is fixed, so the calibration measures all of the constant part,
@@ -359,28 +198,123 @@ def compare(file: CostModelFile, config: CheckConfig, plans: Sequence[tuple[Plan
     return {"summary": summary, "micro_batches": rows, "groups": groups}
 
 
+def fit_check_profiles(profiles: Sequence[Profile]) -> CostModelFile:
+    """The cost model the check fits to its compute, collectives and in-layer profiles."""
+    fit = fit_profiles(list(profiles), FitConfig(force=True, time_statistic="min",
+                                                comm_fallback_hardware="h200-sxm"))
+    return fit.file
+
+
+def _running_message(config: CheckConfig, plans: Sequence[Plan]) -> str:
+    return (f"running {sum(len(g.micro_batches) for p in plans for g in p.groups)} micro-batches "
+            f"on {config.world_size} gloo ranks")
+
+
+def _check_rank(rank: int, world: int, config: CheckConfig, say: ProgressFn) -> tuple[dict[str, Any], Any]:
+    """Profile, fit and plan (rank 0; the plans are broadcast), execute: one rank's part of the check.
+    Returns this rank's measurements and, on rank 0, the fitted file and plans as JSON."""
+    say(sweep_message(config))
+    records = sweep_records(config) if config.concurrent or rank == 0 else []
+    dist.barrier()  # one at a time: the other ranks wait while rank 0 sweeps alone
+    comm: list[Any] = []
+    gathered: list[Any] = []
+    if world > 1:
+        say(f"profiling collectives on {world} gloo ranks")
+        comm = comm_records(world, clock=config.clock)
+        say("profiling the all-to-all inside the layers (real group vs local copy)")
+        gathered = in_layer_rows(config, rank, world)
+    payload: list[Any] = [None]
+    if rank == 0:
+        try:
+            file = fit_check_profiles([compute_profile(config, records), comm_profile(world, comm),
+                                       in_layer_profile(config, gathered)])
+            say("planning")
+            plans = [p for p, _ in make_plans(config, file)]
+            payload = [{"file": file.model_dump(mode="json"), "plans": [p.model_dump(mode="json") for p in plans]}]
+        except Exception:
+            payload = [{"error": traceback.format_exc()}]
+    dist.broadcast_object_list(payload, src=0)
+    if "error" in payload[0]:
+        raise RuntimeError("rank 0 failed to fit or plan" if rank else payload[0]["error"])
+    plans = [Plan.model_validate(p) for p in payload[0]["plans"]]
+    say(_running_message(config, plans))
+    return execute_rank(rank, world, config, plans), payload[0] if rank == 0 else None
+
+
+def _parent_logging() -> tuple[int, str | None]:
+    """The level and format of this process's logging (``dcp``'s, under the CLI), for rank 0."""
+    root = logging.getLogger()
+    formatter = root.handlers[0].formatter if root.handlers else None
+    return root.level, None if formatter is None else formatter._fmt
+
+
+def _check_worker(rank: int, world: int, port: int, out_dir: str, config_json: str, messages: Any,
+                  log: tuple[int, str | None]) -> None:
+    """One rank of the check's one world: every phase in the same processes (a world of ranks
+    costs seconds to start on a small machine). Rank 0 logs as the parent does: the fit's and the
+    in-layer profile's warnings, which the parent logged when it fitted."""
+    level, fmt = log
+    if rank == 0 and fmt is not None:
+        logging.basicConfig(level=level, format=fmt)
+    init_rank(rank, world, port)
+    results: dict[str, Any] = {}
+    try:
+        say: ProgressFn = messages.put if rank == 0 else (lambda text: None)
+        results, fitted = _check_rank(rank, world, CheckConfig(**json.loads(config_json)), say)
+        if fitted is not None:
+            (Path(out_dir) / "fitted.json").write_text(json.dumps(fitted))
+    except Exception:
+        results["error"] = traceback.format_exc()
+        raise
+    finally:
+        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(results))
+        dist.destroy_process_group()
+
+
+def _fit_and_execute(config: CheckConfig, progress: ProgressFn | None
+                     ) -> tuple[CostModelFile, list[Plan], list[dict[str, Any]]]:
+    """Profile, fit, plan and execute in one spawned world of ``world_size`` ranks."""
+    messages = mp.get_context("spawn").SimpleQueue()
+
+    def drain() -> None:
+        while not messages.empty():
+            text = messages.get()
+            if progress:
+                progress(text)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ranks = mp.spawn(_check_worker, args=(config.world_size, free_port(), tmp, json.dumps(asdict(config)),
+                                              messages, _parent_logging()),
+                         nprocs=config.world_size, join=False)
+        try:
+            while not ranks.join(timeout=0.2):
+                drain()
+        finally:
+            drain()
+        out = [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(config.world_size)]
+        for r, res in enumerate(out):
+            if "error" in res:
+                raise RuntimeError(f"rank {r} failed:\n{res['error']}")
+        fitted = json.loads((Path(tmp) / "fitted.json").read_text())
+    return (CostModelFile.model_validate(fitted["file"]), [Plan.model_validate(p) for p in fitted["plans"]], out)
+
+
 def run_check(config: CheckConfig, *, progress: ProgressFn | None = None,
               cost_model: CostModelFile | None = None) -> dict[str, Any]:
-    """Fit (unless ``cost_model`` is given), plan, execute, compare; the report as a dict."""
-    fit: FitResult | None = None
+    """Fit (unless ``cost_model`` is given), plan, execute, compare; the report as a dict.
+
+    Without ``cost_model`` every phase runs in one world of ``world_size`` spawned ranks (rank 0
+    fits and plans between the profiles and the execution)."""
     if cost_model is None:
-        compute = profile_reference(config, progress=progress)
+        cost_model, plan_list, measured = _fit_and_execute(config, progress)
+        plans = [(plan, _samples(config, step)) for step, plan in enumerate(plan_list)]  # as make_plans
+    else:
         if progress:
-            progress(f"profiling collectives on {config.world_size} gloo ranks")
-        comm = profile_comm(config.world_size, clock=config.clock)
+            progress("planning")
+        plans = make_plans(config, cost_model)
         if progress:
-            progress("profiling the all-to-all inside the layers (real group vs local copy)")
-        in_layer = profile_alltoall_in_layer(config)
-        fit = fit_profiles([compute, comm, in_layer], FitConfig(force=True, time_statistic="min",
-                                                      comm_fallback_hardware="h200-sxm"))
-        cost_model = fit.file
-    if progress:
-        progress("planning")
-    plans = make_plans(config, cost_model)
-    if progress:
-        progress(f"running {sum(len(g.micro_batches) for p, _ in plans for g in p.groups)} micro-batches "
-                 f"on {config.world_size} gloo ranks")
-    measured = execute(config, [p for p, _ in plans])
+            progress(_running_message(config, [p for p, _ in plans]))
+        measured = execute(config, [p for p, _ in plans])
     report = compare(cost_model, config, plans, measured)
     report["config"] = asdict(config)
     report["cost_model"] = {"id": cost_model.id, "fit_quality": {
