@@ -37,7 +37,8 @@ def _bulk_runs(order: list[int], cls: list[int]) -> list[int]:
 
 
 def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: float | None = None,
-        strict: bool = False, runs: list[int] | None = None) -> list[GroupState] | None:
+        strict: bool = False, runs: list[int] | None = None,
+        remember_failures: bool = True) -> list[GroupState] | None:
     """Assign samples to the groups of a multiset.
 
     Without a target: earliest finish first (LPT). With a target makespan: among the groups
@@ -48,7 +49,9 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
     as a sample cannot meet the target. ``runs`` (from ``heuristic.bucket_runs``; default: runs
     of identical samples) are placed in bulk: the group chosen for a run's next sample keeps
     taking the run's following samples, each at its own exact cost, while it still finishes
-    no later than the target (or than the second-best group's finish).
+    no later than the target (or than the second-best group's finish). ``remember_failures``
+    skips the target rule's recheck of a size that failed for the same class and has not changed
+    since (the same groups; False rechecks every size, the reference the tests compare with).
     """
     cluster = table.cost_model.cluster
     placed = place_groups(multiset, num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node)
@@ -79,6 +82,13 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
     if orders is None:
         orders = _COL_ORDERS[table] = {}
     col_order = orders.setdefault(tuple(cols), {})
+    # The target rule's failures, remembered: a column where no group met the target for a
+    # sample of class ``fail_cls`` fails again for the next sample of that class as long as the
+    # column is unchanged (its groups' loads and free bytes change only when one of them takes
+    # samples, which bumps ``version[j]``). Runs of one class (most of a large batch) then
+    # recheck only the column that took the last sample, not every size.
+    version = [0] * len(overhead)
+    fail_cls, fail_at = -1, [-1] * len(overhead)
     pos = 0
     for end in runs:
         while pos < end:
@@ -90,13 +100,16 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
                 if ranked is None:
                     ranked = sorted(cols, key=lambda j: (rank_rows[c][j], j))
                     col_order[c] = ranked
+                if c != fail_cls or not remember_failures:
+                    fail_cls, fail_at = c, [-1] * len(overhead)
                 for j in ranked:
                     t = t_row[j]
-                    if t == inf:
+                    if t == inf or fail_at[j] == version[j]:
                         continue
                     lst = by_load[j]
                     p = bisect_right(lst, (target_s - t, inf))
                     if not p:
+                        fail_at[j] = version[j]
                         continue  # every group of this size is past the target already
                     m, o = m_row[j], overhead[j]
                     best_f = -inf
@@ -111,6 +124,7 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
                     if gi >= 0:
                         limit = target_s
                         break
+                    fail_at[j] = version[j]
                 if gi < 0 and strict:
                     return None
             if gi < 0:
@@ -170,6 +184,7 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
                 ld = nxt
                 pos += 1
             load[gi], free[gi] = ld, fr
+            version[j] += 1
             lst = by_load[j]
             del lst[bisect_left(lst, old)]
             insort(lst, (ld, gi))
