@@ -71,6 +71,9 @@ def register(app: typer.Typer) -> None:
             "thread", help="thread: each rank's CPU time (robust on a busy machine; all-to-all "
                            "excluded on both sides); wall: elapsed time (needs a quiet machine)."),
         repeats: int = typer.Option(5, help="Timed repeats per micro-batch and per profiled point."),
+        sweep_sizes: int = typer.Option(
+            6, help="Sample sizes in the compute profile's sweep, each at every layer count and "
+                    "checkpoint policy (fewer: a faster, coarser fit)."),
         concurrent: bool = typer.Option(
             True, help="Ranks share this machine: profile with every rank sweeping at once and run "
                        "one-rank groups at once, as in training (--no-concurrent: one at a time)."),
@@ -95,7 +98,7 @@ def register(app: typer.Typer) -> None:
                 num_kv_heads=kv_heads or None, num_steps=steps, samples_per_step=samples, tokens_min=tokens_min,
                 tokens_max=tokens_max, memory_tokens=memory_tokens,
                 clock=clock,  # type: ignore[arg-type]
-                sweep_repeats=repeats, repeats=repeats, concurrent=concurrent)
+                sweep_sizes=sweep_sizes, sweep_repeats=repeats, repeats=repeats, concurrent=concurrent)
             if kind not in ("1d", "2d", "3d"):
                 raise ValueError(f"--kind {kind!r} is not 1d, 2d or 3d")
             file = CostModelFile.load(cost_model) if cost_model is not None else None

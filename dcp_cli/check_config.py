@@ -48,6 +48,9 @@ class CheckConfig:
     memory_tokens: int = 600
     """If positive: memory per rank such that about this many tokens fit without checkpointing
     (plans then mix policies); 0 leaves memory roomy."""
+    sweep_sizes: int = 6
+    """Sample sizes from ``tokens_min`` to ``tokens_max`` in the compute profile's sweep (each
+    size runs at every layer count and checkpoint policy; fewer: a faster, coarser fit)."""
     sweep_repeats: int = 5
     """Timed repeats per profiled point."""
     repeats: int = 5
@@ -73,6 +76,8 @@ class CheckConfig:
         kv = self.num_kv_heads
         if kv is not None and (kv <= 0 or self.num_heads % kv):
             raise ValueError(f"num_kv_heads={kv} must be positive and divide num_heads={self.num_heads}")
+        if self.sweep_sizes < 2:
+            raise ValueError(f"sweep_sizes must be >= 2, got {self.sweep_sizes}")
         if not 0 < self.tokens_min <= self.tokens_max:
             raise ValueError(f"need 0 < tokens_min <= tokens_max, got {self.tokens_min}, {self.tokens_max}")
         for name in ("num_layers", "hidden", "num_heads", "ffn_hidden", "num_steps", "samples_per_step",

@@ -88,7 +88,7 @@ def _head_factory(config: CheckConfig) -> Callable[..., nn.Module]:
 
 
 def _sweep_config(config: CheckConfig) -> SweepConfig:
-    return SweepConfig(tokens_min=config.tokens_min, tokens_max=config.tokens_max, num_sizes=6,
+    return SweepConfig(tokens_min=config.tokens_min, tokens_max=config.tokens_max, num_sizes=config.sweep_sizes,
                        packings=(2, 4), num_packed=3, frames=(1, 2, 4, 8),
                        layer_counts=tuple(sorted({1, 2, config.num_layers})),
                        num_head_sizes=5, warmup=2, repeats=config.sweep_repeats, seed=config.seed,

@@ -28,7 +28,7 @@ def test_check_model_runs_plans_and_predicts_peak_memory(tmp_path: Path, kind: s
     done = subprocess.run(
         [str(dcp), "check-model", "--kind", kind, "--world", "2", "--layers", "3", "--steps", "1",
          "--samples", "5", "--tokens-min", "64", "--tokens-max", "400", "--memory-tokens", "200",
-         "--repeats", "2", "--out", str(out), "--quiet", mode],
+         "--repeats", "2", "--sweep-sizes", "3", "--out", str(out), "--quiet", mode],
         capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert "time MAPE" in done.stdout
@@ -84,3 +84,9 @@ def test_in_layer_alltoall_profile_measures_the_executors_calls(kind: str) -> No
         assert (rec.op, rec.group_size, rec.num_nodes, rec.context) == ("alltoall", 2, 1, "in_layer")
         assert rec.time_s > 0 and rec.num_repeats == 6
         assert any(rec.bytes_per_rank == pytest.approx(b, rel=0.02) for b in expected), rec.bytes_per_rank
+
+
+def test_a_sweep_of_fewer_than_two_sizes_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="sweep_sizes must be >= 2, got 1"):
+        CheckConfig(sweep_sizes=1)
+    assert CheckConfig(sweep_sizes=2).sweep_sizes == 2
