@@ -3,8 +3,9 @@ leaves every plan bit-for-bit the same (issue 25: planning speed).
 
 Plans each (workload, GPUs x samples, layout) case for steps 0-2 (seed 0, ``PlannerConfig``
 defaults but the layout) and records each plan's ``Plan.content_digest()`` (every field but the
-wall time) and predicted step time. With ``--against`` (the JSON of another checkout's run, e.g.
-from a ``git worktree`` of the previous commit) it lists the plans that differ and exits 1 if any.
+wall time) and predicted step time, with the command and commit (``bench/provenance.py``).
+With ``--against`` (the JSON of another checkout's run, e.g. from a ``git worktree`` of the
+previous commit) it lists the plans that differ and exits 1 if any.
 
 Run from the repository root::
 
@@ -23,6 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from provenance import provenance  # noqa: E402  (bench/, the script's folder)
 
 from costmodel.presets import default_cost_model_file, load_cluster  # noqa: E402
 from planner.config import PlannerConfig  # noqa: E402
@@ -73,10 +76,10 @@ def main() -> None:
     if args.steps < 1:
         raise ValueError(f"--steps must be at least 1, got {args.steps}")
     new = plan_digests(cases=CASES, steps=args.steps)
-    args.out.write_text(json.dumps(new, indent=1) + "\n")
+    args.out.write_text(json.dumps({**provenance(), "plans": new}, indent=1) + "\n")
     if args.against is None:
         return
-    old = json.loads(args.against.read_text())
+    old = json.loads(args.against.read_text())["plans"]
     differ = [k for k in new if k not in old or old[k]["digest"] != new[k]["digest"]]
     for key in differ:
         logger.info("DIFFERS %s: %s", key, old.get(key))
