@@ -184,6 +184,17 @@ def _rankview(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _plan_phases(data: dict[str, Any]) -> list[str]:
+    """One plan's CPU seconds by phase (``bench/plan_phases.py``); nested phases overlap."""
+    lines = [f"{data['workload']} {data['num_gpus']} x {data['num_samples']}, layout={data['layout']}, "
+             f"step {data['step']}: **CPU {data['cpu_s']:.2f} s**, predicted step time "
+             f"{data['predicted_step_time_s']:.6f} s, gap {data['gap']:.2%}", "",
+             _row(["phase", "CPU s", "calls"]), "|---|---:|---:|"]
+    lines += [_row([p["phase"], f"{p['cpu_s']:.2f}", str(p["calls"])]) for p in data["phases"]
+              if p["cpu_s"] >= 0.1]
+    return lines
+
+
 def _load(data: dict[str, Any]) -> str:
     machine = data.get("machine", {})
     start, end = machine.get("loadavg_at_start"), machine.get("loadavg_at_end")
@@ -196,6 +207,11 @@ TABLES: dict[str, TableSpec] = {
     "plan-scale-readme": TableSpec(json_name="plan_scale_points_5steps_rerun.json", render=_scale_points),
     "plan-scale-layouts": TableSpec(json_name="plan_scale_layouts.json", render=_scale_points_gap),
     "plan-scale-layouts-16384": TableSpec(json_name="plan_scale_layouts_16384.json", render=_scale_points_gap),
+    "plan-scale-layouts-16384-lptmemo": TableSpec(json_name="plan_scale_layouts_16384_lptmemo.json",
+                                                  render=_scale_points_gap),
+    "plan-phases-16384-before-lptmemo": TableSpec(json_name="plan_phases_16384_auto_dc65cb4_ab2.json",
+                                                  render=_plan_phases),
+    "plan-phases-16384-lptmemo": TableSpec(json_name="plan_phases_16384_auto_lptmemo_ab2.json", render=_plan_phases),
     "plan-quality-grid": TableSpec(json_name="plan_quality.json", render=_grid),
     "plan-quality-budgets": TableSpec(json_name="plan_quality.json", render=_budgets),
     "plan-quality-24-48": TableSpec(json_name="plan_quality_24_48.json", render=_grid),
