@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 import torch
 
 from executor.groups import GroupRegistry
 from executor.runtime import Executor
+from planner.plan import Plan
 from tests.executor import scenarios
 from tests.executor.helpers import gloo_rank
 from tests.executor.integrations import hf_hunyuan_model, hf_latte, hf_llama, hf_wan_model
@@ -66,43 +70,18 @@ def _llama_fsdp2(rank: int, results: dict[str, object]) -> None:
         results[f"llama_fsdp2_grad_{i}"] = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
 
 
-def _latte(rank: int, results: dict[str, object]) -> None:
-    from executor.integrations import hf_diffusers
-
+def _video(rank: int, results: dict[str, object], key: str, model_module: Any, integration: str,
+           plans: list[Plan]) -> None:
+    """One diffusers video model's planned steps: results under ``{key}_loss_i`` / ``{key}_grad_i``."""
+    prepare = importlib.import_module(f"executor.integrations.{integration}").prepare
     registry = GroupRegistry(world_size=WORLD, rank=rank, group_sizes=[1, 2, 4])
     executor = Executor(registry=registry)
-    model = hf_latte.build()
-    hf_diffusers.prepare(model, group_sizes=registry.sizes)
-    for i, plan in enumerate(hf_latte.plans()):
+    model = model_module.build()
+    prepare(model, group_sizes=registry.sizes)
+    for i, plan in enumerate(plans):
         model.zero_grad(set_to_none=True)
-        results[f"latte_loss_{i}"] = hf_latte.run_step(executor, model, plan)
-        results[f"latte_grad_{i}"] = hf_llama.grads(model)
-
-
-def _wan(rank: int, results: dict[str, object]) -> None:
-    from executor.integrations import hf_wan
-
-    registry = GroupRegistry(world_size=WORLD, rank=rank, group_sizes=[1, 2, 4])
-    executor = Executor(registry=registry)
-    model = hf_wan_model.build()
-    hf_wan.prepare(model, group_sizes=registry.sizes)
-    for i, plan in enumerate(hf_wan_model.plans()):
-        model.zero_grad(set_to_none=True)
-        results[f"wan_loss_{i}"] = hf_wan_model.run_step(executor, model, plan)
-        results[f"wan_grad_{i}"] = hf_llama.grads(model)
-
-
-def _hunyuan(rank: int, results: dict[str, object]) -> None:
-    from executor.integrations import hf_hunyuan
-
-    registry = GroupRegistry(world_size=WORLD, rank=rank, group_sizes=[1, 2, 4])
-    executor = Executor(registry=registry)
-    model = hf_hunyuan_model.build()
-    hf_hunyuan.prepare(model, group_sizes=registry.sizes)
-    for i, plan in enumerate(hf_wan_model.plans()):
-        model.zero_grad(set_to_none=True)
-        results[f"hunyuan_loss_{i}"] = hf_hunyuan_model.run_step(executor, model, plan)
-        results[f"hunyuan_grad_{i}"] = hf_llama.grads(model)
+        results[f"{key}_loss_{i}"] = model_module.run_step(executor, model, plan)
+        results[f"{key}_grad_{i}"] = hf_llama.grads(model)
 
 
 def worker(rank: int, port: int, out_dir: str) -> None:
@@ -111,6 +90,6 @@ def worker(rank: int, port: int, out_dir: str) -> None:
         _llama(rank, results)
         _llama_gqa(rank, results)
         _llama_fsdp2(rank, results)
-        _latte(rank, results)
-        _wan(rank, results)
-        _hunyuan(rank, results)
+        _video(rank, results, "latte", hf_latte, "hf_diffusers", hf_latte.plans())
+        _video(rank, results, "wan", hf_wan_model, "hf_wan", hf_wan_model.plans())
+        _video(rank, results, "hunyuan", hf_hunyuan_model, "hf_hunyuan", hf_wan_model.plans())
