@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import json
+import traceback
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -121,6 +125,37 @@ def init_rank(rank: int, world: int, port: int) -> None:
     """One torch thread and a gloo process group on loopback."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+
+
+@contextlib.contextmanager
+def rank_results(rank: int, world: int, port: int, out_dir: str) -> Iterator[dict[str, Any]]:
+    """One spawned rank of the check: join the world (:func:`init_rank`), fill the yielded
+    results, write them to ``out_dir/rank<r>.json`` whatever happens (the traceback under
+    ``error`` when the body raised; the exception still propagates), leave the world. Read them
+    back with :func:`read_rank_results`."""
+    init_rank(rank, world, port)
+    results: dict[str, Any] = {}
+    try:
+        yield results
+    except Exception:
+        results["error"] = traceback.format_exc()
+        raise
+    finally:
+        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(results))
+        dist.destroy_process_group()
+
+
+def read_rank_results(out_dir: str, world: int) -> list[dict[str, Any]]:
+    """What :func:`rank_results` wrote for each rank, in rank order.
+
+    Raises:
+        RuntimeError: naming the first rank that failed, with its traceback.
+    """
+    out = [json.loads((Path(out_dir) / f"rank{r}.json").read_text()) for r in range(world)]
+    for r, res in enumerate(out):
+        if "error" in res:
+            raise RuntimeError(f"rank {r} failed:\n{res['error']}")
+    return out
 
 
 def run_as_profiled(run: Callable[[], float], *, rank: int, ranks: Sequence[int], concurrent: bool,

@@ -10,11 +10,9 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,7 +22,7 @@ import torch.multiprocessing as mp
 from costmodel.profiling.memtrack import LiveBytesTracker
 from costmodel.specs import Sample
 from dcp_cli.check_comm import AllToAllMeter
-from dcp_cli.check_config import CheckConfig, build_reference_model, init_rank, run_as_profiled
+from dcp_cli.check_config import CheckConfig, build_reference_model, rank_results, read_rank_results, run_as_profiled
 from dcp_cli.net import free_port
 from executor.context import SPContext
 from executor.data import SyntheticDataset
@@ -181,18 +179,10 @@ def execute_rank(rank: int, world: int, config: CheckConfig, plans: Sequence[Pla
 
 
 def _exec_worker(rank: int, world: int, port: int, out_dir: str, config_json: str, plans_json: str) -> None:
-    init_rank(rank, world, port)
-    results: dict[str, Any] = {}
-    try:
+    with rank_results(rank, world, port, out_dir) as results:
         config = CheckConfig(**json.loads(config_json))
         plans = [Plan.model_validate(p) for p in json.loads(plans_json)]
-        results = execute_rank(rank, world, config, plans)
-    except Exception:
-        results["error"] = traceback.format_exc()
-        raise
-    finally:
-        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(results))
-        dist.destroy_process_group()
+        results.update(execute_rank(rank, world, config, plans))
 
 
 def execute(config: CheckConfig, plans: Sequence[Plan]) -> list[dict[str, Any]]:
@@ -202,8 +192,4 @@ def execute(config: CheckConfig, plans: Sequence[Plan]) -> list[dict[str, Any]]:
         mp.spawn(_exec_worker, args=(config.world_size, free_port(), tmp, json.dumps(asdict(config)),
                                      json.dumps([p.model_dump(mode="json") for p in plans])),
                  nprocs=config.world_size, join=True)
-        out = [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(config.world_size)]
-    for r, res in enumerate(out):
-        if "error" in res:
-            raise RuntimeError(f"rank {r} failed:\n{res['error']}")
-    return out
+        return read_rank_results(tmp, config.world_size)

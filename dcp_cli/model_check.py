@@ -63,7 +63,14 @@ from dcp_cli.check_comm import (
     profile_alltoall_in_layer,
     profile_comm,
 )
-from dcp_cli.check_config import CheckConfig, ProgressFn, build_reference_model, init_rank, reference_spec
+from dcp_cli.check_config import (
+    CheckConfig,
+    ProgressFn,
+    build_reference_model,
+    rank_results,
+    read_rank_results,
+    reference_spec,
+)
 from dcp_cli.check_exec import calibration_sample, execute, execute_rank
 from dcp_cli.check_profile import ReferenceLayer, compute_profile, profile_reference, sweep_message, sweep_records
 from dcp_cli.net import free_port
@@ -256,19 +263,12 @@ def _check_worker(rank: int, world: int, port: int, out_dir: str, config_json: s
     level, fmt = log
     if rank == 0 and fmt is not None:
         logging.basicConfig(level=level, format=fmt)
-    init_rank(rank, world, port)
-    results: dict[str, Any] = {}
-    try:
+    with rank_results(rank, world, port, out_dir) as results:
         say: ProgressFn = messages.put if rank == 0 else (lambda text: None)
-        results, fitted = _check_rank(rank, world, CheckConfig(**json.loads(config_json)), say)
+        measured, fitted = _check_rank(rank, world, CheckConfig(**json.loads(config_json)), say)
+        results.update(measured)
         if fitted is not None:
             (Path(out_dir) / "fitted.json").write_text(json.dumps(fitted))
-    except Exception:
-        results["error"] = traceback.format_exc()
-        raise
-    finally:
-        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(results))
-        dist.destroy_process_group()
 
 
 def _fit_and_execute(config: CheckConfig, progress: ProgressFn | None
@@ -291,10 +291,7 @@ def _fit_and_execute(config: CheckConfig, progress: ProgressFn | None
                 drain()
         finally:
             drain()
-        out = [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(config.world_size)]
-        for r, res in enumerate(out):
-            if "error" in res:
-                raise RuntimeError(f"rank {r} failed:\n{res['error']}")
+        out = read_rank_results(tmp, config.world_size)
         fitted = json.loads((Path(tmp) / "fitted.json").read_text())
     return (CostModelFile.model_validate(fitted["file"]), [Plan.model_validate(p) for p in fitted["plans"]], out)
 
