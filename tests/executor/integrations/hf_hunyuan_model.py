@@ -98,20 +98,5 @@ def assert_world_equals_plain(world: list[dict[str, object]], plan: Plan, index:
     """
     model = build()
     loss = reference_backward(model, plan)
-    reference = hf_llama.grads(model)
-    shares = [float(res[f"hunyuan_loss_{index}"]) for res in world]  # type: ignore[arg-type]
-    assert abs(sum(shares) - loss) <= tol * abs(loss), (sum(shares), loss)
-    largest = max(float(g.abs().max()) for g in reference.values())
-    checked = 0
-    for r, res in enumerate(world):
-        grads = res[f"hunyuan_grad_{index}"]
-        assert isinstance(grads, dict) and grads.keys() == reference.keys()
-        for name, want in reference.items():
-            scale = float(want.abs().max())
-            if scale < 1e-12 * largest:
-                assert float((grads[name] - want).abs().max()) <= tol * largest, name
-                continue
-            rel = float((grads[name] - want).abs().max()) / scale
-            assert rel <= tol, f"rank {r}, plan {index}: {name} relative diff {rel:.2e} > {tol}"
-            checked += 1
-    return checked
+    return video_steps.assert_world_equals_reference(world, "hunyuan", index, loss=loss,
+                                                     reference=hf_llama.grads(model), tol=tol, noise_floor=1e-12)

@@ -125,21 +125,6 @@ def assert_world_equals_plain(world: list[dict[str, object]], plan: Plan, index:
 
     model = build()
     loss = reference_backward(model, plan)
-    reference = hf_llama.grads(model)
-    shares = [float(res[f"wan_loss_{index}"]) for res in world]  # type: ignore[arg-type]
-    assert abs(sum(shares) - loss) <= tol * abs(loss), (sum(shares), loss)
-    bound32 = fp32_bound(model)
-    checked = 0
-    for r, res in enumerate(world):
-        grads = res[f"wan_grad_{index}"]
-        assert isinstance(grads, dict)
-        for name, want in reference.items():
-            scale = float(want.abs().max())
-            if scale == 0.0:
-                assert float(grads[name].abs().max()) == 0.0, name
-                continue
-            rel = float((grads[name] - want).abs().max()) / scale
-            bound = 1e-6 if name in bound32 else tol
-            assert rel <= bound, f"rank {r}, plan {index}: {name} relative diff {rel:.2e} > {bound}"
-            checked += name not in bound32
+    checked = video_steps.assert_world_equals_reference(world, "wan", index, loss=loss, reference=hf_llama.grads(model),
+                                                        tol=tol, loose=fp32_bound(model), loose_tol=1e-6)
     assert checked > 4 * 30  # most parameters are checked to fp64 precision

@@ -56,3 +56,37 @@ def run_step(executor: Executor, model: Any, plan: Plan, *, load: Callable[[Any]
         share += float(loss.detach())
     executor.sync_gradients(model)
     return share
+
+
+def assert_world_equals_reference(world: list[dict[str, object]], key: str, index: int, *, loss: float,
+                                  reference: dict[str, torch.Tensor], tol: float, loss_tol: float | None = None,
+                                  loose: frozenset[str] | set[str] = frozenset(), loose_tol: float = 1e-6,
+                                  noise_floor: float = 0.0) -> int:
+    """Every rank's ``{key}_loss_{index}`` / ``{key}_grad_{index}`` against the plain model's
+    ``loss`` and parameter gradients ``reference``: the loss shares sum to ``loss`` within
+    ``loss_tol`` (default ``tol``) relative; every gradient is within ``tol`` relative to its
+    largest value, those named in ``loose`` within ``loose_tol``; an all-zero reference gradient
+    must be all zero. With ``noise_floor``, a reference gradient below ``noise_floor`` times the
+    model's largest is rounding noise around an exact zero and is checked against ``tol`` times
+    the largest gradient instead. Returns the (rank, parameter) pairs checked to ``tol``
+    relative."""
+    shares = [float(res[f"{key}_loss_{index}"]) for res in world]  # type: ignore[arg-type]
+    bound = tol if loss_tol is None else loss_tol
+    assert abs(sum(shares) - loss) <= bound * abs(loss), (sum(shares), loss)
+    largest = max(float(g.abs().max()) for g in reference.values())
+    checked = 0
+    for r, res in enumerate(world):
+        grads = res[f"{key}_grad_{index}"]
+        assert isinstance(grads, dict) and grads.keys() == reference.keys()
+        for name, want in reference.items():
+            scale = float(want.abs().max())
+            diff = float((grads[name] - want).abs().max())
+            if scale == 0.0:
+                assert float(grads[name].abs().max()) == 0.0, name
+            elif scale < noise_floor * largest:
+                assert diff <= tol * largest, f"rank {r}, plan {index}: {name} diff {diff:.2e} (noise-level gradient)"
+            else:
+                limit, rel = (loose_tol if name in loose else tol), diff / scale
+                assert rel <= limit, f"rank {r}, plan {index}: {name} relative diff {rel:.2e} > {limit}"
+                checked += name not in loose
+    return checked
