@@ -110,7 +110,7 @@ def run_split_by_policy(fn: Callable[..., torch.Tensor], h: torch.Tensor, ctx: S
         whole = len(samples) == len(flags)
         sub = ctx if whole else ctx.subset(samples)
         rows = None if whole else _rows(ctx, samples, extra_rows).to(h.device)
-        token_rows = None if whole else ctx.layout.local_rows(samples).to(h.device)
+        token_rows = rows if rows is None or not extra_rows else ctx.layout.local_rows(samples).to(h.device)
         x = h if rows is None else h.index_select(0, rows)
         tok = [t if token_rows is None else t.index_select(0, token_rows) for t in per_token]
         if x.shape[0] == 0:  # no token of these samples here: one padding token for the collectives
