@@ -136,8 +136,19 @@ def main() -> None:
                 print(f"eval after step {entry['step'] - 1}: eval_loss {entry['eval_loss']:.4f}", flush=True)
         print(f"done: {trainer.state.global_step} steps on {world} ranks "
               f"({'local' if local else 'service'} plans)", flush=True)
+    shut_down(plans)
+
+
+def shut_down(plans: LocalPlans | ServicePlans) -> None:
+    """Close the plan client and tear down the process group the Trainer initialised.
+
+    Left to interpreter exit, the gloo group's threads are sometimes destroyed while joinable: a SIGABRT
+    ("terminate called without an active exception") after a complete run, seen in CI.
+    """
     if isinstance(plans, ServicePlans):
         plans.close()
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from trl import SFTConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import parse_args
-from train_hf_trainer import cluster_and_cost_model, load_documents, local_planner, start_service_epoch
+from train_hf_trainer import cluster_and_cost_model, load_documents, local_planner, shut_down, start_service_epoch
 
 from executor.client import PlannerClient
 from executor.integrations.hf_trainer import dcp_sft_trainer_class  # [dcp]
@@ -82,8 +82,7 @@ def main() -> None:
                 print(f"step {entry['step'] - 1}: loss {entry['loss']:.4f}", flush=True)
         print(f"done: {trainer.state.global_step} steps on {world} ranks "
               f"({'service' if args.service else 'local'} plans)", flush=True)
-    if isinstance(plans, ServicePlans):
-        plans.close()
+    shut_down(plans)
 
 
 if __name__ == "__main__":
