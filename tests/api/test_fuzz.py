@@ -1,8 +1,10 @@
 """Schemathesis against a live ``dcp serve`` on loopback, without and with a token (issue 11):
 zero failed checks (server errors, undocumented status codes, content types, headers, response
-schemas), zero 5xx counted by the server itself, no traceback in its log. Bounded to 2 x 40 s
-here, the two modes side by side (``--parallel``: each its own server; the suite's slowest test
-was these two runs one after the other, 147 s at load ~3); ``bench/fuzz.py`` with its default
+schemas), zero 5xx counted by the server itself, no traceback in its log. Bounded to 2 x 15 s
+here, the two modes side by side (``--parallel``: each its own server); schemathesis runs about
+twice its ``--max-time`` over its phases (a 30 s budget ran 60 s, 3,264 and 3,581 requests at
+load 2.7), and the server start, the populated state and the raw-socket phase
+add ~20 s (this test: 50 s at load 2.5, 73 s with 40 s). ``bench/fuzz.py`` with its default
 budget is the long run (figures in bench/README.md)."""
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 pytestmark = pytest.mark.timeout(600)
 
 ROOT = Path(__file__).resolve().parents[2]
-FUZZ_TIME_S = 40
+FUZZ_TIME_S = 15
 
 
 def test_fuzz_live_server_no_5xx_no_schema_violation(tmp_path: Path) -> None:
@@ -38,8 +40,8 @@ def test_fuzz_live_server_no_5xx_no_schema_violation(tmp_path: Path) -> None:
         assert run["test_cases"].get("failed", 0) == 0, report[-4000:]
         assert run["server_5xx"] == 0 and run["server_tracebacks"] == 0, run
         assert run["schemathesis_exit_code"] == 0 or run["client_runtime_errors"], report[-4000:]
-        # the run really exercised the service (the long runs average about 19 requests/s, some
-        # 750 in 40 s; the bound is far below that, as a loaded machine answers fewer)
+        # the run really exercised the service (3,264 and 3,581 requests in two 60 s runs with a
+        # 30 s budget at load 2.7; the bound is far below that, as a loaded machine answers fewer)
         assert run["requests"] >= 200, run
         assert run["passed"], run
         # the populated state is reached: pre-created epochs, steps, rank views and cost models
