@@ -62,17 +62,19 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
     overhead = table.overhead_s_by_size.tolist()
     budget = table.budget_bytes
     cols = sorted({state.col for state in groups})
-    # Per size column (a list indexed by column: the hot loop reads it per sample).
-    by_load: list[list[tuple[float, int]]] = [[] for _ in overhead]
+    # Per size column (a list indexed by column: the hot loop reads it per sample), its groups as
+    # (load, group, free bytes of its open micro-batch), sorted: the group index is unique, so the
+    # free bytes only ride along (the scans below read them without indexing ``free``).
+    by_load: list[list[tuple[float, int, float]]] = [[] for _ in overhead]
     for index, state in enumerate(groups):
-        by_load[state.col].append((0.0, index))
+        by_load[state.col].append((0.0, index, -1.0))
     load = [0.0] * len(groups)
     free = [-1.0] * len(groups)  # free bytes of each group's open micro-batch
     cls = table.classes.class_of
     inf = math.inf
     if runs is None:
         runs = _bulk_runs(order, cls)
-    ocls = [cls[i] for i in order]  # class of each position
+    ocls = list(map(cls.__getitem__, order))  # class of each position
     # Per column: time and bytes by class (empty for columns without groups).
     columns = [table.column(j)[4:6] if j in cols else ([], []) for j in range(len(overhead))]
     bisect_left, bisect_right, insort = bisect.bisect_left, bisect.bisect_right, bisect.insort
@@ -89,6 +91,10 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
     # recheck only the column that took the last sample, not every size.
     version = [0] * len(overhead)
     fail_cls, fail_at = -1, [-1] * len(overhead)
+    # The earliest-finish rule's columns for the current class: (sorted groups, time, bytes,
+    # overhead) of each column that can run it, rebuilt when the class changes (runs of a class).
+    ef_cls: int = -1
+    ef_cols: list[tuple[list[tuple[float, int, float]], float, float, float]] = []
     pos = 0
     for end in runs:
         while pos < end:
@@ -113,12 +119,10 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
                         continue  # every group of this size is past the target already
                     m, o = m_row[j], overhead[j]
                     best_f = -inf
-                    low = p - 1 - SCAN
-                    for idx in range(p - 1, low if low > -1 else -1, -1):
-                        ld, g = lst[idx]
+                    for ld, g, fr in reversed(lst[p - SCAN if p > SCAN else 0:p]):
                         if ld + t + o < best_f:
                             break  # lower loads cannot finish later
-                        f = ld + t + (o if free[g] < m else 0.0)
+                        f = ld + t + (o if fr < m else 0.0)
                         if f <= target_s and (f > best_f or (f == best_f and g < gi)):
                             best_f, gi = f, g
                     if gi >= 0:
@@ -129,24 +133,23 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
                     return None
             if gi < 0:
                 best1 = best2 = inf
-                for j in cols:
-                    t = t_row[j]
-                    if t == inf:
-                        continue
-                    lst = by_load[j]
-                    if lst[0][0] + t > best2:
+                if c != ef_cls:
+                    ef_cls, ef_cols = c, [(by_load[j], t_row[j], m_row[j], overhead[j])
+                                          for j in cols if t_row[j] != inf]
+                for lst, t, m, o in ef_cols:
+                    ld = lst[0][0]
+                    if ld + t > best2:
                         continue  # neither the best nor the second best here
-                    m, o = m_row[j], overhead[j]
-                    stop = lst[0][0] + o
-                    for idx in range(len(lst) if len(lst) < SCAN else SCAN):
-                        ld, g = lst[idx]
-                        if ld + t > best1 and ld + t > best2:
+                    stop = ld + o
+                    for ld, g, fr in lst[:SCAN]:
+                        x = ld + t
+                        if x > best1 and x > best2:
                             break  # no group from here on can change best1 or best2
                         if ld > stop:
-                            if ld + t < best2:  # min() inlined: this loop is the hot path
-                                best2 = ld + t
+                            if x < best2:  # min() inlined: this loop is the hot path
+                                best2 = x
                             break
-                        f = ld + t + (o if free[g] < m else 0.0)
+                        f = x + o if fr < m else x
                         if f < best1 or (f == best1 and g < gi):
                             best1, best2, gi = f, (best2 if best2 < best1 else best1), g
                         elif f < best2:
@@ -162,7 +165,7 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
             j = g_state.col
             ld, fr, o = load[gi], free[gi], overhead[j]
             time_c, mem_c = columns[j]
-            old = (ld, gi)
+            old = (ld, gi, fr)
             first = True
             while pos < end:
                 i = order[pos]
@@ -187,7 +190,7 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
             version[j] += 1
             lst = by_load[j]
             del lst[bisect_left(lst, old)]
-            insort(lst, (ld, gi))
+            insort(lst, (ld, gi, fr))
     for gi, state in enumerate(groups):
         state.load_s = float(load[gi])
     return groups
