@@ -108,7 +108,7 @@ def fixed_cp_draft(table: CostTable, *, rule: LayoutRule, reference: Sample | No
     groups = place_layout([size] * num_replicas, table)
     if groups is None:
         return None
-    tokens = np.array([s.tokens for s in samples], dtype=np.float64)
+    tokens = table.classes.tokens[table.classes.class_of]  # every sample's, through its class
     k_min, mem = cheapest_policies(cm, tokens, size=size, ring_degree=ring_degree, budget_bytes=table.budget_bytes)
     if (k_min < 0).any():
         return None
@@ -119,9 +119,11 @@ def fixed_cp_draft(table: CostTable, *, rule: LayoutRule, reference: Sample | No
         members[g].append(i)
         heapq.heapreplace(heap, (load + tokens[i], g))
     out: Draft = []
+    # Plain lists: 131,072 numpy scalar reads per draft cost more than the conversion.
+    mem_bytes, policies = mem.tolist(), k_min.tolist()
     for g, group in enumerate(groups):
-        order = sorted(members[g], key=lambda i: (-mem[i], i))
+        order = sorted(members[g], key=lambda i: (-mem_bytes[i], i))
         out.append(DraftGroup(size=group.size, first_rank=group.first_rank, ring_degree=ring_degree,
-                              micro_batches=first_fit(order, [float(mem[i]) for i in order], table.budget_bytes,
-                                                      [int(k_min[i]) for i in order])))
+                              micro_batches=first_fit(order, [mem_bytes[i] for i in order], table.budget_bytes,
+                                                      [policies[i] for i in order])))
     return out
