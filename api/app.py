@@ -129,7 +129,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if job_executor is not executor:
                 await asyncio.to_thread(job_executor.shutdown)
             await asyncio.to_thread(recalibrator.shutdown)
-            await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
+            # Requests and jobs have ended: nothing awaits what the workers still run.
+            await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True, kill_running=True)
             store.close()
             if lease is not None:
                 lease.release()

@@ -270,10 +270,21 @@ class SolverPool(Executor):
         processes: dict[int, Any] = getattr(self._executor, "_processes", None) or {}
         return [p.pid for p in processes.values() if p.is_alive()]
 
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Shut the current pool down."""
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False, kill_running: bool = False) -> None:
+        """Shut the current pool down.
+
+        Args:
+            wait: Wait for the workers to exit.
+            cancel_futures: Cancel the tasks not started yet.
+            kill_running: Kill the workers first, so that tasks still running end now with
+                ``BrokenProcessPool`` instead of being waited for: for a caller that awaits none
+                of them (the service at shutdown, after its requests and jobs have ended, when
+                what is left is a worker's warm-up import, ~1 s, or a plan whose client left).
+        """
         self._closed.set()
         with self._lock:
+            if kill_running:
+                _kill_workers(self._executor)
             self._executor.shutdown(wait=wait, cancel_futures=cancel_futures)
         self._starts_write.close()
 
