@@ -174,17 +174,22 @@ def packed_multiset(table: CostTable, order: list[int], *, target_s: float,
     loads: dict[int, list[float]] = {j: [0.0] * (n // d) for j, d in enumerate(table.sizes)}
     frees: dict[int, list[float]] = {j: [-1.0] * (n // d) for j, d in enumerate(table.sizes)}
     time_rows, mem_rows, _ = table.rows()
-    # Open groups of each size sorted by load: the best fit is found by bisection.
-    by_load: dict[int, list[tuple[float, int]]] = {j: [] for j in range(len(table.sizes))}
+    # Open groups of each size sorted by load, as (load, group, free bytes of its open
+    # micro-batch): the best fit is found by bisection, the scan reads the free bytes in place.
+    by_load: dict[int, list[tuple[float, int, float]]] = {j: [] for j in range(len(table.sizes))}
+    # Per size column, time and bytes by class (``CostTable.column``), fetched when first used:
+    # a run's samples read them per sample.
+    col_lists: list[tuple[list[float], ...] | None] = [None] * len(table.sizes)
     opened = dict.fromkeys(range(len(table.sizes)), 0)
     used = 0
+    ocls = list(map(cls.__getitem__, order))  # class of each position
     if runs is None:
         runs = [end for end in range(1, len(order) + 1)
-                if end == len(order) or cls[order[end]] != cls[order[end - 1]]]
+                if end == len(order) or ocls[end] != ocls[end - 1]]
     pos = 0
     for end in runs:
         while pos < end:
-            c = cls[order[pos]]
+            c = ocls[pos]
             # Sizes to try: the most efficient that meets the target first (the first of the
             # class's sizes by GPU-seconds within the mask: sizes that miss the target are out
             # of it), then open groups of sizes within the tolerance (leftover time of a big
@@ -202,16 +207,15 @@ def packed_multiset(table: CostTable, order: list[int], *, target_s: float,
                 if not count:
                     continue
                 t_c, m_c = time_rows[c][jj], mem_rows[c][jj]
-                free_j, lst = frees[jj], by_load[jj]
+                lst = by_load[jj]
                 best_finish = -np.inf
                 # The first of the latest finishes within the target, among the groups just
                 # below the bisection point (a lower load cannot finish later).
                 p = bisect.bisect_right(lst, (target_s - t_c, np.inf))
-                for idx in range(p - 1, max(-1, p - 1 - SCAN), -1):
-                    ld_k, k = lst[idx]
+                for ld_k, k, fr_k in reversed(lst[p - SCAN if p > SCAN else 0:p]):
                     if ld_k + t_c + o < best_finish:
                         break
-                    finish = ld_k + t_c + (o if free_j[k] < m_c else 0.0)
+                    finish = ld_k + t_c + (o if fr_k < m_c else 0.0)
                     if finish <= target_s and (finish > best_finish
                                                or (finish == best_finish and k < best_k)):
                         best_finish, best_k = finish, k
@@ -224,13 +228,17 @@ def packed_multiset(table: CostTable, order: list[int], *, target_s: float,
                     return None
                 best_k = opened[j]
                 opened[j] += 1
-                bisect.insort(by_load[j], (0.0, best_k))
+                bisect.insort(by_load[j], (0.0, best_k, -1.0))
             ld, fr = loads[j][best_k], frees[j][best_k]
-            old = (ld, best_k)
+            old = (ld, best_k, fr)
+            cl = col_lists[j]
+            if cl is None:
+                cl = col_lists[j] = table.column(j)
+            time_c, mem_c = cl[4], cl[5]
             first = True
             while pos < end:
-                ci = cls[order[pos]]
-                t, m = time_rows[ci][j], mem_rows[ci][j]
+                ci = ocls[pos]
+                t, m = time_c[ci], mem_c[ci]
                 opens = fr < m
                 nxt = ld + t + (o if opens else 0.0)
                 if not first and not nxt <= target_s:
@@ -242,7 +250,7 @@ def packed_multiset(table: CostTable, order: list[int], *, target_s: float,
             loads[j][best_k], frees[j][best_k] = ld, fr
             lst = by_load[j]
             del lst[bisect.bisect_left(lst, old)]
-            bisect.insort(lst, (ld, best_k))
+            bisect.insort(lst, (ld, best_k, fr))
     filler = fill_ranks(n - used, table.sizes)
     if filler is None:
         return None
