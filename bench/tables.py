@@ -214,6 +214,8 @@ TABLES: dict[str, TableSpec] = {
     "plan-phases-16384-lptmemo": TableSpec(json_name="plan_phases_16384_auto_lptmemo_ab2.json", render=_plan_phases),
     "plan-scale-layouts-16384-microopt": TableSpec(json_name="plan_scale_layouts_16384_microopt.json",
                                                    render=_scale_points_gap),
+    "plan-scale-layouts-16384-packed": TableSpec(json_name="plan_scale_layouts_16384_packed.json",
+                                                 render=_scale_points_gap),
     "plan-quality-grid": TableSpec(json_name="plan_quality.json", render=_grid),
     "plan-quality-budgets": TableSpec(json_name="plan_quality.json", render=_budgets),
     "plan-quality-24-48": TableSpec(json_name="plan_quality_24_48.json", render=_grid),
