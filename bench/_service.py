@@ -6,12 +6,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
-
-from dcp_cli.net import free_port
+from dcp_cli.net import free_port, wait_ready
 
 
 def start_service(tmp: Path, *, log: Path | None = None, workers: int = 1, timeout_s: float = 60.0,
@@ -44,29 +41,6 @@ def start_service(tmp: Path, *, log: Path | None = None, workers: int = 1, timeo
 
 def _sched_idle() -> None:
     os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-
-
-def wait_ready(proc: subprocess.Popen[bytes], url: str, *, timeout_s: float = 60.0,
-               log: Path | None = None) -> None:
-    """Poll ``url/readyz`` until it answers 200 (503 while the solver pool warms up).
-
-    Raises:
-        RuntimeError: when the process exits first (with the end of ``log``) or is not ready
-            within ``timeout_s``.
-    """
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-2000:] if log is not None and log.exists() else ""
-            raise RuntimeError(f"dcp serve exited with code {proc.returncode} before it was ready"
-                               + (f":\n{tail}" if tail else ""))
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"dcp serve did not get ready within {timeout_s:.0f} s")
 
 
 def stop_service(proc: subprocess.Popen[bytes], *, timeout_s: float = 60.0) -> None:

@@ -11,14 +11,13 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from api.settings import Settings
-from dcp_cli.net import free_port
+from dcp_cli.net import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 DCP = str(Path(sys.executable).parent / "dcp")
@@ -95,15 +94,7 @@ def test_serve_runs_from_the_example_config(tmp_path: Path) -> None:
                                   env=_env(DCP_AUTH_TOKEN="tok"), stdout=log, stderr=subprocess.STDOUT,
                                   start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert server.poll() is None, (tmp_path / "serve.log").read_text()
-            with contextlib.suppress(httpx.HTTPError):
-                ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1)
-                if ready.status_code == 200:
-                    break
-            assert time.monotonic() < deadline, "server not ready"
-            time.sleep(0.2)
+        ready = wait_ready(server, f"http://127.0.0.1:{port}", log=tmp_path / "serve.log")
         assert ready.json()["workers"] == 2  # num_workers from the file
         assert (tmp_path / "plans.sqlite").is_file()  # db_path from the file, relative to the cwd
         body = {"samples": [{"id": "a", "tokens": 4096}], "cluster": "h200x8",

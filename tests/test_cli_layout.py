@@ -11,7 +11,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dcp_cli.main import app
-from dcp_cli.net import free_port
+from dcp_cli.net import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 DCP = str(Path(sys.executable).parent / "dcp")
@@ -115,14 +114,7 @@ def test_service_plan_layout_from_the_config_file(tmp_path: Path) -> None:
         server = subprocess.Popen([DCP, "serve", "--config", "dcp.toml", "--port", str(port)], cwd=tmp_path,
                                   env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert server.poll() is None, (tmp_path / "serve.log").read_text()
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, "server not ready"
-            time.sleep(0.2)
+        wait_ready(server, f"http://127.0.0.1:{port}", log=tmp_path / "serve.log")
         # 2M tokens fit no Ulysses group of Llama-3.1-8B: the request names no layout and the
         # service's default (auto) plans it on a ring
         samples = [{"id": "huge", "tokens": 2 * 1024 * 1024}, {"id": "a", "tokens": 8192}]

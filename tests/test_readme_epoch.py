@@ -10,13 +10,12 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from dcp_cli.net import free_port
+from dcp_cli.net import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -50,14 +49,7 @@ def test_readme_service_block_runs_as_written(tmp_path: Path) -> None:
         server = subprocess.Popen(serve_args, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
                                   start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert server.poll() is None, (tmp_path / "serve.log").read_text()
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, "server not ready"
-            time.sleep(0.2)
+        wait_ready(server, f"http://127.0.0.1:{port}", log=tmp_path / "serve.log")
         result = subprocess.run(["bash", "-euo", "pipefail", "-c", rest], cwd=tmp_path, env=env,
                                 capture_output=True, text=True, timeout=200, check=False)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.settings import Settings
-from dcp_cli.net import free_port
+from dcp_cli.net import free_port, wait_ready
 
 TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -89,17 +88,8 @@ class Server:
                 [sys.executable, "-m", "dcp_cli.main", "serve", "--port", str(self.port),
                  "--log-level", "warning"], env=env, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, cwd=self.tmp_path)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"server not ready: {self.log.read_text()[-2000:]}")
+        wait_ready(self.proc, self.url, log=self.log)
+        return self
 
     def children(self) -> list[int]:
         """Pids of the server's child processes (pool workers, resource tracker)."""
