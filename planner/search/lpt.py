@@ -101,6 +101,7 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
             c = ocls[pos]
             t_row, m_row = time_rows[c], mem_rows[c]
             gi, limit = -1, inf
+            win_lo, win_hi = 0, SCAN  # where the chosen group's entry lies in its size's list
             if target_s is not None:
                 ranked = col_order.get(c)
                 if ranked is None:
@@ -127,6 +128,7 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
                             best_f, gi = f, g
                     if gi >= 0:
                         limit = target_s
+                        win_lo, win_hi = (p - SCAN if p > SCAN else 0), p
                         break
                     fail_at[j] = version[j]
                 if gi < 0 and strict:
@@ -189,8 +191,13 @@ def lpt(table: CostTable, multiset: list[int], order: list[int], *, target_s: fl
             load[gi], free[gi] = ld, fr
             version[j] += 1
             lst = by_load[j]
-            del lst[bisect_left(lst, old)]
-            insort(lst, (ld, gi, fr))
+            # The entry is within the window the choice scanned (a bisection over those few
+            # entries, not the whole list); a load that grew sorts after the old position.
+            at = bisect_left(lst, old, win_lo, win_hi if win_hi < len(lst) else len(lst))
+            if at == len(lst) or lst[at] != old:  # not where the scan saw it: search it all
+                at = bisect_left(lst, old)
+            del lst[at]
+            insort(lst, (ld, gi, fr), at if ld > old[0] else 0)
     for gi, state in enumerate(groups):
         state.load_s = float(load[gi])
     return groups
