@@ -43,7 +43,7 @@ def test_status_names_a_store_that_cannot_be_written(server_factory: Any) -> Non
     assert server.request("POST", "/v1/epochs", json=_epoch("e")).status_code == 202
     before = _wait(server, "e", until=2)
     assert before["steps_done"] < STEPS, "too fast to interrupt; grow the epoch"
-    holder = subprocess.Popen([sys.executable, "-c", WRITE_LOCK_HOLDER, str(server.tmp_path / "plans.sqlite"), "8"],
+    holder = subprocess.Popen([sys.executable, "-c", WRITE_LOCK_HOLDER, str(server.tmp_path / "plans.sqlite"), "4"],
                               stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
     seen: list[dict[str, Any]] = []
