@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, cast
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +147,8 @@ def guarded_protocol(*, head_timeout_s: float, max_connections: int) -> type[Any
                 logger.warning("connection refused: %d open already (DCP_MAX_CONNECTIONS)", len(self.connections))
                 transport.abort()
                 return
-            super().connection_made(CoalescingTransport(transport, self.loop))
+            # duck-typed: it has every method uvicorn's protocol calls on a transport
+            super().connection_made(cast(asyncio.Transport, CoalescingTransport(transport, self.loop)))
             self._arm_head_timer()
 
         def connection_lost(self, exc: Exception | None) -> None:
