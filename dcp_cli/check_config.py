@@ -7,6 +7,7 @@ import json
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -121,19 +122,21 @@ def build_reference_model(config: CheckConfig) -> nn.Module:
     return model
 
 
-def init_rank(rank: int, world: int, port: int) -> None:
-    """One torch thread and a gloo process group on loopback."""
+def init_rank(rank: int, world: int, port: int, *, timeout_s: float | None = None) -> None:
+    """One torch thread and a gloo process group on loopback (``timeout_s``: its collectives'
+    timeout; None: torch's default)."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=None if timeout_s is None else timedelta(seconds=timeout_s))
 
 
 @contextlib.contextmanager
-def rank_results(rank: int, world: int, port: int, out_dir: str) -> Iterator[dict[str, Any]]:
-    """One spawned rank of the check: join the world (:func:`init_rank`), fill the yielded
-    results, write them to ``out_dir/rank<r>.json`` whatever happens (the traceback under
-    ``error`` when the body raised; the exception still propagates), leave the world. Read them
-    back with :func:`read_rank_results`."""
-    init_rank(rank, world, port)
+def joined_rank(rank: int, world: int, port: int, *, save: Callable[[dict[str, Any]], object],
+                timeout_s: float | None = None) -> Iterator[dict[str, Any]]:
+    """One spawned rank's life: join the world (:func:`init_rank`), fill the yielded results,
+    ``save`` them whatever happens (the traceback under ``error`` when the body raised; the
+    exception still propagates, so ``mp.spawn`` fails too), leave the world."""
+    init_rank(rank, world, port, timeout_s=timeout_s)
     results: dict[str, Any] = {}
     try:
         yield results
@@ -141,8 +144,15 @@ def rank_results(rank: int, world: int, port: int, out_dir: str) -> Iterator[dic
         results["error"] = traceback.format_exc()
         raise
     finally:
-        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(results))
+        save(results)
         dist.destroy_process_group()
+
+
+def rank_results(rank: int, world: int, port: int, out_dir: str) -> contextlib.AbstractContextManager[dict[str, Any]]:
+    """One spawned rank of the check (:func:`joined_rank`), its results written to
+    ``out_dir/rank<r>.json``; read them back with :func:`read_rank_results`."""
+    path = Path(out_dir) / f"rank{rank}.json"
+    return joined_rank(rank, world, port, save=lambda results: path.write_text(json.dumps(results)))
 
 
 def read_rank_results(out_dir: str, world: int) -> list[dict[str, Any]]:

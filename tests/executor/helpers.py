@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import traceback
-from collections.abc import Iterator, Sequence
-from datetime import timedelta
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from costmodel.specs import Sample
+from dcp_cli.check_config import init_rank, joined_rank
 from executor.context import SPContext
 from executor.data import SyntheticDataset
 from executor.joint import JointDiT3D
@@ -112,30 +111,19 @@ def reference_backward(model: torch.nn.Module, plan: Plan, kind: str) -> None:
 
 
 def init_gloo(rank: int, world_size: int, port: int) -> None:
-    """Join a gloo world on loopback (one thread per rank)."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=timedelta(seconds=60))
+    """Join a gloo world on loopback (one thread per rank, collectives time out after 60 s)."""
+    init_rank(rank, world_size, port, timeout_s=60)
 
 
-@contextlib.contextmanager
-def gloo_rank(rank: int, world_size: int, port: int, out_dir: str | Path) -> Iterator[dict[str, object]]:
-    """One spawned rank's life: join the gloo world, fill the yielded results, save them.
-
-    The results go to ``out_dir/rank<r>.pt`` whatever happens, with the traceback under
-    ``error`` when the body raised (the exception still propagates, so ``mp.spawn`` fails too);
-    then the rank leaves the world. Read them back with :func:`load_rank_results`.
+def gloo_rank(rank: int, world_size: int, port: int,
+              out_dir: str | Path) -> contextlib.AbstractContextManager[dict[str, Any]]:
+    """One spawned rank's life (``dcp_cli.check_config.joined_rank``, the check's own, 60 s
+    collective timeout), its results (tensors too) saved to ``out_dir/rank<r>.pt`` whatever
+    happens, with the traceback under ``error`` when the body raised. Read them back with
+    :func:`load_rank_results`.
     """
-    init_gloo(rank, world_size, port)
-    results: dict[str, object] = {}
-    try:
-        yield results
-    except Exception:
-        results["error"] = traceback.format_exc()
-        raise
-    finally:
-        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-        dist.destroy_process_group()
+    path = Path(out_dir) / f"rank{rank}.pt"
+    return joined_rank(rank, world_size, port, save=lambda results: torch.save(results, path), timeout_s=60)
 
 
 def load_rank_results(out_dir: str | Path, world_size: int) -> list[dict[str, object]]:
