@@ -32,9 +32,7 @@ def wait_ready(proc: subprocess.Popen[bytes], url: str, *, timeout_s: float = 60
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-2000:] if log is not None and log.exists() else ""
-            raise RuntimeError(f"dcp serve exited with code {proc.returncode} before it was ready"
-                               + (f":\n{tail}" if tail else ""))
+            raise RuntimeError(f"dcp serve exited with code {proc.returncode} before it was ready{_tail(log)}")
         try:
             ready = httpx.get(f"{url}/readyz", timeout=1.0)
             if ready.status_code == 200:
@@ -42,5 +40,10 @@ def wait_ready(proc: subprocess.Popen[bytes], url: str, *, timeout_s: float = 60
         except httpx.TransportError:
             pass
         time.sleep(0.1)
+    raise RuntimeError(f"dcp serve did not get ready within {timeout_s:.0f} s{_tail(log)}")
+
+
+def _tail(log: Path | None) -> str:
+    """The end of ``log`` after a colon and a line break, or nothing when there is none."""
     tail = log.read_text(errors="replace")[-2000:] if log is not None and log.exists() else ""
-    raise RuntimeError(f"dcp serve did not get ready within {timeout_s:.0f} s" + (f":\n{tail}" if tail else ""))
+    return f":\n{tail}" if tail else ""
