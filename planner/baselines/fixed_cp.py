@@ -33,6 +33,7 @@ draft is costed and validated like any plan.
 from __future__ import annotations
 
 import heapq
+import weakref
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -108,22 +109,49 @@ def fixed_cp_draft(table: CostTable, *, rule: LayoutRule, reference: Sample | No
     groups = place_layout([size] * num_replicas, table)
     if groups is None:
         return None
-    tokens = table.classes.tokens[table.classes.class_of]  # every sample's, through its class
-    k_min, mem = cheapest_policies(cm, tokens, size=size, ring_degree=ring_degree, budget_bytes=table.budget_bytes)
-    if (k_min < 0).any():
+    # Policies and bytes per class (elementwise in the tokens: the same values per sample).
+    k_cls, mem_cls = cheapest_policies(cm, table.classes.tokens, size=size, ring_degree=ring_degree,
+                                       budget_bytes=table.budget_bytes)
+    class_of = np.asarray(table.classes.class_of, dtype=np.int64)
+    if (k_cls[class_of] < 0).any():
         return None
-    heap = [(0.0, g) for g in range(num_replicas)]  # (tokens so far, replica)
+    replica = balanced_replicas(table, num_replicas)
+    # Each replica's samples by decreasing bytes, ties by index: one global order dealt out
+    # (the same lists as sorting each replica's, without a key call per sample).
+    mem = mem_cls[class_of]
     members: list[list[int]] = [[] for _ in range(num_replicas)]
-    for i in np.argsort(-tokens, kind="stable").tolist():  # longest first, ties by index
-        load, g = heap[0]
+    by_bytes = np.lexsort((np.arange(len(mem)), -mem))
+    for i, g in zip(by_bytes.tolist(), replica[by_bytes].tolist(), strict=True):
         members[g].append(i)
-        heapq.heapreplace(heap, (load + tokens[i], g))
     out: Draft = []
     # Plain lists: 131,072 numpy scalar reads per draft cost more than the conversion.
-    mem_bytes, policies = mem.tolist(), k_min.tolist()
+    mem_c, policies_c, cls = mem_cls.tolist(), k_cls.tolist(), table.classes.class_of
     for g, group in enumerate(groups):
-        order = sorted(members[g], key=lambda i: (-mem_bytes[i], i))
+        order = members[g]
         out.append(DraftGroup(size=group.size, first_rank=group.first_rank, ring_degree=ring_degree,
-                              micro_batches=first_fit(order, [mem_bytes[i] for i in order], table.budget_bytes,
-                                                      [policies[i] for i in order])))
+                              micro_batches=first_fit(order, [mem_c[cls[i]] for i in order], table.budget_bytes,
+                                                      [policies_c[cls[i]] for i in order])))
+    return out
+
+
+_REPLICAS: weakref.WeakKeyDictionary[CostTable, dict[int, np.ndarray]] = weakref.WeakKeyDictionary()
+"""``balanced_replicas`` per live cost table and number of replicas (``ring-cp`` and ``usp``
+often share the CP size)."""
+
+
+def balanced_replicas(table: CostTable, num_replicas: int) -> np.ndarray:
+    """Every sample's replica: longest first (ties by index) to the replica with the fewest
+    tokens so far (ties: the lower replica), as Megatron balances its sequences."""
+    cached = _REPLICAS.setdefault(table, {})
+    if num_replicas in cached:
+        return cached[num_replicas]
+    tokens = table.classes.tokens[table.classes.class_of]  # every sample's, through its class
+    heap = [(0.0, g) for g in range(num_replicas)]  # (tokens so far, replica)
+    replica = [0] * len(tokens)
+    token_list = tokens.tolist()
+    for i in np.argsort(-tokens, kind="stable").tolist():  # longest first, ties by index
+        load, g = heap[0]
+        replica[i] = g
+        heapq.heapreplace(heap, (load + token_list[i], g))
+    cached[num_replicas] = out = np.asarray(replica, dtype=np.int64)
     return out
