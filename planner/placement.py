@@ -9,6 +9,7 @@ size ``d`` starts at a multiple of ``d``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 
@@ -31,7 +32,15 @@ def place_groups(sizes: Sequence[int], *, num_gpus: int, gpus_per_node: int
     if sum(sizes) != num_gpus:
         raise ValueError(f"group sizes {sorted(sizes, reverse=True)} sum to {sum(sizes)}, "
                          f"not to the world size {num_gpus}")
-    ordered = sorted(sizes, reverse=True)
+    placed = _place_sorted(tuple(sorted(map(int, sizes), reverse=True)), num_gpus, gpus_per_node)
+    return None if placed is None else list(placed)
+
+
+@functools.lru_cache(maxsize=16)
+def _place_sorted(ordered: tuple[int, ...], num_gpus: int, gpus_per_node: int
+                  ) -> tuple[tuple[int, int], ...] | None:
+    """``place_groups`` of sizes in decreasing order, memoised: the heuristic places each of its
+    multisets for several LPT runs (11,000 groups at 16,384 ranks)."""
     large = [d for d in ordered if d > gpus_per_node]
     small = [d for d in ordered if d <= gpus_per_node]
     placed: list[tuple[int, int]] = []
@@ -64,7 +73,7 @@ def place_groups(sizes: Sequence[int], *, num_gpus: int, gpus_per_node: int
         b[0] += d
         b[1] -= d
     placed.sort(key=lambda item: item[1])
-    return placed
+    return tuple(placed)
 
 
 def representable(total: int, sizes: Sequence[int]) -> bool:
