@@ -31,6 +31,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+import numpy as np
+
 from costmodel.evaluate import CostModel
 from planner.assemble import BatchArrays, Draft, DraftGroup, draft_costs
 from planner.config import PlannerConfig
@@ -119,8 +121,15 @@ def apply_layouts(draft: Draft, table: CostTable) -> Draft:
 
 def ring_chunks_fit(draft: Draft, arrays: BatchArrays) -> bool:
     """True when every sample of every ring group has the ``2r`` tokens its zig-zag chunks need."""
-    return all(arrays.tokens[i] >= 2 * g.ring_degree for g in draft if g.ring_degree > 1
-               for mb in g.micro_batches for i, _ in mb)
+    by_degree: dict[int, list[list[tuple[int, int]]]] = {}  # ring degree -> its groups' micro-batches
+    for g in draft:
+        if g.ring_degree > 1:
+            by_degree.setdefault(g.ring_degree, []).extend(g.micro_batches)
+    for r, mbs in by_degree.items():
+        idx = np.fromiter((i for mb in mbs for i, _ in mb), dtype=np.int64)
+        if not (arrays.tokens[idx] >= 2 * r).all():
+            return False
+    return True
 
 
 def choose_group_layouts(draft: Draft, arrays: BatchArrays, table: CostTable) -> Draft:

@@ -42,17 +42,29 @@ def shape_buckets(table: CostTable) -> list[list[int]]:
         return [list(b) for b in cached]
     index: dict[tuple[int, ...], int] = {}
     buckets: list[list[int]] = []
-    for i, s in enumerate(table.samples):
-        if s.is_2d:
-            key: tuple[int, ...] = (0, s.num_frames, s.spatial_tokens, s.tokens)
-        else:
-            key = (1, max(0, math.ceil(math.log2(s.tokens))))
-        b = index.get(key)
-        if b is None:
-            b = len(buckets)
-            index[key] = b
-            buckets.append([])
-        buckets[b].append(i)
+    # A class is one (frames, tokens per frame) shape, so its 1D key (and its 2D key) is computed
+    # once per class; whether a sample is 2D is its own (a one-frame clip shares a 1D class).
+    c = table.classes
+    key_1d = [(1, max(0, math.ceil(math.log2(int(t))))) for t in c.tokens.tolist()]
+    key_2d = [(0, int(f), int(sp), int(t)) for f, sp, t in
+              zip(c.frames.tolist(), c.spatial.tolist(), c.tokens.tolist(), strict=True)]
+    is_2d = [s.frames is not None for s in table.samples]
+    if not any(is_2d):  # per class: classes are numbered in order of first appearance
+        class_bucket: list[int] = []
+        for one_d in key_1d:
+            class_bucket.append(index.setdefault(one_d, len(index)))
+        buckets = [[] for _ in index]
+        for i, cl in enumerate(c.class_of):
+            buckets[class_bucket[cl]].append(i)
+    else:
+        for i, (cl, two_d) in enumerate(zip(c.class_of, is_2d, strict=True)):
+            key: tuple[int, ...] = key_2d[cl] if two_d else key_1d[cl]
+            b = index.get(key)
+            if b is None:
+                b = len(buckets)
+                index[key] = b
+                buckets.append([])
+            buckets[b].append(i)
     _BUCKETS[table] = buckets
     return [list(b) for b in buckets]
 
@@ -117,10 +129,13 @@ def pack_cheapest(table: CostTable, group: DraftGroup, members: Sequence[int]) -
     j = table.size_index(group.size)
     cls = table.classes.class_of
     mem, kmin = table.column(j)[5], table.column(j)[6]  # lists: no numpy scalar per sample
-    if any(kmin[cls[i]] < 0 for i in members):
+    classes = [cls[i] for i in members]
+    if classes and min([kmin[c] for c in classes]) < 0:
         return False
-    order = sorted(members, key=lambda i: (-mem[cls[i]], i))
-    group.micro_batches = first_fit(order, [mem[cls[i]] for i in order], table.budget_bytes,
-                                    [int(kmin[cls[i]]) for i in order])
+    # (-bytes, sample) pairs sorted: the order of a (-bytes, index) key, without a call per sample.
+    keyed = sorted(zip([-mem[c] for c in classes], members, classes, strict=True))
+    order = [i for _, i, _ in keyed]
+    group.micro_batches = first_fit(order, [-m for m, _, _ in keyed], table.budget_bytes,
+                                    [int(kmin[c]) for _, _, c in keyed])
     return True
 

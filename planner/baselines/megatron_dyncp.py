@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import math
 
 import numpy as np
@@ -65,8 +66,10 @@ class _CpSizes:
 
     def __init__(self, table: CostTable, tokens_per_rank: int) -> None:
         self._table, self._tpr = table, tokens_per_rank
-        self._kmin = [(d, table.column(table.size_index(d))[6])
-                      for d in table.sizes if d & (d - 1) == 0]
+        self._sizes = [d for d in table.sizes if d & (d - 1) == 0]
+        # Per class, whether it fits each power-of-two size (k_min >= 0): one row per class.
+        kmin = np.asarray(table.k_min)[:, [table.size_index(d) for d in self._sizes]]
+        self._fits: list[list[bool]] = (kmin >= 0).tolist()
         self._fitting: dict[int, list[int]] = {}
 
     def __call__(self, i: int) -> int | None:
@@ -74,7 +77,7 @@ class _CpSizes:
         c = table.classes.class_of[i]
         fitting = self._fitting.get(c)
         if fitting is None:
-            fitting = self._fitting[c] = [d for d, kmin in self._kmin if kmin[c] >= 0]
+            fitting = self._fitting[c] = list(itertools.compress(self._sizes, self._fits[c]))
         if not fitting:
             return None
         tokens = table.samples[i].tokens
