@@ -16,15 +16,20 @@ from planner.search.group_state import GroupState, group_time, insert_sample, re
 
 
 def local_search(table: CostTable, groups: list[GroupState], *, max_moves: int,
-                 max_ejections: int = 0) -> None:
+                 max_ejections: int = 0) -> set[int]:
     """Move or swap samples off the slowest group while the makespan falls.
 
     When neither helps, up to ``max_ejections`` times a one-for-many swap (``_eject``) that
     lowers the GPU-seconds of two groups without raising the makespan frees time for further
     moves.
+
+    Returns:
+        The indices of the groups whose samples or micro-batches it changed (a move, swap or
+        ejection that was tried and undone leaves a group as it was).
     """
+    changed: set[int] = set()
     if len(groups) < 2:
-        return
+        return changed
     cls = table.classes.class_of
     cols = np.array([g.col for g in groups], dtype=np.int64)
     o_g = table.overhead_s_by_size[cols]  # micro-batch overhead of each group
@@ -39,6 +44,7 @@ def local_search(table: CostTable, groups: list[GroupState], *, max_moves: int,
     max_free = np.array([max(g.free_bytes, default=-1.0) for g in groups])
 
     def refresh(gi: int) -> None:
+        changed.add(gi)
         g = groups[gi]
         g.load_s = group_time(table, g)
         load[gi] = g.load_s
@@ -120,9 +126,9 @@ def local_search(table: CostTable, groups: list[GroupState], *, max_moves: int,
         if max_ejections <= 0:
             break
         max_ejections -= 1
-        changed = _eject(table, groups, load, refresh)
-        if changed is None:
+        if _eject(table, groups, load, refresh) is None:
             break
+    return changed
 
 
 def _swap(table: CostTable, groups: list[GroupState], top: int, load: np.ndarray,
