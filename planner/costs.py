@@ -89,13 +89,15 @@ class SampleClasses:
         members: list[list[int]] = []
         shapes: list[tuple[int, int, int]] = []
         for i, s in enumerate(samples):
-            key = s.shape_key
+            # ``Sample.shape_key`` inlined (its two properties cost more than the loop's rest).
+            f, h, w = s.frames, s.height, s.width
+            key = (1 if f is None else f, s.tokens if h is None or w is None else h * w)
             c = index.get(key)
             if c is None:
                 c = len(members)
                 index[key] = c
                 members.append([])
-                shapes.append((s.tokens, s.num_frames, s.spatial_tokens))
+                shapes.append((s.tokens, key[0], key[1]))
             class_of.append(c)
             members[c].append(i)
         arr = np.array(shapes, dtype=np.float64).reshape(-1, 3)
