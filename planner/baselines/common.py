@@ -129,13 +129,10 @@ def pack_cheapest(table: CostTable, group: DraftGroup, members: Sequence[int]) -
     j = table.size_index(group.size)
     cls = table.classes.class_of
     mem, kmin = table.column(j)[5], table.column(j)[6]  # lists: no numpy scalar per sample
-    classes = [cls[i] for i in members]
-    if classes and min([kmin[c] for c in classes]) < 0:
+    if any(kmin[cls[i]] < 0 for i in members):
         return False
-    # (-bytes, sample) pairs sorted: the order of a (-bytes, index) key, without a call per sample.
-    keyed = sorted(zip([-mem[c] for c in classes], members, classes, strict=True))
-    order = [i for _, i, _ in keyed]
-    group.micro_batches = first_fit(order, [-m for m, _, _ in keyed], table.budget_bytes,
-                                    [int(kmin[c]) for _, _, c in keyed])
+    order = sorted(members, key=lambda i: (-mem[cls[i]], i))
+    group.micro_batches = first_fit(order, [mem[cls[i]] for i in order], table.budget_bytes,
+                                    [int(kmin[cls[i]]) for i in order])
     return True
 
