@@ -13,6 +13,16 @@ finds 0 unreachable objects): what it allocates is freed by reference counting a
 The pause is process-wide. Only the call that switched the collector off switches it back on, so
 nested or concurrent plans (service threads) never leave it off, and a caller that disabled the
 collector itself finds it still disabled.
+
+The collector's allocation counter keeps counting while it is off, so the first allocation after
+it is back on used to start a collection of the youngest generation: every object the plan
+allocated and kept (the whole plan, which the caller is about to use), walked only to find it
+alive, 0.21 s of a 16,384 x 131,072 plan. Before switching it back on, the pause moves every
+tracked object to the oldest generation instead (``gc.freeze()`` then ``gc.unfreeze()``, which
+also resets the young generation's count), where only the full collections, which walk every
+object anyway, look at them; a plan is freed by reference counting, not by the collector. That is
+skipped when the process has frozen objects of its own (``gc.get_freeze_count()``), which
+``gc.unfreeze()`` would release.
 """
 
 from __future__ import annotations
@@ -32,4 +42,7 @@ def paused_gc() -> Iterator[None]:
         yield
     finally:
         if was_enabled:
+            if gc.get_freeze_count() == 0:  # nothing of the caller's to release by unfreezing
+                gc.freeze()  # what the block kept goes to the oldest generation, uncollected
+                gc.unfreeze()
             gc.enable()

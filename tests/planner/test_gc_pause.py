@@ -75,3 +75,33 @@ def test_nested_pauses_restore_only_at_the_outermost() -> None:
             assert not gc.isenabled()
         assert not gc.isenabled()
     assert gc.isenabled()
+
+
+def test_what_the_plan_keeps_goes_to_the_oldest_generation_without_a_collection(
+        collections: list[int]) -> None:
+    samples, kwargs = _setup(512)
+    plan_batch(samples, **kwargs)  # warm: imports and caches allocate once
+    gc.collect()
+    collections.clear()
+    with paused_gc():
+        kept = [[i] for i in range(100_000)]  # tracked containers allocated while paused
+        assert gc.get_count()[0] > 100_000  # the counter runs while the collector is off
+    after = gc.get_count()[0]
+    _ = [[i] for i in range(10)]  # allocations that would start the young collection
+    assert collections == [], collections  # it did before the promotion: gen0 was past its threshold
+    assert after < gc.get_threshold()[0]
+    assert gc.is_tracked(kept[0]) and gc.isenabled()
+
+
+def test_a_callers_frozen_objects_stay_frozen() -> None:
+    gc.collect()
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        with paused_gc():
+            _ = [[i] for i in range(1000)]
+        assert gc.get_freeze_count() == frozen  # not released by an unfreeze
+        assert gc.isenabled()
+    finally:
+        gc.unfreeze()
