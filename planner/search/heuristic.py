@@ -41,8 +41,9 @@ def _order(table: CostTable) -> list[int]:
     """Samples by decreasing work (most efficient GPU-seconds), ties by index."""
     sizes = np.asarray(table.sizes, dtype=np.float64)
     work = np.min(table.time_s * sizes[None, :], axis=1)
-    cls = table.classes.class_of
-    return sorted(range(len(cls)), key=lambda i: (-work[cls[i]], i))
+    cls = np.asarray(table.classes.class_of, dtype=np.int64)
+    # lexsort: by the last key (-work), ties by the first (index): the (-work, index) order.
+    return np.lexsort((np.arange(len(cls)), -work[cls])).tolist()
 
 
 def bucket_runs(table: CostTable, order: list[int], *, tolerance: float) -> list[int]:
