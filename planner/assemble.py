@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from costmodel.evaluate import CostModel, GroupLayout, nodes_spanned
 from costmodel.specs import Sample
+from planner.costs import SampleClasses
 from planner.plan import (
     GroupPlan,
     LossNormalizer,
@@ -86,6 +87,15 @@ class BatchArrays:
         return cls(tokens=np.array([s.tokens for s in samples], dtype=np.float64),
                    frames=np.array([s.num_frames for s in samples], dtype=np.float64),
                    spatial=np.array([s.spatial_tokens for s in samples], dtype=np.float64))
+
+    @classmethod
+    def of_classes(cls, classes: SampleClasses) -> BatchArrays:
+        """The same arrays gathered from the batch's shape classes (``CostTable.classes``):
+        samples of one class have one shape (frames, tokens per frame) and so one token count
+        (a validated 2D sample's tokens are its frames x height x width), without reading
+        131,072 samples' fields."""
+        of = np.asarray(classes.class_of, dtype=np.int64)
+        return cls(tokens=classes.tokens[of], frames=classes.frames[of], spatial=classes.spatial[of])
 
 
 @dataclass(frozen=True, slots=True)

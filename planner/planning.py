@@ -143,7 +143,7 @@ def prepare(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: Cost
             f"of activations per rank, over the limit of {fmt_bytes(table.budget_bytes)} "
             f"(memory cap {fmt_bytes(cluster.memory_cap_bytes)} minus {fmt_bytes(cm.fixed_bytes())} fixed)")
     return Prepared(cost_model=cm, table=table, bounds=lower_bounds(table.for_bounds()),
-                    arrays=BatchArrays.of(samples))
+                    arrays=BatchArrays.of_classes(table.classes))
 
 
 @dataclass(slots=True)

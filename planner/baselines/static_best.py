@@ -55,7 +55,7 @@ def static_best_draft(table: CostTable, *, seed: int = 0,
         reference: Unused (the registry's signature).
     """
     del seed, reference
-    arrays = BatchArrays.of(table.samples)
+    arrays = BatchArrays.of_classes(table.classes)
     num_gpus = table.cost_model.cluster.num_gpus
     floors: list[tuple[float, int]] = []
     for d in table.sizes:
