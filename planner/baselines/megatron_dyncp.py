@@ -197,15 +197,19 @@ def megatron_dyncp_draft(table: CostTable, *, seed: int = 0,
         heaps.setdefault(d, []).append((loads[g], g))
     for heap in heaps.values():
         heapq.heapify(heap)
+    # (size, heap, size column) in the heaps' order; the loop below is time_s and the
+    # (finish, group) tuple comparison inlined (most samples of a long-tailed batch are leftovers).
+    by_size = [(d, heap, col_of[d]) for d, heap in heaps.items()]
     for i in leftovers:
-        choice: tuple[float, int, int] | None = None  # (finish, group, size)
-        for d, heap in heaps.items():
-            if d >= need[i]:
-                finish = heap[0][0] + time_s(i, d)
-                if choice is None or (finish, heap[0][1]) < choice[:2]:
-                    choice = (finish, heap[0][1], d)
-        assert choice is not None  # every leftover's size exists (it was opened for a longer one)
-        finish, g, d = choice
+        row, need_i = time_rows[cls[i]], need[i]
+        finish, g, d = math.inf, -1, -1  # the best (finish, group), and the group's size
+        for d_h, heap, j in by_size:
+            if d_h >= need_i:
+                load_h, g_h = heap[0]
+                f = load_h + row[j]
+                if g < 0 or f < finish or (f == finish and g_h < g):
+                    finish, g, d = f, g_h, d_h
+        assert g >= 0  # every leftover's size exists (it was opened for a longer one)
         loads[g] = finish
         members[g].append(i)
         heapq.heapreplace(heaps[d], (finish, g))
