@@ -58,10 +58,11 @@ def static_best_draft(table: CostTable, *, seed: int = 0,
     arrays = BatchArrays.of_classes(table.classes)
     num_gpus = table.cost_model.cluster.num_gpus
     floors: list[tuple[float, int]] = []
+    class_of = np.asarray(table.classes.class_of, dtype=np.int64)  # converted once, not per size
     for d in table.sizes:
         # A size's floor: its groups perfectly balanced (its samples' table times spread evenly,
         # or its longest sample alone) plus the sync.
-        times = table.time_s[table.classes.class_of, table.size_index(d)]
+        times = table.time_s[:, table.size_index(d)].take(class_of)
         floors.append((max(float(times.max()), float(times.sum()) / (num_gpus // d)) + table.grad_sync_s, d))
     best: tuple[float, int, Draft] | None = None  # (step time, size, draft)
     # Most promising size first, so that the others are skipped by their floors: a size whose
