@@ -44,7 +44,7 @@ run: install-run
 	$(BIN)/dcp serve --host $(HOST) --port $(PORT) --db $(DB)
 
 test: install-test $(VENV)/.browser-installed
-	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n 2 --dist loadscope --durations=25 $(PYTEST_ARGS)
 
 lint: install-test
 	$(BIN)/ruff check .

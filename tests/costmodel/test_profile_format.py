@@ -109,7 +109,8 @@ def test_narrowed_keeps_the_gqa_ratio_and_validates() -> None:
 def test_cli_fit_refuses_a_bad_profile_with_the_reason(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text("\n".join(_lines(_header(), _compute(time_s=-1.0))) + "\n")
-    result = CliRunner().invoke(app, ["fit", str(path), "--out", str(tmp_path / "cm.json")])
+    result = CliRunner(env={"COLUMNS": "250"}).invoke(  # long tmp paths stay on one line
+        app, ["fit", str(path), "--out", str(tmp_path / "cm.json")])
     assert result.exit_code != 0
     assert "bad.jsonl:2" in result.output and "time_s" in result.output
     assert not (tmp_path / "cm.json").exists()
