@@ -177,19 +177,24 @@ def dcp_greedy_draft(table: CostTable, *, seed: int = 0,
     owner: list[int] = []  # bucket of every group
     assigned: list[list[list[int]]] = []  # batches of every group
     loads: list[float] = []
+    # Each bucket's batches are taken from the front: head[b] of them are gone (advancing an
+    # index, not slicing the rest off the list each time, which was quadratic in a bucket's size).
+    head = [0] * len(buckets)
     while True:
-        eligible = [b for b in range(len(buckets)) if pending[b] and profiles[b].group_size <= free]
+        eligible = [b for b in range(len(buckets))
+                    if head[b] < len(pending[b]) and profiles[b].group_size <= free]
         if not eligible:
             break
-        b = rng.choices(eligible, weights=[len(pending[e]) * profiles[e].batch_time_s
+        b = rng.choices(eligible, weights=[(len(pending[e]) - head[e]) * profiles[e].batch_time_s
                                            * profiles[e].group_size for e in eligible])[0]
         p = profiles[b]
-        count = accumulation_count(p.batch_time_s, target_s, available=len(pending[b]))
+        count = accumulation_count(p.batch_time_s, target_s, available=len(pending[b]) - head[b])
         owner.append(b)
-        assigned.append(pending[b][:count])
+        assigned.append(pending[b][head[b]:head[b] + count])
         loads.append(count * p.batch_time_s)
-        pending[b] = pending[b][count:]
+        head[b] += count
         free -= p.group_size
+    pending = [batches[start:] for batches, start in zip(pending, head, strict=True)]
     sizes = [profiles[b].group_size for b in owner]
     # Batches left when the ranks ran out: to the least-loaded group of the bucket's size, or
     # (none) to the least-loaded group that holds the bucket, profiled again at its size.
