@@ -159,8 +159,9 @@ class CostTable:
         self._rows: tuple[list[list[float]], list[list[float]], list[list[int]]] | None = None
         self._bound_time_s = np.full((num_c, num_d), INF)
         self._bound_overhead_s = INF
+        counts = np.array([len(m) for m in self.classes.members], dtype=np.float64)  # samples per class
         for j, d in enumerate(self.sizes):
-            self._choose_layout(j, d)
+            self._choose_layout(j, d, counts)
         self.overhead_s = float(self.overhead_s_by_size.min()) if self.sizes else 0.0
         self._check_finite()
         # Fastest fitting size per class (ties: smaller size).
@@ -193,11 +194,11 @@ class CostTable:
         """The ring degree of size ``d``'s column."""
         return self.ring_degrees[self.size_index(d)]
 
-    def _choose_layout(self, j: int, d: int) -> None:
+    def _choose_layout(self, j: int, d: int, counts: np.ndarray) -> None:
         """Fill column ``j`` with each allowed layout of size ``d`` and keep the one under which the
         most samples fit, then the least GPU-time of the classes that fit under all such layouts.
-        The lower bounds' view keeps the least time over every layout (``for_bounds``)."""
-        counts = np.array([len(m) for m in self.classes.members], dtype=np.float64)
+        The lower bounds' view keeps the least time over every layout (``for_bounds``).
+        ``counts``: samples per class (the same for every size: computed once)."""
         best: tuple[tuple[float, ...], dict[str, np.ndarray], int] | None = None
         filled = []
         for r in self.ring_options[d]:
