@@ -206,7 +206,12 @@ TABLES: dict[str, TableSpec] = {
     "plan-scale-points": TableSpec(json_name="plan_scale_points_5steps.json", render=_scale_points),
     "plan-scale-readme": TableSpec(json_name="plan_scale_points_5steps_rerun.json", render=_scale_points),
     "plan-scale-layouts": TableSpec(json_name="plan_scale_layouts.json", render=_scale_points_gap),
-    "plan-scale-layouts-16384": TableSpec(json_name="plan_scale_layouts_16384.json", render=_scale_points_gap),
+    "plan-scale-layouts-16384": TableSpec(json_name="plan_scale_layouts_16384_quiet_93250d0_ab.json",
+                                          render=_scale_points_gap),
+    "plan-scale-layouts-16384-quiet-f5e2b91-ab": TableSpec(
+        json_name="plan_scale_layouts_16384_quiet_f5e2b91_ab.json", render=_scale_points_gap),
+    "plan-scale-layouts-16384-5f03d76": TableSpec(json_name="plan_scale_layouts_16384.json",
+                                                  render=_scale_points_gap),
     "plan-scale-layouts-16384-lptmemo": TableSpec(json_name="plan_scale_layouts_16384_lptmemo.json",
                                                   render=_scale_points_gap),
     "plan-phases-16384-before-lptmemo": TableSpec(json_name="plan_phases_16384_auto_dc65cb4_ab2.json",
