@@ -7,7 +7,7 @@ contiguous block of every allowed size > 1: the planner's placement may start a 
 rank) and ``aligned`` = only blocks that start at a multiple of their size. It then times the
 first all-reduce on each group this rank belongs to (gloo connects lazily). World sizes whose
 processes do not fit this machine (each rank imports torch: ~250 MB) are counted, not run.
-Prints a table and writes ``bench/results/communicators.json``.
+Prints a table and writes ``--out`` (default ``bench-out/communicators.json``).
 
 Run::
 
@@ -30,12 +30,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from provenance import provenance  # bench/ (the script's folder) is on sys.path
+from provenance import default_out, provenance  # bench/ (the script's folder) is on sys.path
 
 from executor.groups import GroupRegistry
 
 logger = logging.getLogger(__name__)
-OUT = Path(__file__).resolve().parent / "results" / "communicators.json"
 
 
 def count_groups(world: int, sizes: list[int], *, aligned: bool) -> int:
@@ -98,7 +97,7 @@ def main() -> None:
     parser.add_argument("--count-only", type=int, nargs="+", default=[64, 128],
                         help="World sizes only counted (too many processes for this machine).")
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8], help="Allowed group sizes > 1.")
-    parser.add_argument("--out", type=Path, default=OUT, help="JSON output.")
+    parser.add_argument("--out", type=Path, default=default_out("communicators"), help="JSON output.")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     rows = [run_world(w, args.sizes) for w in args.worlds]

@@ -16,7 +16,7 @@ Run from the repository root (needs ``pip install -e '.[ray]'``)::
 
     .venv/bin/python bench/epoch_ray_faults.py     # ~3-4 minutes on 2 shared cores
 
-It prints a table and writes ``bench/results/epoch_ray_faults.json`` (load average included).
+It prints a table and writes ``--out`` (default ``bench-out/epoch_ray_faults.json``) (load average included).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from provenance import provenance  # noqa: E402  (bench/, the script's folder, is on sys.path)
+from provenance import default_out, provenance  # noqa: E402  (bench/, the script's folder, is on sys.path)
 
 from api.jobs import prepare_epoch, run_epoch_job  # noqa: E402
 from api.pool import make_executor  # noqa: E402
@@ -273,7 +273,9 @@ def run_cases(tmp: Path, manifest: Path) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> None:
     """Run every fault case, print the table and write the results JSON."""
-    argparse.ArgumentParser(description=__doc__.split("\n", 1)[0]).parse_args(argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--out", type=Path, default=default_out("epoch_ray_faults"), help="JSON output.")
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="dcprf", dir="/tmp") as tmp_name:
@@ -302,7 +304,8 @@ def main(argv: list[str] | None = None) -> None:
               f"{('equal' if c['digests_equal_pool'] else 'DIFFER') if 'digests_equal_pool' in c else '-':>8}")
         if c.get("error"):
             print(f"    {c['error'][:200]}")
-    out = ROOT / "bench/results/epoch_ray_faults.json"
+    out: Path = args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
     record = {"loadavg_start": load_start, "loadavg_end": os.getloadavg(), "steps": total,
               "samples_per_step": SAMPLES_PER_STEP, "options": OPTIONS, "cases": cases}
     out.write_text(json.dumps({**provenance(), **record}, indent=1) + "\n")

@@ -28,7 +28,7 @@ Run from the repository root (needs ``pip install -e '.[ray]'``)::
     .venv/bin/python bench/epoch_scale.py            # ~3-5 minutes on 2 shared cores
     .venv/bin/python bench/epoch_scale.py --quick    # fewer steps, no 1,024 x 8,192 step
 
-It prints two tables and writes ``bench/results/epoch_scale.json`` (load average included).
+It prints two tables and writes ``--out`` (default ``bench-out/epoch_scale.json``) (load average included).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from provenance import provenance  # noqa: E402  (bench/, the script's folder, is on sys.path)
+from provenance import default_out, provenance  # noqa: E402  (bench/, the script's folder, is on sys.path)
 
 from api.jobs import prepare_epoch, run_epoch_job  # noqa: E402
 from api.pool import make_executor  # noqa: E402
@@ -276,7 +276,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=160, help="Steps of the measured epoch.")
     parser.add_argument("--quick", action="store_true", help="40 steps; no 1,024 x 8,192 step.")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/epoch_scale.json")
+    parser.add_argument("--out", type=Path, default=default_out("epoch_scale"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     num_steps = 40 if args.quick else args.steps

@@ -4,7 +4,7 @@ and the measurements (``executor.measure``: timing each micro-batch, posting in 
 Starts a real ``dcp serve`` on loopback, precomputes an epoch for a 4-rank world, then runs 4
 gloo ranks (``torch.multiprocessing``) that walk the epoch's steps like a training loop whose
 compute is a fixed sleep, timing what the executor adds per step. Prints a table and writes
-``bench/results/executor_overhead.json``.
+``--out`` (default ``bench-out/executor_overhead.json``).
 
 Run::
 
@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from _service import free_port, start_service, stop_service
-from provenance import provenance  # bench/ (the script's folder) is on sys.path
+from provenance import default_out, provenance  # bench/ (the script's folder) is on sys.path
 
 from costmodel.analytic import analytic_cost_model
 from costmodel.presets import load_cluster
@@ -149,7 +149,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--samples-per-step", type=int, default=16)
     parser.add_argument("--compute-ms", type=float, default=20.0, help="Simulated compute per step.")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "executor_overhead.json")
+    parser.add_argument("--out", type=Path, default=default_out("executor_overhead"))
     parser.add_argument("--quiet", "-q", action="store_true", help="No progress bar: the table only.")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp_name, progress_bar(

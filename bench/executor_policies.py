@@ -18,7 +18,7 @@ The meter's peak misses the one layer a checkpointed sample rematerialises in ba
 (``torch.utils.checkpoint`` keeps it out of reach of saved-tensor hooks); ``kept_bytes`` (end of
 forward) is exact. On a GPU the allocator's peak is recorded as well.
 
-Prints a table and writes ``bench/results/executor_policies_<device>.json``.
+Prints a table and writes ``--out`` (default ``bench-out/executor_policies_<device>.json``).
 
 Run (CPU; a few minutes on an idle 2-core machine)::
 
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from provenance import provenance  # bench/ (the script's folder) is on sys.path
+from provenance import default_out, provenance  # bench/ (the script's folder) is on sys.path
 
 from costmodel.evaluate import CostModel, policy_name
 from costmodel.fit import FitConfig, fit_profiles
@@ -248,7 +248,7 @@ def main() -> None:
     args.hardware = args.hardware or ("cpu" if args.device == "cpu" else "h200-sxm")
     if args.threads:
         torch.set_num_threads(args.threads)
-    out = args.out or ROOT / "bench" / "results" / f"executor_policies_{args.device}.json"
+    out = args.out or default_out(f"executor_policies_{args.device}")
     report: dict[str, Any] = {
         "benchmark": "executor_policies", "device": args.device, "dtype": args.dtype,
         "hardware": args.hardware, "threads": torch.get_num_threads(),

@@ -11,7 +11,7 @@ every step present, every plan byte-identical). Cases: kill -9 of the server (re
 -9 of one solver worker, the store locked by another process for 4 s, the store's disk full
 (tmpfs too small, then grown), the store's ext4 file system turned read-only by an error under
 the running server (then checked, remounted and the service restarted), and a second server
-started on the same store. Writes ``bench/results/faults.json``.
+started on the same store. Writes ``--out`` (default ``bench-out/faults.json``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _service import free_port as _free_port
-from provenance import provenance  # bench/ (the script's folder) is on sys.path
+from provenance import default_out, provenance  # bench/ (the script's folder) is on sys.path
 
 from dcp_cli.progress import progress_bar
 
@@ -302,7 +302,7 @@ def case_two_servers(base: Path, reference: list[str]) -> dict[str, Any]:
 def main() -> int:
     """Run every case, print the table, write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "faults.json")
+    parser.add_argument("--out", type=Path, default=default_out("faults"))
     parser.add_argument("--quiet", "-q", action="store_true", help="No progress bar or log lines: the table only.")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")

@@ -44,7 +44,7 @@ from _service import free_port, wait_ready  # bench/ (the script's folder) is on
 from fuzz_raw import run_raw_phase  # bench/ (the script's folder) is on sys.path
 from fuzz_state import populate, schemathesis_config, write_data_dir  # bench/ is on sys.path
 from prometheus_client.parser import text_string_to_metric_families
-from provenance import provenance  # bench/ (the script's folder) is on sys.path
+from provenance import default_out, provenance  # bench/ (the script's folder) is on sys.path
 
 from dcp_cli.progress import progress_bar
 
@@ -201,7 +201,7 @@ def main() -> int:
     parser.add_argument("--parallel", action="store_true",
                         help="fuzz the modes at the same time (each its own server and client)")
     parser.add_argument("--raw-rounds", type=int, default=3, help="times the raw-socket probe list is sent")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "fuzz.json")
+    parser.add_argument("--out", type=Path, default=default_out("fuzz"))
     parser.add_argument("--workdir", type=Path, default=None, help="where servers keep their files")
     parser.add_argument("--quiet", "-q", action="store_true", help="No progress bar or log lines: the table only.")
     args = parser.parse_args()

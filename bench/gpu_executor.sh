@@ -7,7 +7,8 @@
 # (costmodel.fit; all-to-all/all-reduce terms fall back to the h200-sxm analytic links, unused at
 # group size 1), then runs executor.models.STDiT2D on held-out micro-batches under k = 0..L and
 # records time, saved-tensor activation bytes and the allocator's peak next to the predictions.
-# Writes bench/results/executor_policies_cuda.json (and _cuda_1d.json when RUN_1D=1).
+# Writes $OUT (default bench-out/executor_policies_cuda.json; OUT=bench/results/... to commit it),
+# and its _1d.json twin when RUN_1D=1.
 #
 # Run from the repository root:   bash bench/gpu_executor.sh
 # CPU smoke test (tiny widths):    DEVICE=cpu HIDDEN=64 HEADS=4 TOKENS_MIN=32 TOKENS_MAX=256 \
@@ -28,7 +29,8 @@ TOKENS_MAX=${TOKENS_MAX:-32768} # held-out micro-batches go up to ~12k tokens at
 REPEATS=${REPEATS:-5}
 DTYPE=${DTYPE:-}
 LIMIT_S=${LIMIT_S:-360}
-OUT=${OUT:-bench/results/executor_policies_${DEVICE}.json}
+OUT=${OUT:-bench-out/executor_policies_${DEVICE}.json}
+mkdir -p "$(dirname "$OUT")"
 
 # The package and its light dependencies (torch must already be there, with CUDA for DEVICE=cuda).
 if ! "$PY" -c "import costmodel, executor, planner, pydantic, scipy, httpx" 2>/dev/null; then

@@ -19,7 +19,7 @@ TINY=${TINY:-0}
 PY=${PY:-.venv/bin/python}
 DCP=("$PY" -m dcp_cli.main)
 OUT_DIR=${OUT_DIR:-costmodel/presets/fitted}
-RESULTS=${RESULTS:-bench/results}
+RESULTS=${RESULTS:-bench-out}  # RESULTS=bench/results to commit gpu_profile.json
 WORK=${WORK:-$RESULTS/gpu_profiles}
 mkdir -p "$OUT_DIR" "$RESULTS" "$WORK"
 

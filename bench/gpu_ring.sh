@@ -6,10 +6,10 @@
 # script stops if the relative difference exceeds 1e-10), then the forward and the backward with
 # hops overlapped vs synchronous on one causal sample per length (bf16, 8 heads of 128; blocks of
 # 2k, 8k and 16k tokens per rank), hop times alone beside them. Writes
-# bench/results/ring_overlap_cuda.json.
+# $OUT (default bench-out/ring_overlap_cuda.json; OUT=bench/results/... to commit the result).
 # With one GPU a ring has no peer: it runs the ring's loop at world 1 (exactness of the written-out
 # backward on CUDA and its time; no hops, nothing about overlap) and says that the overlap needs
-# two GPUs or more. Writes bench/results/ring_overlap_cuda_world1.json.
+# two GPUs or more. Writes $OUT (default bench-out/ring_overlap_cuda_world1.json).
 #
 # Run from the repository root:   bash bench/gpu_ring.sh            (about 2-4 minutes)
 # CPU smoke test (gloo, 2 ranks):  DEVICE=cpu TOKENS="256 512" OUT=/tmp/ring_smoke.json bash bench/gpu_ring.sh
@@ -39,10 +39,10 @@ if [[ "$DEVICE" == "cuda" ]]; then
   if [[ "$NGPU" -lt 1 ]]; then echo "gpu_ring.sh: torch sees no CUDA device" >&2; exit 1; fi
   WORLD=$(( NGPU < 8 ? NGPU : 8 ))
   BACKEND=nccl
-  DEFAULT_OUT=bench/results/ring_overlap_cuda.json
+  DEFAULT_OUT=bench-out/ring_overlap_cuda.json
   if [[ "$WORLD" -eq 1 ]]; then
     echo "gpu_ring.sh: one GPU: the ring's loop alone at world 1 (no hops); the overlap needs 2 or more GPUs"
-    DEFAULT_OUT=bench/results/ring_overlap_cuda_world1.json
+    DEFAULT_OUT=bench-out/ring_overlap_cuda_world1.json
   fi
   OUT=${OUT:-$DEFAULT_OUT}
   # blocks of 2k, 8k and 16k tokens per rank (16k: ~9 GB of fp32 scores per head group of 8)

@@ -17,7 +17,8 @@
 #       torch_checkpointing==0.1.1
 #   WHEELS=.whl/titan bash bench/gpu_trainers.sh
 #
-# Prints a table and writes bench/results/gpu_trainers.json (command, load, GPU, group sizes, step
+# Prints a table and writes $OUT (default bench-out/gpu_trainers.json; OUT=bench/results/... to
+# commit it: command, load, GPU, group sizes, step
 # times, predicted step time, peak memory, DCP and reference loss, worst gradient difference).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +30,8 @@ STEPS=${STEPS:-3}
 # sequence-parallel groups, and on one GPU they still fit (the debug model fits an H200 whole).
 MEMORY_TOKENS=${MEMORY_TOKENS:-$(( 16384 / (NGPU > 0 ? NGPU : 1) ))}
 LIMIT_S=${LIMIT_S:-300}
-OUT=${OUT:-bench/results/gpu_trainers.json}
+OUT=${OUT:-bench-out/gpu_trainers.json}
+mkdir -p "$(dirname "$OUT")"
 WHEELS=${WHEELS:-}
 
 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'needs a CUDA GPU (torch sees none)')"

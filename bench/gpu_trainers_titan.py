@@ -2,7 +2,7 @@
 
 Run by ``bench/gpu_trainers.sh`` (which installs torchtitan and sets a timeout)::
 
-    torchrun --nproc-per-node NGPU bench/gpu_trainers_titan.py --steps 3 --out bench/results/gpu_trainers.json
+    torchrun --nproc-per-node NGPU bench/gpu_trainers_titan.py --steps 3 --out bench-out/gpu_trainers.json
 
 Every rank builds ``model_registry("debugmodel", attn_backend="sdpa")`` with the same seed, keeps its
 initial weights on the CPU, swaps each attention's ``inner_attention`` for DCP's Ulysses one
@@ -37,7 +37,7 @@ import torch.nn.functional as F  # noqa: N812
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from provenance import provenance  # noqa: E402  (bench/provenance.py: command and commit)
+from provenance import default_out, provenance  # noqa: E402  (bench/provenance.py: command and commit)
 
 from costmodel.analytic import analytic_cost_model  # noqa: E402
 from costmodel.evaluate import CostModel  # noqa: E402
@@ -135,7 +135,7 @@ def main() -> None:
     parser.add_argument("--memory-tokens", type=int, default=2048,
                         help="Plan as if a rank held this many tokens (0: the H200's memory).")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_trainers.json"))
+    parser.add_argument("--out", default=str(default_out("gpu_trainers")))
     args = parser.parse_args()
     if args.device == "cuda":
         if not torch.cuda.is_available():

@@ -18,7 +18,7 @@ server's resident set (main process, and with its solver process) before the fir
 after each, and the host load average. ``wrk`` runs on the same 2 cores as the server (it is C
 and event-driven, so it takes far less CPU than a Python client would).
 
-Writes ``bench/results/load_rankview.json`` (``--out``) and prints a table; exit code 1 when
+Writes ``--out`` (default ``bench-out/load_rankview.json``) and prints a table; exit code 1 when
 ``wrk`` is not installed (``apt-get install wrk``) or a run saw errors.
 """
 
@@ -40,7 +40,7 @@ from typing import Any
 import httpx
 import psutil
 from _service import start_service, stop_service  # bench/ (the script's folder) is on sys.path
-from provenance import provenance  # bench/ (the script's folder) is on sys.path
+from provenance import default_out, provenance  # bench/ (the script's folder) is on sys.path
 
 logger = logging.getLogger("bench.load_rankview")
 
@@ -124,7 +124,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2, help="wrk threads")
     parser.add_argument("--duration-s", type=int, default=30)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "load_rankview.json")
+    parser.add_argument("--out", type=Path, default=default_out("load_rankview"))
     parser.add_argument("--quiet", "-q", action="store_true", help="No log lines: the table only.")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")

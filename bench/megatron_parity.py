@@ -14,7 +14,7 @@ The ratio ours / Megatron above 1 is where our adaptation is weaker than Megatro
 (the speedup over ``megatron-dyncp`` then overstates the one over Megatron). Batches Megatron
 cannot schedule on the cluster (a sample needing more ranks than there are; a micro-batch whose
 groups grow to the whole cluster where the cost model allows no such size) are counted.
-Needs megatron-core 0.16.1 (``make test`` installs it). Writes ``bench/results/megatron_parity.json``.
+Needs megatron-core 0.16.1 (``make test`` installs it). Writes ``--out`` (default ``bench-out/megatron_parity.json``).
 
     .venv/bin/python bench/megatron_parity.py --seeds 5
 """
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from provenance import provenance  # noqa: E402  (bench/, the script's folder, is on sys.path)
+from provenance import default_out, provenance  # noqa: E402  (bench/, the script's folder, is on sys.path)
 
 from costmodel.presets import default_cost_model_file, load_cluster  # noqa: E402
 from costmodel.specs import Sample  # noqa: E402
@@ -42,8 +42,6 @@ from planner.baselines.megatron_dyncp import max_tokens_per_rank, megatron_dyncp
 from planner.config import PlannerConfig  # noqa: E402
 from planner.costs import CostTable  # noqa: E402
 from planner.planning import prepare  # noqa: E402
-
-OUT = ROOT / "bench" / "results" / "megatron_parity.json"
 
 
 class _Group:
@@ -122,7 +120,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--num-samples", type=int, default=96)
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, default=default_out("megatron_parity"))
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message="Transformer Engine and Apex")
     cells = [(c, m, t) for c in ("h200x8", "h200x32", "h200x64") for m in ("llama-7b", "llama-3.1-8b")

@@ -40,7 +40,7 @@ Run from the repository root::
     .venv/bin/python bench/model_sensitivity.py --workloads video-short text-longtail --steps 3
 
 It prints Markdown tables (per cell and term, mean loss per cell x term, then per term over
-all cells) and writes ``bench/results/model_sensitivity.json``.
+all cells) and writes ``--out`` (default ``bench-out/model_sensitivity.json``).
 """
 
 from __future__ import annotations
@@ -465,6 +465,7 @@ def markdown_terms(summary: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
+    from provenance import default_out  # bench/, the script's folder, is on sys.path
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workloads", nargs="*", default=None, help="Default: all presets.")
     parser.add_argument("--clusters", nargs="*", default=["h200x32", "h200x64"])
@@ -474,7 +475,7 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=0.2,
                         help="Planner preset: PlannerConfig.for_budget(BUDGET_S).")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "model_sensitivity.json")
+    parser.add_argument("--out", type=Path, default=default_out("model_sensitivity"))
     parser.add_argument("--quiet", "-q", action="store_true",
                         help="No progress bar or per-cell lines: the tables only.")
     args = parser.parse_args()

@@ -13,7 +13,7 @@ For each reference model of the executor (``executor.models``: LLaMA-style 1D, S
 (all-to-all emulated by a local copy), profile all-to-all / all-reduce on 2 gloo ranks, fit,
 plan 3 steps of 8 random samples (32..2048 tokens) for a ``cpu:2`` cluster whose memory fits
 about 600 tokens without checkpointing, run every micro-batch on 2 gloo ranks and compare.
-Prints one line per model and run and writes ``bench/results/model_vs_executor_cpu.json``
+Prints one line per model and run and writes ``--out`` (default ``bench-out/model_vs_executor_cpu.json``)
 (``runs``: the reports of each kind, one per ``--runs``).
 
 Targets (issue 9): per-micro-batch time MAPE <= 10% for 1D and 2D, peak memory within 5%.
@@ -63,6 +63,7 @@ def _fit_quality(report: dict[str, Any]) -> dict[str, float]:
 
 def main() -> None:
     """Run the check for each kind; print a summary line each; write the JSON."""
+    from provenance import default_out  # bench/, the script's folder, is on sys.path
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--kinds", default="1d,2d")
     parser.add_argument("--clock", choices=("thread", "wall"), default="thread")
@@ -78,7 +79,7 @@ def main() -> None:
                         help="profile in one process and run one-rank groups in turns (the GPU way)")
     parser.add_argument("--runs", type=int, default=1,
                         help="Repeat the whole check (profile, fit, plan, run) this many times per kind")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "model_vs_executor_cpu.json")
+    parser.add_argument("--out", type=Path, default=default_out("model_vs_executor_cpu"))
     parser.add_argument("--quiet", "-q", action="store_true",
                         help="No progress bar or stage lines: the summary lines only.")
     args = parser.parse_args()

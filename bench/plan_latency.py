@@ -15,7 +15,7 @@ Run from the repository root::
     .venv/bin/python bench/plan_latency.py                       # this checkout only
     .venv/bin/python bench/plan_latency.py --baseline /tmp/base   # A = /tmp/base, B = here
 
-It prints a table and writes ``bench/results/plan_latency.json`` (``--out``).
+It prints a table and writes ``--out`` (default ``bench-out/plan_latency.json``) (``--out``).
 """
 
 from __future__ import annotations
@@ -106,6 +106,7 @@ def _summary(times_s: list[float]) -> dict[str, float]:
 
 
 def main() -> None:
+    from provenance import default_out  # bench/, the script's folder, is on sys.path
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cells", nargs="+", default=list(DEFAULT_CELLS),
                         help="workload:cluster:samples (default: 5 workloads x 256 x h200x32 "
@@ -117,7 +118,7 @@ def main() -> None:
                         help="repository root of another checkout to compare against (A)")
     parser.add_argument("--baseline-commit", default=None,
                         help="commit of the --baseline tree, for the record (when it has no .git)")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/plan_latency.json")
+    parser.add_argument("--out", type=Path, default=default_out("plan_latency"))
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:

@@ -10,7 +10,7 @@ Run from the repository root::
 
     .venv/bin/python bench/plan_phases.py --layout auto --point 16384x131072 --workload text-longtail
 
-It prints a table and writes ``bench/results/plan_phases.json`` (``--out``).
+It prints a table and writes ``--out`` (default ``bench-out/plan_phases.json``) (``--out``).
 """
 
 from __future__ import annotations
@@ -87,12 +87,13 @@ def plan_phases(*, workload: str, num_gpus: int, num_samples: int, layout: Atten
 
 
 def main() -> None:
+    from provenance import default_out  # bench/, the script's folder, is on sys.path
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workload", default="text-longtail")
     parser.add_argument("--point", default="16384x131072", metavar="GPUSxSAMPLES")
     parser.add_argument("--layout", choices=["ulysses", "auto", "ring"], default="auto")
     parser.add_argument("--step", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "plan_phases.json")
+    parser.add_argument("--out", type=Path, default=default_out("plan_phases"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     gpus, samples = parse_point(args.point)

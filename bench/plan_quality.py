@@ -24,9 +24,9 @@ Run from the repository root::
         text-longcontext@llama-3.1-8b --clusters h200x32 h200x64 --batches 256 --steps 5 \
         --budgets --ablation-batch 0 --out bench/results/plan_quality_modern.json   # modern models
 
-It prints tables and writes ``bench/results/plan_quality[_quick].json``. ``--layouts`` runs the
-attention-layout comparison of issue 25 instead (``bench/plan_quality_layouts.py``; writes
-``bench/results/plan_quality_layouts.json``)::
+It prints tables and writes ``--out`` (default ``bench-out/plan_quality[_quick].json``).
+``--layouts`` runs the attention-layout comparison of issue 25 instead
+(``bench/plan_quality_layouts.py``, default ``bench-out/plan_quality_layouts.json``)::
 
     .venv/bin/python bench/plan_quality.py --layouts --steps 5 --batches 16 64 256
 """
@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from provenance import provenance  # noqa: E402  (bench/, the script's folder, is on sys.path)
+from provenance import default_out, provenance  # noqa: E402  (bench/, the script's folder, is on sys.path)
 
 from costmodel.presets import default_cost_model_file, load_cluster, workload_names  # noqa: E402
 from dcp_cli.progress import make_progress  # noqa: E402
@@ -313,8 +313,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layouts", action="store_true",
                         help="Instead of the grid: layouts chosen per group vs forced Ulysses vs forced ring "
-                             "(bench/plan_quality_layouts.py, its options after this flag; writes "
-                             "bench/results/plan_quality_layouts.json).")
+                             "(bench/plan_quality_layouts.py, its options after this flag, "
+                             "--out included).")
     parser.add_argument("--quick", action="store_true", help="3 steps, batches 64 and 256.")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--workloads", nargs="*", default=None,
@@ -336,8 +336,7 @@ def main() -> None:
     workloads = args.workloads or [w for w in workload_names() if w not in LAYOUT_WORKLOADS]
     steps = 3 if args.quick else args.steps
     batches = [64, 256] if args.quick else args.batches
-    out = args.out or ROOT / "bench" / "results" / (
-        "plan_quality_quick.json" if args.quick else "plan_quality.json")
+    out = args.out or default_out("plan_quality_quick" if args.quick else "plan_quality")
     result: dict[str, Any] = {
         **provenance(),  # command and commit (-dirty when tracked files differ)
         "machine": {"platform": platform.platform(), "python": platform.python_version(),

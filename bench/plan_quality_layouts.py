@@ -14,8 +14,8 @@ Run from the repository root (``bench/plan_quality.py --layouts`` runs the same)
 
     .venv/bin/python bench/plan_quality_layouts.py --steps 5 --batches 16 64 256
 
-It prints a table and writes ``bench/results/plan_quality_layouts.json`` (not
-``plan_quality.json``: the main grid's). Predictions of the analytic cost model only: nothing here
+It prints a table and writes ``--out`` (default ``bench-out/plan_quality_layouts.json``, not
+the main grid's ``plan_quality.json``). Predictions of the analytic cost model only: nothing here
 runs a step.
 """
 
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from provenance import provenance  # noqa: E402  (bench/, the script's folder, is on sys.path)
+from provenance import default_out, provenance  # noqa: E402  (bench/, the script's folder, is on sys.path)
 
 from costmodel.evaluate import CostModel  # noqa: E402
 from costmodel.presets import default_cost_model_file, load_cluster  # noqa: E402
@@ -57,7 +57,6 @@ WORKLOADS = ("text-millionctx", "video3d-longclip", "text-longcontext@llama-3.1-
 BASELINES = ("ring-cp", "usp", "static-best", "megatron-dyncp", "dcp-greedy", "strongest")
 """Baseline columns of the table (every registered one is in the JSON)."""
 
-OUT = ROOT / "bench" / "results" / "plan_quality_layouts.json"
 
 
 def layout_config(mode: AttentionLayout, base: PlannerConfig | None = None) -> PlannerConfig:
@@ -201,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", nargs="*", type=int, default=[16, 64, 256], help="Samples per step.")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, default=default_out("plan_quality_layouts"))
     args = parser.parse_args(argv)
 
     result: dict[str, Any] = {

@@ -14,7 +14,7 @@ Run from the repository root::
     .venv/bin/python bench/plan_scale.py --points 1024x8192 4096x32768 --out ...  # just these
     .venv/bin/python bench/plan_scale.py --layout auto --points 256x32 1024x8192 ...  # layouts chosen
 
-It prints a table per sweep and writes ``bench/results/plan_scale.json``.
+It prints a table per sweep and writes ``--out`` (default ``bench-out/plan_scale.json``).
 """
 
 from __future__ import annotations
@@ -109,6 +109,7 @@ def sweep(name: str, workload: str, points: list[tuple[int, int]], x_of: str,
 
 
 def main() -> None:
+    from provenance import default_out  # bench/, the script's folder, is on sys.path
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workloads", nargs="*", default=["text-longtail", "video-short"])
     parser.add_argument("--quick", action="store_true")
@@ -122,7 +123,7 @@ def main() -> None:
     parser.add_argument("--layout", choices=["ulysses", "auto", "ring"], default="ulysses",
                         help="PlannerConfig.layout: the attention layouts a group may take (default: the "
                              "default preset's, ulysses; auto: each group's Ulysses x ring chosen)")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "plan_scale.json")
+    parser.add_argument("--out", type=Path, default=default_out("plan_scale"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     top = 1024 if args.quick else 4096

@@ -8,7 +8,7 @@ Run from the repository root::
 It profiles a narrow LLaMA-shaped (1D) and STDiT-shaped (2D) stack with ``run_sweep`` (one torch
 thread), measures ``all_to_all_single`` / ``all_reduce`` with ``dcp profile-comm`` under
 ``torchrun`` (gloo), fits each with ``costmodel.fit`` using the median of the repeats (and, for
-comparison, the fastest repeat), prints a table and writes ``bench/results/profile_fit.json``.
+comparison, the fastest repeat), prints a table and writes ``--out`` (default ``bench-out/profile_fit.json``).
 
 Targets (issue 4): held-out MAPE compute time <= 3%, activation memory <= 2%, all-to-all <= 10%.
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from provenance import provenance  # bench/ (the script's folder) is on sys.path
+from provenance import default_out, provenance  # bench/ (the script's folder) is on sys.path
 
 from costmodel.fit import FitConfig, fit_profiles
 from costmodel.presets import load_model
@@ -121,7 +121,7 @@ def main() -> None:
                         help="Compute timer: wall (perf_counter) or thread (CPU time of the thread).")
     parser.add_argument("--comm-repeats", type=int, default=40, help="Timed repeats per comm point.")
     parser.add_argument("--comm-procs", type=int, default=2, help="gloo ranks for the comm profile.")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "profile_fit.json")
+    parser.add_argument("--out", type=Path, default=default_out("profile_fit"))
     parser.add_argument("--quiet", "-q", action="store_true", help="No progress bar: the table only.")
     args = parser.parse_args()
     torch.set_num_threads(1)

@@ -28,3 +28,10 @@ def provenance() -> dict[str, Any]:
     if commit is not None and git("status", "--porcelain", "--untracked-files=no"):
         commit += "-dirty"
     return {"command": " ".join([Path(sys.executable).name, *sys.argv]), "git_commit": commit}
+
+
+def default_out(name: str) -> Path:
+    """Where a benchmark writes its JSON unless ``--out`` names a file: ``bench-out/<name>.json``
+    in the working directory (ignored by git). A committed result is written by passing ``--out
+    bench/results/<name>.json`` explicitly, so a plain run never replaces one."""
+    return Path("bench-out") / f"{name}.json"

@@ -6,8 +6,8 @@ turns recalibration on (every
 ``--every-steps`` measured steps, following revisions). ``--world`` gloo ranks train the model,
 time their micro-batches and post them (``executor.measure``). After ``--steps-a`` steps the
 ranks wait for the first revision (so the next steps are re-planned with it), then run
-``--steps-b`` more. Prints the error per step and per revision and writes
-``bench/results/recalibration.json`` (with every measured micro-batch's terms, for analysis).
+``--steps-b`` more. Prints the error per step and per revision and writes ``--out`` (default
+``bench-out/recalibration.json``; with every measured micro-batch's terms, for analysis).
 
 The wrong model (``--start``): ``analytic``, the analytic H200 model with compute x``--compute-factor``
 (a model of other hardware altogether); or ``fitted``, a model fitted offline on this machine
@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from _service import free_port, start_service, stop_service
-from provenance import provenance  # bench/ (the script's folder) is on sys.path
+from provenance import default_out, provenance  # bench/ (the script's folder) is on sys.path
 
 from costmodel.analytic import analytic_cost_model
 from costmodel.evaluate import CostModel
@@ -269,7 +269,7 @@ def main() -> None:
                              "measured micro-batches).")
     parser.add_argument("--pin-ranks", action="store_true",
                         help="Pin rank r to core r (mod the cores); the service stays unpinned.")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "recalibration.json")
+    parser.add_argument("--out", type=Path, default=default_out("recalibration"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     num_steps = args.steps_a + args.steps_b

@@ -9,7 +9,7 @@ Run from the repository root::
 
     .venv/bin/python bench/report_scale.py                  # about a minute on 2 shared cores
 
-It prints a table and writes ``bench/results/report_scale.json`` (with the commit and load).
+It prints a table and writes ``--out`` (default ``bench-out/report_scale.json``) (with the commit and load).
 """
 
 from __future__ import annotations
@@ -91,10 +91,11 @@ def measure(num_gpus: int, *, repeats: int) -> dict[str, Any]:
 def main() -> None:
     """Measure, print, write the JSON."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from provenance import default_out  # bench/, the script's folder, is on sys.path
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpus", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/report_scale.json")
+    parser.add_argument("--out", type=Path, default=default_out("report_scale"))
     args = parser.parse_args()
     load_start = os.getloadavg()
     rows = [measure(n, repeats=args.repeats) for n in args.gpus]

@@ -5,7 +5,7 @@ sample of 128k or 512k tokens on groups of 8, 16 and 32 with every layout ``u x 
 allow: forward compute of the pairs, what the ring adds (``exposed``: hops the compute does not
 hide, merges) and the Ulysses all-to-alls over ``u``, from ``costmodel.ring.ring_layer_time_s``
 with the preset cost model and the hardware's unfitted p2p links (``default_p2p_links``: NVLink
-and network bandwidths, 10/20 us latencies). Writes ``bench/results/ring_cost.json``.
+and network bandwidths, 10/20 us latencies). Writes ``--out`` (default ``bench-out/ring_cost.json``).
 
     .venv/bin/python bench/ring_cost.py
 """
@@ -24,10 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
+    from provenance import default_out  # bench/, the script's folder, is on sys.path
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama-3.1-8b")
     parser.add_argument("--cluster", default="h200x32")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/ring_cost.json")
+    parser.add_argument("--out", type=Path, default=default_out("ring_cost"))
     args = parser.parse_args()
     cluster = load_cluster(args.cluster)
     cm = CostModel(file=default_cost_model_file(args.model, cluster.hardware.name), cluster=cluster)

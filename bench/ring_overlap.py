@@ -184,6 +184,7 @@ def _worker(rank: int, args: argparse.Namespace, port: int, out_dir: str) -> Non
 
 
 def main() -> None:
+    from provenance import default_out  # bench/, the script's folder, is on sys.path
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world", type=int, default=4, help="ranks in the ring")
     parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
@@ -196,7 +197,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                         help="compare with plain attention (fp64) first")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/ring_overlap.json")
+    parser.add_argument("--out", type=Path, default=default_out("ring_overlap"))
     args = parser.parse_args()
     if args.world < 1:
         parser.error(f"--world {args.world}: need at least one rank")

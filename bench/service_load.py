@@ -22,7 +22,7 @@ Phases, each against the same service and SQLite file:
 
 The load generator is a raw asyncio HTTP/1.1 client in this process; on a 2-core machine it
 shares the CPU with the service, so the latencies include that contention.
-Writes ``bench/results/service_load.json`` and prints a table.
+Writes ``--out`` (default ``bench-out/service_load.json``) and prints a table.
 """
 
 from __future__ import annotations
@@ -291,12 +291,13 @@ def run_fetch(svc: Service, *, epoch_id: str, num_clients: int, duration_s: floa
 
 # ------------------------------------------------------------------------ main
 def main() -> None:
+    from provenance import default_out  # bench/, the script's folder, is on sys.path
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="Short phases (smoke run).")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="Solver processes.")
     parser.add_argument("--epoch-steps", type=int, default=None, help="Steps planned in phase 1.")
     parser.add_argument("--option", action="append", default=[], help="Planner option KEY=JSON.")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "service_load.json")
+    parser.add_argument("--out", type=Path, default=default_out("service_load"))
     parser.add_argument("--quiet", "-q", action="store_true",
                         help="No progress bar or per-phase figures: the table only.")
     args = parser.parse_args()
