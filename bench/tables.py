@@ -1,9 +1,12 @@
-"""The figure tables of README.md and bench/README.md, rendered from ``bench/results/*.json``.
+"""The figure tables of the docs (README.md, bench/README.md, docs/*.md), rendered from
+``bench/results/*.json``.
 
 Each table sits between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->`` in a doc; this
 script writes what ``TABLES[NAME]`` renders from its JSON there, with a first line naming the
 JSON and the commit the benchmark ran at (the ``git_commit`` its script stored, or "commit not
-recorded"). ``tests/test_doc_tables.py`` fails when a doc's table differs from the rendering.
+recorded"). A JSON written from a tree with uncommitted changes (``-dirty``) is refused, and a
+path of the machine that ran it is shown by its file name only. ``tests/test_doc_tables.py``
+fails when a doc's table differs from the rendering.
 
     .venv/bin/python bench/tables.py            # rewrite every marked table in place
     .venv/bin/python bench/tables.py --check    # exit 1 naming each table that differs
@@ -22,7 +25,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-DOCS = (ROOT / "README.md", ROOT / "bench" / "README.md")
+DOCS = (ROOT / "README.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+ABSOLUTE_PATH = re.compile(r"(?<![\w.:/-])/(?:tmp|work|home|root|Users|mnt|srv|scratch)/[^\s`|;,)]*")
+"""A path of the machine that ran a benchmark (a scratch directory, a checkout), as a result may hold it."""
 MARKER = re.compile(r"(<!-- table:([a-z0-9_-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
 
 
@@ -166,24 +171,6 @@ def _layouts(data: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _rankview(data: dict[str, Any]) -> list[str]:
-    head = ["run", "connections", "requests", "req/s", "p50 ms", "p90 ms", "**p99 ms**", "errors",
-            "server RSS MiB after (main / with solver)", "load 1 min before"]
-    before = data["rss_before"]
-    lines = [_row(head), "|---" + "|---:" * (len(head) - 1) + "|",
-             _row(["before", "-", "-", "-", "-", "-", "-", "-",
-                   f"{before['main_bytes'] / 2**20:.1f} / {before['with_children_bytes'] / 2**20:.1f}", "-"])]
-    for r in data["runs"]:
-        errors = sum(r["socket_errors"].values()) + r["non_2xx_3xx"]
-        rss = r["rss_after"]
-        lines.append(_row([str(r["run"]), str(r.get("connections", data["connections"])), f"{r['requests']:,}",
-                           f"{r['requests_per_s']:,.0f}", f"{r['p50_s'] * 1e3:.1f}", f"{r['p90_s'] * 1e3:.1f}",
-                           f"**{r['p99_s'] * 1e3:.1f}**", str(errors),
-                           f"{rss['main_bytes'] / 2**20:.1f} / {rss['with_children_bytes'] / 2**20:.1f}",
-                           f"{r['load_avg_1m_before']:.1f}"]))
-    return lines
-
-
 def _plan_phases(data: dict[str, Any]) -> list[str]:
     """One plan's CPU seconds by phase (``bench/plan_phases.py``); nested phases overlap."""
     lines = [f"{data['workload']} {data['num_gpus']} x {data['num_samples']}, layout={data['layout']}, "
@@ -196,44 +183,199 @@ def _plan_phases(data: dict[str, Any]) -> list[str]:
 
 
 def _load(data: dict[str, Any]) -> str:
+    """The 1-minute load average at the run's start and end, wherever its script recorded them."""
     machine = data.get("machine", {})
-    start, end = machine.get("loadavg_at_start"), machine.get("loadavg_at_end")
-    return f"load {start[0]:.1f} -> {end[0]:.1f}" if start and end else "load not recorded"
+    pairs = (("loadavg_at_start", "loadavg_at_end"), ("loadavg_start", "loadavg_end"),
+             ("load_avg_start", "load_avg_end"), ("loadavg_before", "loadavg_after"),
+             ("host_load_avg_start", "host_load_avg_end"))
+    for start_key, end_key in pairs:
+        start = machine.get(start_key) or data.get(start_key)
+        end = machine.get(end_key) or data.get(end_key)
+        if start and end:
+            return f"load {start[0]:.1f} -> {end[0]:.1f}"
+    for key in ("loadavg", "load_average", "loadavg_1m_at_start"):
+        value = machine.get(key) or data.get(key)
+        if value:
+            return f"load {(value[0] if isinstance(value, list) else value):.1f}"
+    return "load not recorded"
+
+
+Cell = str | Callable[[dict[str, Any]], str]
+"""A column's cell: a ``str.format_map`` template over the row (``{p50_ms:.1f}``) or a function."""
+
+
+def _columns(rows: Callable[[dict[str, Any]], list[dict[str, Any]]],
+             columns: list[tuple[str, Cell]]) -> Callable[[dict[str, Any]], list[str]]:
+    """A renderer of one table row per item of ``rows(data)``; the first column left-aligned."""
+    def render(data: dict[str, Any]) -> list[str]:
+        lines = [_row([head for head, _ in columns]), "|---|" + "---:|" * (len(columns) - 1)]
+        for r in rows(data):
+            lines.append(_row([cell.format_map(r) if isinstance(cell, str) else cell(r) for _, cell in columns]))
+        return lines
+    return render
+
+
+def _mve_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """``bench/model_vs_executor.py``'s runs, one row per model kind and run."""
+    rows = []
+    for kind, runs in data["runs"].items():
+        for i, run in enumerate(runs if isinstance(runs, list) else [runs], 1):
+            s = run["summary"]
+            one = s["by_group_size"].get("1", {})
+            rows.append({"kind": kind, "run": i, **s, "one": one,
+                         "load": (run.get("loadavg_after") or [None])[0]})
+    return rows
+
+
+def _d1(r: dict[str, Any]) -> str:
+    one = r["one"]
+    if not one.get("micro_batches"):
+        return "-"
+    return f"{one['time_s_sum'] * 1e3:.0f} / {one['predicted_rest_s'] * 1e3:.0f} ms"
+
+
+MODEL_VS_EXECUTOR = _columns(_mve_rows, [
+    ("model", "{kind}"), ("run", "{run}"), ("micro-batches", "{micro_batches}"),
+    ("**time MAPE** (bias)", lambda r: f"**{_pct(r['time_mape'])}** ({r['time_bias']:+.1%})"),
+    ("per group", lambda r: _pct(r["group_time_mape"])), ("d=1 measured / predicted", _d1),
+    ("peak MAPE (max)", lambda r: f"{_pct(r['peak_mape'])} ({_pct(r['peak_max_error'])})"),
+    ("load after", lambda r: "-" if r["load"] is None else f"{r['load']:.1f}"),
+])
+
+
+def _overhead_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    res = data["results"]
+    rows = [{"mode": mode, "part": part, **res[key][part]} for key, mode in (("depth4", "prefetch 4 steps"),
+                                                                              ("depth0", "no prefetch"))
+            for part in ("fetch", "digest", "total")]
+    rows += [{"mode": f"measurements ({clock})", "part": "timer + reporter", **res["measure"][key]}
+             for key, clock in (("wall", "wall"), ("thread_cpu", "thread CPU"))]
+    return [*rows, {"mode": "after a barrier", "part": "digest", **res["digest_after_barrier"]}]
+
+
+def _named(key: str) -> Callable[[dict[str, Any]], list[dict[str, Any]]]:
+    """Rows from ``data[key]``: a list as it is, a dict as ``{"name": key, **value}`` per item."""
+    def rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+        value = data[key]
+        return value if isinstance(value, list) else [{"name": k, **v} for k, v in value.items()]
+    return rows
+
+
+def _recal_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """``bench/recalibration.py``'s errors per revision, then after step 20, then the offline model's."""
+    rows = [{"name": "the wrong model" if rev == "0" else f"revision @{rev}", **e}
+            for rev, e in data["errors_by_revision"].items()]
+    after = data["errors_from_step_20"]
+    offline = data["comparison"]
+    return [*rows, {"name": "**every plan of steps >= 20**", **after},
+            {"name": "the offline-fitted model itself, same steps", "groups": "-", "group_mape": None,
+             "group_median_ape": None, "micro_batch_mape": offline["offline_micro_batch_mape"]}]
+
+
+def _nested(*keys: str) -> Callable[[dict[str, Any]], list[dict[str, Any]]]:
+    def rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+        for key in keys:
+            data = data[key]
+        return data if isinstance(data, list) else [data]
+    return rows
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "**no**"
 
 
 TABLES: dict[str, TableSpec] = {
+    "plan-quality-quick": TableSpec(json_name="plan_quality_quick.json", render=_grid),
+    "plan-statuses-quick": TableSpec(json_name="plan_quality_quick.json", render=_statuses),
+    "plan-quality-budgets-quick": TableSpec(json_name="plan_quality_quick.json", render=_budgets),
+    "plan-intra-ablation-quick": TableSpec(json_name="plan_quality_quick.json", render=_columns(_named("ablation"), [
+        ("workload", "{workload}"), ("GPUs", lambda r: _gpus(r["cluster"])), ("batch", "{num_samples}"),
+        ("inter only / inter + intra, mean", "{intra_gain_mean:.4f}"), ("max", "{intra_gain_max:.4f}"),
+        ("steps faster", "{steps_faster} / {steps}"), ("x strongest inter only", "{inter_only_x_strongest:.3f}"),
+        ("x strongest inter + intra", "{both_x_strongest:.3f}")])),
+    "plan-quality-modern": TableSpec(json_name="plan_quality_modern.json", render=_grid),
+    "plan-quality-layouts": TableSpec(json_name="plan_quality_layouts.json", render=_layouts),
     "plan-scale-sweeps": TableSpec(json_name="plan_scale.json", render=_scale_sweeps),
-    "plan-scale-points": TableSpec(json_name="plan_scale_points_5steps.json", render=_scale_points),
     "plan-scale-readme": TableSpec(json_name="plan_scale_points_5steps_rerun.json", render=_scale_points),
     "plan-scale-layouts": TableSpec(json_name="plan_scale_layouts.json", render=_scale_points_gap),
-    # Issue 25's 16,384 x 131,072 point (`plan_scale.py --layout auto`) and its phase breakdowns
-    # (`plan_phases.py`) over the rounds of speed-ups: the table's name -> its JSON.
-    **{name: TableSpec(json_name=json_name, render=_scale_points_gap) for name, json_name in (
-        ("plan-scale-layouts-16384", "plan_scale_layouts_16384_quiet_93250d0_ab.json"),
-        ("plan-scale-layouts-16384-quiet-f5e2b91-ab", "plan_scale_layouts_16384_quiet_f5e2b91_ab.json"),
-        ("plan-scale-layouts-16384-5f03d76", "plan_scale_layouts_16384.json"),
-        ("plan-scale-layouts-16384-lptmemo", "plan_scale_layouts_16384_lptmemo.json"),
-        ("plan-scale-layouts-16384-microopt", "plan_scale_layouts_16384_microopt.json"),
-        ("plan-scale-layouts-16384-packed", "plan_scale_layouts_16384_packed.json"),
-        ("plan-scale-layouts-16384-quiet", "plan_scale_layouts_16384_quiet.json"),
-        ("plan-scale-layouts-16384-quiet-d25f763", "plan_scale_layouts_16384_quiet_d25f763.json"),
-        ("plan-scale-layouts-16384-2c3dc7a", "plan_scale_layouts_16384_2c3dc7a_ab1.json"),
-        ("plan-scale-layouts-16384-f5e2b91", "plan_scale_layouts_16384_f5e2b91_ab1.json"),
+    "plan-scale-layouts-16384": TableSpec(json_name="plan_scale_layouts_16384_quiet_93250d0_ab.json",
+                                          render=_scale_points_gap),
+    "plan-phases-16384-2c3dc7a": TableSpec(json_name="plan_phases_16384_auto_2c3dc7a_ab1.json", render=_plan_phases),
+    "model-sensitivity": TableSpec(json_name="model_sensitivity.json", render=_columns(_named("by_term"), [
+        ("term", "{term}"), ("factor", "{factor:+.0%}"),
+        ("P infeasible (micro-batches over the cap)",
+         lambda r: f"{r['num_infeasible']} / {r['num_steps']} ({r['num_microbatches_over_cap']:,})"),
+        ("loss mean", lambda r: _pct(r["loss"]["mean"])), ("p95", lambda r: _pct(r["loss"]["p95"])),
+        ("max", lambda r: _pct(r["loss"]["max"])), ("worst cell (its mean)",
+                                                   lambda r: f"{r['worst_cell']} ({_pct(r['worst_cell_mean'])})")])),
+    "executor-overhead": TableSpec(json_name="executor_overhead.json", render=_columns(_overhead_rows, [
+        ("mode", "{mode}"), ("part", "{part}"), ("median ms", "{median_ms:.3f}"), ("p99 ms", "{p99_ms:.2f}")])),
+    **{name: TableSpec(json_name=json_name, render=MODEL_VS_EXECUTOR) for name, json_name in (
+        ("model-vs-executor", "model_vs_executor_cpu.json"),
+        ("model-vs-executor-quiet", "model_vs_executor_cpu_quiet.json"),
+        ("model-vs-executor-one-at-a-time", "model_vs_executor_cpu_one_at_a_time.json"),
+        ("model-vs-executor-gqa", "model_vs_executor_cpu_gqa.json"),
     )},
-    **{name: TableSpec(json_name=json_name, render=_plan_phases) for name, json_name in (
-        ("plan-phases-16384-before-lptmemo", "plan_phases_16384_auto_dc65cb4_ab2.json"),
-        ("plan-phases-16384-lptmemo", "plan_phases_16384_auto_lptmemo_ab2.json"),
-        ("plan-phases-16384-f5e2b91", "plan_phases_16384_auto_f5e2b91_ab1.json"),
-        ("plan-phases-16384-2c3dc7a", "plan_phases_16384_auto_2c3dc7a_ab1.json"),
-    )},
-    "plan-quality-grid": TableSpec(json_name="plan_quality.json", render=_grid),
-    "plan-quality-budgets": TableSpec(json_name="plan_quality.json", render=_budgets),
-    "plan-quality-24-48": TableSpec(json_name="plan_quality_24_48.json", render=_grid),
-    "plan-statuses": TableSpec(json_name="plan_quality.json", render=_statuses),
-    "plan-quality-layouts": TableSpec(json_name="plan_quality_layouts.json", render=_layouts),
-    "load-rankview": TableSpec(json_name="load_rankview.json", render=_rankview),
+    "communicators": TableSpec(json_name="communicators.json", render=_columns(_named("rows"), [
+        ("world", "{world}"), ("groups (contiguous)", "{contiguous_groups}"), ("groups (aligned)", "{aligned_groups}"),
+        ("create contiguous s", lambda r: f"{r['contiguous_create_s_max']:.3f}" if r["ran"] else "not run"),
+        ("create aligned s", lambda r: f"{r['aligned_create_s_max']:.3f}" if r["ran"] else "not run"),
+        ("first all-reduce per group, median ms",
+         lambda r: f"{r['first_collective_ms_median']:.1f}" if r["ran"] else "not run")])),
+    "ring-cost": TableSpec(json_name="ring_cost.json", render=_columns(_named("rows"), [
+        ("tokens", "{tokens:,}"), ("group", "{group_size}"), ("Ulysses x ring", "{ulysses_degree} x {ring_degree}"),
+        ("forward ms", lambda r: f"{r['forward_s'] * 1e3:.2f}"),
+        ("ring hops not hidden ms", lambda r: f"{r['exposed_forward_s'] * 1e3:.2f}"),
+        ("all-to-all ms", lambda r: f"{r['alltoall_forward_s'] * 1e3:.2f}"),
+        ("ring K/V buffers MiB", lambda r: _mib(r["ring_kv_buffer_bytes"]))])),
+    "profile-fit": TableSpec(json_name="profile_fit.json", render=_columns(_named("rows"), [
+        ("model shape", "{model}"), ("timing", "{timing}"),
+        *[(f"{term.replace('_', ' ')} (mean over splits)",
+           (lambda term: lambda r: f"{_pct(r['mape'][term])} ({_pct(r['mape_mean_over_splits'][term])})")(term))
+          for term in ("compute_time", "activation_bytes", "head_time", "alltoall", "allreduce")],
+        ("profile s", "{profile_wall_s:.0f}")])),
+    "megatron-parity": TableSpec(json_name="megatron_parity.json", render=_columns(_nested("summary"), [
+        ("batches", "{batches}"), ("compared", "{compared}"), ("Megatron failed", "{megatron_failed}"),
+        ("ours / Megatron min", "{ratio_min:.2f}"), ("median", "{ratio_median:.2f}"), ("max", "{ratio_max:.2f}"),
+        ("ours slower by over 2%", "{ours_slower_by_over_2pct}")])),
+    "service-load-fetch": TableSpec(json_name="service_load_rerun.json", render=_columns(_named("fetch"), [
+        ("clients", "{clients}"), ("order", "{order}"), ("mode", "{mode}"), ("requests", "{requests:,}"),
+        ("errors", "{errors}"), ("req/s", "{throughput_rps:,.0f}"), ("p50 ms", "{p50_ms:.1f}"),
+        ("p99 ms", "{p99_ms:.1f}"), ("max ms", "{max_ms:.1f}")])),
+    "faults": TableSpec(json_name="faults.json", render=_columns(_named("cases"), [
+        ("fault", "{name}"), ("what the user sees", "{user_sees}"), ("recovered in s", "{recovery_s:.2f}"),
+        ("steps", "{steps}"), ("plans identical to a clean run", lambda r: _yes(r["identical_to_reference"]))])),
+    "epoch-scale": TableSpec(json_name="epoch_scale.json", render=_columns(_named("runs"), [
+        ("runner", "{kind}"), ("workers", "{workers}"), ("steps", "{steps}"), ("steps/s", "{steps_per_s:.1f}"),
+        ("driver CPU ms / step", lambda r: f"{r['driver_cpu_s_per_step'] * 1e3:.2f}"),
+        ("all CPU ms / step", lambda r: f"{r['all_cpu_s_per_step'] * 1e3:.1f}"),
+        ("digests equal the pool's", lambda r: _yes(r["digests_equal_pool"]))])),
+    "epoch-ray-faults": TableSpec(json_name="epoch_ray_faults.json", render=_columns(_named("cases"), [
+        ("fault", "{case}"), ("steps stored at the fault", lambda r: str(r.get("steps_at_fault", "-"))),
+        ("done s after it", lambda r: f"{r.get('after_fault_s', r['total_s']):.1f}"), ("state", "{state}"),
+        ("distinct steps", lambda r: str(r.get("distinct_steps", "-"))),
+        ("digests equal the pool's", lambda r: _yes(r["digests_equal_pool"]) if "digests_equal_pool" in r else "-")])),
+    "recalibration-fitted": TableSpec(json_name="recalibration_fitted_stepgc1.json", render=_columns(_recal_rows, [
+        ("plans of", "{name}"), ("groups", "{groups}"), ("group MAPE", lambda r: _pct(r["group_mape"])),
+        ("group median APE", lambda r: _pct(r["group_median_ape"])),
+        ("micro-batch MAPE", lambda r: _pct(r["micro_batch_mape"]))])),
+    "report-scale": TableSpec(json_name="report_scale.json", render=_columns(_named("rows"), [
+        ("GPUs x samples", "{num_gpus} x {num_samples}"), ("groups", "{num_groups}"),
+        *[(f"{name} s (KiB)", (lambda key: lambda r: f"{r[key]['wall_s']:.2f} ({r[key]['bytes'] / 1024:.0f})")(key))
+          for key, name in (("gantt_png", "Gantt PNG"), ("gantt_svg", "Gantt SVG"), ("plan_html", "plan HTML"),
+                            ("memory_png", "memory PNG"), ("trace_json", "trace JSON"))]])),
 }
 """Every generated table by its marker name."""
+
+
+def _command(command: str, json_name: str) -> str:
+    """The recorded command as a reader reruns it: an absolute ``--out`` path (a scratch file the
+    result was copied from) becomes the committed file, any other absolute path its file name."""
+    words = command.split()
+    for i, word in enumerate(words):
+        if word.startswith("/"):
+            words[i] = f"bench/results/{json_name}" if i and words[i - 1] == "--out" else Path(word).name
+    return " ".join(words)
 
 
 def render(name: str) -> str:
@@ -241,15 +383,21 @@ def render(name: str) -> str:
 
     Raises:
         KeyError: for a name ``TABLES`` does not know.
+        ValueError: when its JSON was written from a tree with uncommitted changes (``-dirty``):
+            such a figure cannot be traced to code anyone can check out.
     """
     spec = TABLES[name]
     data = json.loads((RESULTS / spec.json_name).read_text(encoding="utf-8"))
-    commit = data.get("git_commit") or "commit not recorded"
+    commit = data.get("git_commit") or data.get("commit") or "commit not recorded"
+    if commit.endswith("dirty"):
+        raise ValueError(f"table {name!r}: bench/results/{spec.json_name} ran at {commit}, a tree with uncommitted "
+                         "changes; rerun it at a clean commit (--out bench/results/...)")
     if commit != "commit not recorded":
         commit = f"commit {commit}"
-    source = (f"*Generated by `bench/tables.py` from `bench/results/{spec.json_name}` ({commit}; "
-              f"`{data.get('command', 'command not recorded')}`, {_load(data)}).*")
-    return "\n".join([source, "", *spec.render(data)]) + "\n"
+    command = _command(data.get("command", "command not recorded"), spec.json_name)
+    source = f"*Generated by `bench/tables.py` from `bench/results/{spec.json_name}` ({commit}; `{command}`, {_load(data)}).*"
+    body = "\n".join([source, "", *spec.render(data)]) + "\n"
+    return ABSOLUTE_PATH.sub(lambda m: Path(m.group(0)).name, body)
 
 
 def marked_tables(text: str) -> list[tuple[str, str]]:

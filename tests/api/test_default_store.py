@@ -1,4 +1,4 @@
-"""A bare ``dcp serve``, ``make run`` and ``dcp epoch`` use one plan store file, the one the README names."""
+"""A bare ``dcp serve``, ``make run`` and ``dcp epoch`` use one plan store file, the one the docs name."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def test_default_store_file_is_the_readmes(monkeypatch: pytest.MonkeyPatch) -> N
     assert default == Path("plans.sqlite")
     assert re.search(r"^DB \?= plans\.sqlite$", (ROOT / "Makefile").read_text(), flags=re.MULTILINE)
     assert 'Path("plans.sqlite"), help="SQLite store' in (ROOT / "dcp_cli" / "epoch.py").read_text()
-    readme = (ROOT / "README.md").read_text()
-    assert "A bare `dcp serve`\nstores plans in `plans.sqlite`" in readme or \
-        "stores plans in `plans.sqlite` (the `DCP_DB_PATH` default)" in readme.replace("\n", " ")
-    assert "dcp-plans.sqlite" not in readme
+    serving = (ROOT / "docs" / "serving.md").read_text()
+    assert "stores plans in `plans.sqlite` (the `DCP_DB_PATH` default)" in serving.replace("\n", " ")
+    for doc in (ROOT / "README.md", ROOT / "docs" / "serving.md", ROOT / "docs" / "development.md"):
+        assert "dcp-plans.sqlite" not in doc.read_text()

@@ -1,4 +1,4 @@
-"""The README's Trainer blocks run as written: ``examples/train_hf_trainer.py`` and
+"""The Trainer blocks of docs/training.md run as written: ``examples/train_hf_trainer.py`` and
 ``examples/train_trl_sft.py`` under torchrun, 4 gloo ranks, plans made locally, the ``Trainer``'s
 logging and checkpoints; with ``--service``, the example's
 measured step times reach a real ``dcp serve`` without measurement code in the script."""
@@ -27,9 +27,9 @@ BIN = Path(sys.executable).parent
 
 
 def _trainer_block(script: str = "examples/train_hf_trainer.py") -> str:
-    """The bash block of the README's Trainer section that runs ``script``."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("### Hugging Face Trainer and TRL\n", 1)[1].split("\n### ", 1)[0]
+    """The bash block of docs/training.md's Trainer section that runs ``script``."""
+    page = (ROOT / "docs" / "training.md").read_text()
+    section = page.split("## Hugging Face Trainer and TRL\n", 1)[1].split("\n## ", 1)[0]
     blocks = [b for b in re.findall(r"```bash\n(.*?)```", section, flags=re.S) if script in b]
     assert len(blocks) == 1, (script, blocks)
     return blocks[0]

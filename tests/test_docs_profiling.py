@@ -1,46 +1,30 @@
-"""The README's CPU quick tour runs as written: a small Llama config is profiled at its own shape
-on the CPU, fitted, and planned on ``cpu:2`` with the fitted file (issue 23: the 7B fit of the old
-block fitted no CPU rank). The files it writes and the plan it prints are checked; that a fitted
-file plans only the model it was fitted for is tested in tests/planner/test_cli_plan_cost_model.py."""
+"""docs/profiling.md runs top to bottom as written (``tests/doc_blocks.py``): its CPU quick tour
+profiles a small Llama config at its own shape on the CPU, fits it, and plans on ``cpu:2`` with the
+fitted file. The files it writes and the plan it prints are checked; that a fitted file plans only
+the model it was fitted for is tested in tests/planner/test_cli_plan_cost_model.py."""
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from costmodel.model_config import model_spec_from_config
+from tests.doc_blocks import ROOT, not_ignored, run_page, session, written
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 TINY = ROOT / "examples" / "tiny-llama"
 
 pytestmark = pytest.mark.timeout(400)
 
 
-def _tour_block() -> str:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    blocks = re.findall(r"<!-- readme-test: tests/test_readme_cpu_tour.py -->\n```bash\n(.*?)```", readme, flags=re.S)
-    assert len(blocks) == 1, "README.md has no (or more than one) block marked tests/test_readme_cpu_tour.py"
-    return blocks[0]
-
-
-def _run(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=cwd, capture_output=True, text=True,
-                          env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"}, timeout=380, check=False)
-
-
-def test_readme_cpu_tour_runs_as_written(tmp_path: Path) -> None:
+def test_the_profiling_page_runs_top_to_bottom(tmp_path: Path) -> None:
     pytest.importorskip("torch")  # dcp profile, torchrun
-    (tmp_path / "examples").symlink_to(ROOT / "examples")
-    block = _tour_block()
+    page = ROOT / "docs" / "profiling.md"
     for step in ("dcp profile", "profile-comm", "dcp fit", "dcp plan"):
-        assert step in block
-    result = _run(block.replace(".venv/bin/", f"{BIN}/"), tmp_path)
+        assert step in session(page)
+    result = run_page(page, tmp_path, timeout_s=380)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
     spec = model_spec_from_config(TINY)
@@ -72,3 +56,4 @@ def test_readme_cpu_tour_runs_as_written(tmp_path: Path) -> None:
     for r in rows:  # groups of the two CPU ranks: one group of 2, or two of 1
         assert r[-1] in ("2", "1x2"), r
     assert "BoundError" not in out + result.stderr
+    assert not_ignored(written(tmp_path)) == [], "the page's commands write files git does not ignore"
