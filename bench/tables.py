@@ -204,11 +204,12 @@ Cell = str | Callable[[dict[str, Any]], str]
 """A column's cell: a ``str.format_map`` template over the row (``{p50_ms:.1f}``) or a function."""
 
 
-def _columns(rows: Callable[[dict[str, Any]], list[dict[str, Any]]],
-             columns: list[tuple[str, Cell]]) -> Callable[[dict[str, Any]], list[str]]:
-    """A renderer of one table row per item of ``rows(data)``; the first column left-aligned."""
+def _columns(rows: Callable[[dict[str, Any]], list[dict[str, Any]]], columns: list[tuple[str, Cell]], *,
+             left: int = 1) -> Callable[[dict[str, Any]], list[str]]:
+    """A renderer of one table row per item of ``rows(data)``; the first ``left`` columns
+    (text) left-aligned, the others (numbers) right-aligned."""
     def render(data: dict[str, Any]) -> list[str]:
-        lines = [_row([head for head, _ in columns]), "|---|" + "---:|" * (len(columns) - 1)]
+        lines = [_row([head for head, _ in columns]), "|" + "---|" * left + "---:|" * (len(columns) - left)]
         for r in rows(data):
             lines.append(_row([cell.format_map(r) if isinstance(cell, str) else cell(r) for _, cell in columns]))
         return lines
@@ -280,6 +281,16 @@ def _nested(*keys: str) -> Callable[[dict[str, Any]], list[dict[str, Any]]]:
     return rows
 
 
+def _fit_cell(term: str) -> Cell:
+    """A fitted term's held-out MAPE on the default split (the mean over splits)."""
+    return lambda r: f"{_pct(r['mape'][term])} ({_pct(r['mape_mean_over_splits'][term])})"
+
+
+def _picture_cell(key: str) -> Cell:
+    """A picture's wall seconds (its size in KiB)."""
+    return lambda r: f"{r[key]['wall_s']:.2f} ({r[key]['bytes'] / 1024:.0f})"
+
+
 def _yes(flag: bool) -> str:
     return "yes" if flag else "**no**"
 
@@ -301,15 +312,9 @@ TABLES: dict[str, TableSpec] = {
     "plan-scale-layouts-16384": TableSpec(json_name="plan_scale_layouts_16384_quiet_93250d0_ab.json",
                                           render=_scale_points_gap),
     "plan-phases-16384-2c3dc7a": TableSpec(json_name="plan_phases_16384_auto_2c3dc7a_ab1.json", render=_plan_phases),
-    "model-sensitivity": TableSpec(json_name="model_sensitivity.json", render=_columns(_named("by_term"), [
-        ("term", "{term}"), ("factor", "{factor:+.0%}"),
-        ("P infeasible (micro-batches over the cap)",
-         lambda r: f"{r['num_infeasible']} / {r['num_steps']} ({r['num_microbatches_over_cap']:,})"),
-        ("loss mean", lambda r: _pct(r["loss"]["mean"])), ("p95", lambda r: _pct(r["loss"]["p95"])),
-        ("max", lambda r: _pct(r["loss"]["max"])), ("worst cell (its mean)",
-                                                   lambda r: f"{r['worst_cell']} ({_pct(r['worst_cell_mean'])})")])),
     "executor-overhead": TableSpec(json_name="executor_overhead.json", render=_columns(_overhead_rows, [
-        ("mode", "{mode}"), ("part", "{part}"), ("median ms", "{median_ms:.3f}"), ("p99 ms", "{p99_ms:.2f}")])),
+        ("mode", "{mode}"), ("part", "{part}"), ("median ms", "{median_ms:.3f}"), ("p99 ms", "{p99_ms:.2f}")],
+        left=2)),
     **{name: TableSpec(json_name=json_name, render=MODEL_VS_EXECUTOR) for name, json_name in (
         ("model-vs-executor", "model_vs_executor_cpu.json"),
         ("model-vs-executor-quiet", "model_vs_executor_cpu_quiet.json"),
@@ -331,9 +336,9 @@ TABLES: dict[str, TableSpec] = {
     "profile-fit": TableSpec(json_name="profile_fit.json", render=_columns(_named("rows"), [
         ("model shape", "{model}"), ("timing", "{timing}"),
         *[(f"{term.replace('_', ' ')} (mean over splits)",
-           (lambda term: lambda r: f"{_pct(r['mape'][term])} ({_pct(r['mape_mean_over_splits'][term])})")(term))
+           _fit_cell(term))
           for term in ("compute_time", "activation_bytes", "head_time", "alltoall", "allreduce")],
-        ("profile s", "{profile_wall_s:.0f}")])),
+        ("profile s", "{profile_wall_s:.0f}")], left=2)),
     "megatron-parity": TableSpec(json_name="megatron_parity.json", render=_columns(_nested("summary"), [
         ("batches", "{batches}"), ("compared", "{compared}"), ("Megatron failed", "{megatron_failed}"),
         ("ours / Megatron min", "{ratio_min:.2f}"), ("median", "{ratio_median:.2f}"), ("max", "{ratio_max:.2f}"),
@@ -341,10 +346,11 @@ TABLES: dict[str, TableSpec] = {
     "service-load-fetch": TableSpec(json_name="service_load_rerun.json", render=_columns(_named("fetch"), [
         ("clients", "{clients}"), ("order", "{order}"), ("mode", "{mode}"), ("requests", "{requests:,}"),
         ("errors", "{errors}"), ("req/s", "{throughput_rps:,.0f}"), ("p50 ms", "{p50_ms:.1f}"),
-        ("p99 ms", "{p99_ms:.1f}"), ("max ms", "{max_ms:.1f}")])),
+        ("p99 ms", "{p99_ms:.1f}"), ("max ms", "{max_ms:.1f}")], left=3)),
     "faults": TableSpec(json_name="faults.json", render=_columns(_named("cases"), [
         ("fault", "{name}"), ("what the user sees", "{user_sees}"), ("recovered in s", "{recovery_s:.2f}"),
-        ("steps", "{steps}"), ("plans identical to a clean run", lambda r: _yes(r["identical_to_reference"]))])),
+        ("steps", "{steps}"), ("plans identical to a clean run", lambda r: _yes(r["identical_to_reference"]))],
+        left=2)),
     "epoch-scale": TableSpec(json_name="epoch_scale.json", render=_columns(_named("runs"), [
         ("runner", "{kind}"), ("workers", "{workers}"), ("steps", "{steps}"), ("steps/s", "{steps_per_s:.1f}"),
         ("driver CPU ms / step", lambda r: f"{r['driver_cpu_s_per_step'] * 1e3:.2f}"),
@@ -361,7 +367,7 @@ TABLES: dict[str, TableSpec] = {
         ("micro-batch MAPE", lambda r: _pct(r["micro_batch_mape"]))])),
     "report-scale": TableSpec(json_name="report_scale.json", render=_columns(_named("rows"), [
         ("GPUs x samples", "{num_gpus} x {num_samples}"), ("groups", "{num_groups}"),
-        *[(f"{name} s (KiB)", (lambda key: lambda r: f"{r[key]['wall_s']:.2f} ({r[key]['bytes'] / 1024:.0f})")(key))
+        *[(f"{name} s (KiB)", _picture_cell(key))
           for key, name in (("gantt_png", "Gantt PNG"), ("gantt_svg", "Gantt SVG"), ("plan_html", "plan HTML"),
                             ("memory_png", "memory PNG"), ("trace_json", "trace JSON"))]])),
 }
@@ -395,7 +401,8 @@ def render(name: str) -> str:
     if commit != "commit not recorded":
         commit = f"commit {commit}"
     command = _command(data.get("command", "command not recorded"), spec.json_name)
-    source = f"*Generated by `bench/tables.py` from `bench/results/{spec.json_name}` ({commit}; `{command}`, {_load(data)}).*"
+    source = (f"*Generated by `bench/tables.py` from `bench/results/{spec.json_name}` ({commit}; `{command}`, "
+              f"{_load(data)}).*")
     body = "\n".join([source, "", *spec.render(data)]) + "\n"
     return ABSOLUTE_PATH.sub(lambda m: Path(m.group(0)).name, body)
 

@@ -27,7 +27,7 @@ from dcp_cli.net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-BLOCK = re.compile(r"(?:<!-- doc-test: (.*?) -->\n)?```bash\n(.*?)```", re.S)
+BLOCK = re.compile(r"(?:<!-- doc-test: ([^\n]*?) -->\n)?```bash\n(.*?)```", re.S)
 PORT = re.compile(r"(?<=[: ])(8[0-9]00)\b")
 STOPPED = ("for _ in $(seq 60); do [ -z \"$(jobs -rp)\" ] && break; sleep 0.5; done\n"
            "test -z \"$(jobs -rp)\" || { echo 'a server the page started is still running' >&2; exit 9; }\n")

@@ -46,7 +46,7 @@ def test_plan_with_a_fitted_cost_model(tmp_path: Path) -> None:
 
 
 def test_a_file_for_another_model_plans_when_that_model_is_named(tmp_path: Path) -> None:
-    """A file for a small model (the README's CPU tour fits one for examples/tiny-llama) plans a
+    """A file for a small model (docs/profiling.md's CPU tour fits one for examples/tiny-llama) plans a
     workload preset's samples when ``--model-config`` / ``--model`` names that model; a file for
     another model than the one named is refused naming both shapes (exit 2)."""
     tiny = ROOT / "examples" / "tiny-llama"

@@ -1,4 +1,4 @@
-"""Regression: the exact CP-SAT model of a two-layer model (the README's Latte example) called a
+"""Regression: the exact CP-SAT model of a two-layer model (docs/training.md's Latte example) called a
 feasible placement infeasible and reported a bound twice the plan's step time (BoundError).
 
 With ``L = 2`` layers a sample recomputes at most ``k_top = 1`` layer, so the first recomputed
