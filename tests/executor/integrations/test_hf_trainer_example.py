@@ -47,7 +47,7 @@ def _run_block(block: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_readme_trainer_block_runs_as_written(tmp_path: Path) -> None:
+def test_the_trainer_block_runs_as_written(tmp_path: Path) -> None:
     result = _run_block(_trainer_block(), tmp_path)
     losses = [float(x) for x in re.findall(r"^step \d+: loss ([0-9.]+)", result.stdout, re.MULTILINE)]
     assert len(losses) == 4, result.stdout
@@ -61,7 +61,7 @@ def test_readme_trainer_block_runs_as_written(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_readme_trl_block_runs_as_written(tmp_path: Path) -> None:
+def test_the_trl_block_runs_as_written(tmp_path: Path) -> None:
     """``examples/train_trl_sft.py``: TRL's ``SFTTrainer`` script with its ``# [dcp]`` lines, 2 steps."""
     pytest.importorskip("trl")
     result = _run_block(_trainer_block("examples/train_trl_sft.py"), tmp_path)
