@@ -144,7 +144,8 @@ class CostTable:
         """The ring degree of each size column (chosen in ``_choose_layout``)."""
         self.grad_sync_s = cost_model.grad_sync_time_s()
         budget = cost_model.activation_budget_bytes()
-        self.budget_bytes = budget * (1.0 - memory_safety_fraction) if budget > 0 else budget
+        reserved = cost_model.reserved_budget_fraction(memory_safety_fraction)  # a forced fit's margin or the safety
+        self.budget_bytes = budget * (1.0 - reserved) if budget > 0 else budget
         num_c, num_d = self.classes.num_classes, len(self.sizes)
         self.k_min = np.full((num_c, num_d), -1, dtype=np.int64)
         self.time_s = np.full((num_c, num_d), INF)
