@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.evaluate import CostModel
+from costmodel.evaluate import CostModel, GroupLayout
 from costmodel.specs import Sample
 
 INF = math.inf
@@ -194,6 +194,12 @@ class CostTable:
     def ring_degree_of(self, d: int) -> int:
         """The ring degree of size ``d``'s column."""
         return self.ring_degrees[self.size_index(d)]
+
+    def layout_of(self, d: int) -> GroupLayout | None:
+        """The cost model's layout of size ``d``'s column at an aligned placement (None: pure
+        Ulysses), what a baseline that runs size ``d`` at the table's layout is priced with."""
+        r = self.ring_degree_of(d)
+        return None if r == 1 else self.cost_model.place(first_rank=0, group_size=d, ring_degree=r)
 
     def _choose_layout(self, j: int, d: int, counts: np.ndarray) -> None:
         """Fill column ``j`` with each allowed layout of size ``d`` and keep the one under which the
