@@ -18,8 +18,9 @@ transient bytes.
   activations with their working set), ``transient`` the working set of a plain layer's
   backward and ``per_layer`` the bytes of each layer whatever the tokens (weight-gradient
   buffers), plus ``buffers * T`` in records of groups of 2 or more (the all-to-all's send and
-  receive buffers, when the profile has records alone too). Every plausible structure is one point of this form: the rematerialised layer on
-  top of the transient (``recomputed = none + transient``, the analytic form), the transient
+  receive buffers, when the profile has records alone too; the file holds them in
+  ``working_bytes_per_token``). Every plausible structure is one point of this form: the
+  rematerialised layer on top of the transient (``recomputed = none + transient``, the analytic form), the transient
   being the recomputed layer itself (``recomputed = none``), or a recomputed layer holding more
   than a plain one. The max is fitted by non-negative least squares in relative error, the
   records of ``0 < k < n`` assigned to the phase that peaks and refitted until the assignment

@@ -24,6 +24,13 @@ from costmodel.specs import ClusterSpec, Sample
 FloatArray = NDArray[np.float64]
 
 
+def reserved_fraction(safety_fraction: float, margin: float) -> float:
+    """Share of the activation budget kept free under a safety fraction and a fit's margin ``m``:
+    the larger of the fraction and ``m/(1 + m)`` (activations up to ``1 + m`` times the
+    prediction fit in the rest), never their sum."""
+    return max(safety_fraction, margin / (1.0 + margin))
+
+
 class MemoryCosts:
     """Memory of a cost model bound to a cluster (a mixin of ``CostModel``)."""
 
@@ -118,8 +125,7 @@ class MemoryCosts:
         """Share of the activation budget a plan keeps free: the planner's ``safety_fraction`` or,
         when larger, what the file's ``memory_margin_fraction`` ``m`` needs (activations up to
         ``1 + m`` times the prediction fit in ``1 - m/(1 + m)`` of the budget), never both."""
-        margin = self.file.activation.memory_margin_fraction
-        return max(safety_fraction, margin / (1.0 + margin))
+        return reserved_fraction(safety_fraction, self.file.activation.memory_margin_fraction)
 
     def activation_budget_bytes(self) -> float:
         """Bytes left for activations under the memory cap (may be negative)."""

@@ -41,8 +41,8 @@ def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size:
 
     Raises:
         ValueError: for an unknown preset, a cost model made for another model shape (naming the
-            fields that differ) or hardware (the workload's, or ``model`` when given), or a model of the other kind than the workload
-            (text/video).
+            fields that differ) or hardware (the workload's, or ``model`` when given), or a model
+            of the other kind than the workload (text/video).
     """
     from costmodel.analytic import analytic_cost_model
     from costmodel.evaluate import CostModel
