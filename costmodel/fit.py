@@ -148,8 +148,12 @@ def _merge_headers(profiles: Sequence[Profile]) -> tuple[ProfileHeader, ModelSpe
     if len(hardware) > 1:
         raise ValueError(f"profiles are for different hardware: {sorted(hardware)}")
     for h in compute_headers[1:]:
-        if h.model != first.model or h.profiled != first.profiled or h.dtype != first.dtype:
-            raise ValueError("compute profiles disagree on model, profiled shape or dtype")
+        assert h.model is not None and h.profiled is not None and first.model is not None and first.profiled is not None
+        differ = [*first.model.shape_differences(h.model), *first.profiled.shape_differences(h.profiled)]
+        if differ or h.dtype != first.dtype:
+            # models are matched by shape: one model profiled under two names is one model
+            raise ValueError("compute profiles disagree on model, profiled shape or dtype: "
+                             + "; ".join(differ or [f"dtype {first.dtype} != {h.dtype}"]))
     assert first.model is not None and first.profiled is not None
     return first, first.model, first.profiled
 

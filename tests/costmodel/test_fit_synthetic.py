@@ -516,3 +516,20 @@ def test_diagnosis_tells_structure_from_noise_on_residuals() -> None:
     few = diagnose(TermResult("x", 0.2, 3, 2, np.ones(2), np.ones(2), (0, 1), measured=np.ones(5),
                               predicted=np.ones(5)), factors)
     assert few.kind == "unknown"
+
+
+def test_profiles_of_one_shape_under_two_names_fit_together() -> None:
+    """Two compute profiles of the same shape (a config.json profiled from two folders) fit as one
+    model; a profile of another width is refused naming the field."""
+    model = load_model("llama-7b")
+    whole = synthetic_profile(model, noise=0.0)
+    half = len(whole.compute) // 2
+    renamed = model.model_copy(update={"name": "checkpoint-500"})
+    header = whole.header.model_copy(update={"model": renamed,
+                                             "profiled": whole.header.profiled.model_copy(update={"name": "x"})})
+    first = whole.model_copy(update={"compute": whole.compute[:half]})
+    second = Profile(header=header, compute=whole.compute[half:])
+    assert fit_profiles([first, second]).file.activation == fit_profiles([whole]).file.activation
+    wider = header.model_copy(update={"model": renamed.model_copy(update={"hidden": 8192})})
+    with pytest.raises(ValueError, match="disagree on model.*hidden 4096 != 8192"):
+        fit_profiles([first, Profile(header=wider, compute=whole.compute[half:])])
