@@ -25,15 +25,13 @@ from costmodel.analytic import (
     num_params,
 )
 from costmodel.fit_comm import fit_comm, p2p_term
-from costmodel.fit_diagnosis import diagnose
+from costmodel.fit_diagnosis import RecordFactors, diagnose
+from costmodel.fit_memory import fit_activation, fit_head_transient, fit_peak
 from costmodel.fit_terms import (
     SplitConfig,
     TermResult,
-    fit_activation,
     fit_compute,
     fit_head,
-    fit_head_transient,
-    fit_transient,
     mape,
     relative_nnls,
     split_indices,
@@ -58,9 +56,9 @@ REFIT_ADVICE = {
     "compute_time": "profile again with more repeats (dcp profile --repeats), on a busy CPU with "
                     "one thread and its CPU time (--threads 1 --cpu-clock thread)",
     "activation_bytes": "check the profile's activation bytes (they are exact and should fit)",
-    "peak_bytes": "the peaks are not one transient bytes-per-token term over the kept activations "
-                  "(a model-form error, not noise: more repeats will not help; bench/README.md "
-                  "'The cost model against the executor' measures its effect)",
+    "peak_bytes": "the peaks are not kept layers plus the larger of a plain layer's transient and a "
+                  "recomputed layer (plus bytes per layer): check the profile's device_peak_bytes; a "
+                  "model-form error will not go away with more repeats",
     "head_time": "measure the head at more sizes (dcp profile --head-sizes 10 --repeats 9)",
     "alltoall": "measure the collectives with more repeats (dcp profile-comm --repeats 30)",
     "allreduce": "measure the collectives with more repeats (dcp profile-comm --repeats 30)",
@@ -150,8 +148,12 @@ def _merge_headers(profiles: Sequence[Profile]) -> tuple[ProfileHeader, ModelSpe
     if len(hardware) > 1:
         raise ValueError(f"profiles are for different hardware: {sorted(hardware)}")
     for h in compute_headers[1:]:
-        if h.model != first.model or h.profiled != first.profiled or h.dtype != first.dtype:
-            raise ValueError("compute profiles disagree on model, profiled shape or dtype")
+        assert h.model is not None and h.profiled is not None and first.model is not None and first.profiled is not None
+        differ = [*first.model.shape_differences(h.model), *first.profiled.shape_differences(h.profiled)]
+        if differ or h.dtype != first.dtype:
+            # models are matched by shape: one model profiled under two names is one model
+            raise ValueError("compute profiles disagree on model, profiled shape or dtype: "
+                             + "; ".join(differ or [f"dtype {first.dtype} != {h.dtype}"]))
     assert first.model is not None and first.profiled is not None
     return first, first.model, first.profiled
 
@@ -182,10 +184,13 @@ def fit_profiles(profiles: Sequence[Profile], config: FitConfig | None = None) -
     fwd, bwd, fixed_s = cfit.forward, cfit.backward, cfit.fixed_s
     none_b, full_b, act_res = fit_activation(compute, split)
     terms = {"compute_time": cfit.result, "activation_bytes": act_res}
-    transient = fit_transient(compute, none_bytes=none_b, full_bytes=full_b, split=split)
-    transient_b, per_layer_b = 0.0, 0.0
-    if transient is not None:
-        transient_b, per_layer_b, terms["peak_bytes"] = transient
+    peak = fit_peak(compute, none_bytes=none_b, full_bytes=full_b, split=split)
+    transient_b, per_layer_b, recomputed_b = 0.0, 0.0, None
+    if peak is not None:
+        terms["peak_bytes"] = peak.result
+        transient_b, per_layer_b, recomputed_b = peak.transient_bytes, peak.per_layer_bytes, peak.recomputed_bytes
+        if peak.ckpt_free:  # the peaks hold more per checkpointed layer than its saved input
+            full_b = peak.ckpt_bytes
     head_s, head_fixed_s, head_bytes, head_transient_b = 0.0, 0.0, 0.0, None
     if heads:
         head_s, head_fixed_s, head_bytes, terms["head_time"] = fit_head(heads, split)
@@ -200,7 +205,7 @@ def fit_profiles(profiles: Sequence[Profile], config: FitConfig | None = None) -
              f"attention half-performance length {cfit.attention_half_tokens:.4g} tokens per rank "
              + ("(fixed by the caller)" if cfg.attention_half_tokens is not None else "(fitted)"),
              "dense parts' half-performance length and launches fitted together as per_call"]
-    if transient is None:
+    if peak is None:
         notes.append("no device_peak_bytes in the profile: transient working set not fitted (0)")
     # Width scaling by analytic FLOP and byte ratios (identity when the width is the model's).
     token_r = _ratio(linear_flops_per_token_layer(model), linear_flops_per_token_layer(profiled))
@@ -223,7 +228,8 @@ def fit_profiles(profiles: Sequence[Profile], config: FitConfig | None = None) -
     # Ulysses q,k,v send+receive buffers: measured in the records of group sizes above 1 (the
     # emulated all-to-all allocates them), an analytic allowance only for profiles without any.
     emulated = any(r.group_size > 1 for r in compute)
-    comm_buffer_bytes = 0.0 if emulated else 2.0 * 3 * header.dtype_bytes * model.hidden
+    comm_buffer_bytes = (peak.buffer_bytes * _ratio(model.hidden, profiled.hidden) if emulated and peak is not None
+                         else 0.0 if emulated else 2.0 * 3 * header.dtype_bytes * model.hidden)
     if not emulated:
         notes.append("no compute record at a group size above 1: all-to-all buffers added "
                      "analytically to working_bytes_per_token")
@@ -239,6 +245,8 @@ def fit_profiles(profiles: Sequence[Profile], config: FitConfig | None = None) -
         working_bytes_per_token=head_bytes * head_bytes_r + comm_buffer_bytes,
         fixed_working_bytes=AnalyticConfig().fixed_working_bytes,
         transient_bytes_per_token=transient_b * _ratio(none_full, none_prof),
+        recomputed_layer_bytes_per_token=(None if recomputed_b is None
+                                          else recomputed_b * _ratio(none_full, none_prof)),
         head_transient_bytes_per_token=(head_transient_b or 0.0) * head_bytes_r,
         # a layer's weight-gradient buffers grow with its parameters, as its FLOPs per token do
         fixed_working_bytes_per_layer=per_layer_b * token_r,
@@ -247,9 +255,8 @@ def fit_profiles(profiles: Sequence[Profile], config: FitConfig | None = None) -
     )
     notes.append(f"fixed micro-batch cost {fixed_s + head_fixed_s:.3g} s (layers' stack and head) in "
                  "microbatch_overhead_s; fixed_working_bytes is the analytic default")
-    if transient is not None:
-        notes.append(f"peak working memory: {transient_b:.4g} B per token per rank and "
-                     f"{per_layer_b:.4g} B per layer of the profiled shape")
+    if peak is not None:
+        notes.append(peak.structure(none_b) + " of the profiled shape")
     if heads and head_transient_b is None:
         notes.append("no device_peak_bytes in the head records: the head's transient working set "
                      "is not fitted (0)")
@@ -273,23 +280,25 @@ def fit_profiles(profiles: Sequence[Profile], config: FitConfig | None = None) -
     poor = {n: t.mape for n, t in terms.items() if t.mape > cfg.max_mape}
     if poor:
         listing = ", ".join(f"{n} {m:.1%}" for n, m in poor.items())
-        labels = [f"d={r.group_size} k{'>0' if r.recompute_layers else '=0'}" for r in compute]
-        verdicts = {n: diagnose(terms[n], labels).describe() for n in poor if n in COMPUTE_TERMS}
+        factors = RecordFactors.of_compute(compute)
+        verdicts = {n: diagnose(terms[n], factors).describe() for n in poor if n in COMPUTE_TERMS}
         found = "; ".join(f"{n}: {v}" for n, v in verdicts.items())
         if not cfg.force:
             advice = list(dict.fromkeys(REFIT_ADVICE.get(n, REFIT_ADVICE["compute_time"]) for n in poor))
-            if cfg.time_statistic != "min":
+            if cfg.time_statistic != "min" and any(n not in MEMORY_TERMS for n in poor):
                 advice.append("on a shared machine fit the fastest repeat (--time-statistic min)")
             raise FitRefusedError(
                 f"fit refused: held-out MAPE above {cfg.max_mape:.0%} on {listing}"
                 + (f" ({found})" if found else "") + f". To fix: {'; '.join(advice)}; or keep the fit "
-                "anyway, noted in the file and with its memory error as a margin (dcp fit --force; "
-                "API options.force)"
+                "anyway, noted in the file and with its held-out memory error as the planner's margin "
+                "(dcp fit --force; API options.force)"
             )
         notes.append(f"FORCED despite held-out MAPE above {cfg.max_mape:.0%}: {listing}"
                      + (f" ({found})" if found else ""))
         logger.warning("fit forced despite %s", listing)
         activation = _with_memory_margin(activation, terms, poor, notes)
+    elif peak is not None:
+        notes.append(f"peak_bytes residuals: {diagnose(peak.result, RecordFactors.of_compute(compute)).describe()}")
     hardware = cfg.hardware or header.hardware
     file = CostModelFile(
         id=cfg.model_id or f"fitted-{model.name}-{hardware}",
@@ -308,19 +317,19 @@ COMPUTE_TERMS = ("compute_time", "activation_bytes", "peak_bytes")
 
 def _with_memory_margin(activation: ActivationCoefficients, terms: dict[str, TermResult], poor: dict[str, float],
                         notes: list[str]) -> ActivationCoefficients:
-    """The per-token byte terms scaled up by the worst held-out under-prediction of a forced memory
-    term, so that a plan under the forced model still fits where the fit was wrong by that much
-    (the file's notes say so; a refused fit the user forced is otherwise used as if exact)."""
+    """The forced fit's margin: the worst held-out under-prediction of a forced memory term
+    (peaks up to that much above the prediction), computed once and recorded in the file
+    (``memory_margin_fraction``). The coefficients stay as fitted; the planner keeps the larger
+    of its own ``memory_safety_fraction`` and the margin's share of the activation budget free,
+    so the two never stack (``MemoryCosts.reserved_budget_fraction``)."""
     margin = max((terms[n].worst_underprediction for n in poor if n in MEMORY_TERMS), default=0.0)
     if margin <= 0:
         return activation
-    factor = 1.0 + margin
-    notes.append(f"memory terms scaled by {factor:.3f}: the forced fit under-predicted a held-out peak by "
-                 f"{margin:.1%}")
-    logger.warning("forced memory fit: per-token bytes scaled by %.3f", factor)
-    return activation.model_copy(update={key: getattr(activation, key) * factor for key in (
-        "bytes_per_token_layer_none", "bytes_per_token_layer_full", "working_bytes_per_token",
-        "transient_bytes_per_token", "head_transient_bytes_per_token", "kv_head_bytes_per_token_layer")})
+    notes.append(f"memory margin {margin:.1%}: the forced fit under-predicted a held-out peak by that much; "
+                 f"plans keep max(memory_safety_fraction, {margin / (1 + margin):.3f}) of the activation "
+                 "budget free")
+    logger.warning("forced memory fit: margin %.3f of the activation bytes", margin)
+    return activation.model_copy(update={"memory_margin_fraction": margin})
 
 
 def _comm_coefficients(links: dict[str, list[LinkFit]], hardware: str, model: ModelSpec,

@@ -1,4 +1,4 @@
-"""Per-term fitters of ``costmodel.fit``: compute, activation and peak memory, head, collectives.
+"""Per-term fitters of ``costmodel.fit``: compute time and the head; the shared fitting helpers.
 
 Every fitter fits the functional form that ``costmodel.evaluate`` evaluates, in *relative* error
 (every row divided by its measurement, so a 1 ms point weighs as much as a 1 s point), on a
@@ -16,11 +16,7 @@ rest. numpy/scipy only: the service fits without torch.
   records at group sizes above 1 (at ``d = 1``, ``h*s`` is just more work per token).
   The dense parts' half-performance length is a cost per call that no profile can tell apart
   from launch overheads: it is fitted as ``per_call`` (``linear_half_tokens`` stays 0).
-* activation bytes: ``T * ((n - k)*none + k*full)``.
-* peak bytes (where records carry ``device_peak_bytes``): the activation bytes (one layer of
-  ``none`` rematerialised when ``k = n``), plus ``transient*T`` (the working set of a layer's
-  backward) plus ``per_layer*n`` (working memory of each layer whatever the tokens, such as
-  weight-gradient buffers: without it a few-token record's fixed bytes read as bytes per token).
+* activation and peak bytes, the head's transient bytes: :mod:`costmodel.fit_memory`.
 * head: time ``head_s_per_token * T + c_head``; bytes ``working * T``.
 * collectives: :mod:`costmodel.fit_comm`.
 """
@@ -55,6 +51,11 @@ class TermResult:
     heldout_predicted: FloatArray = field(repr=False)
     heldout_index: tuple[int, ...] = ()
     """Positions of the held-out points in the records the term was fitted to."""
+    measured: FloatArray = field(default_factory=lambda: np.zeros(0), repr=False)
+    """Every point's measurement, in the order of the records (training and held-out)."""
+    predicted: FloatArray = field(default_factory=lambda: np.zeros(0), repr=False)
+    """Every point's prediction by the fit of the training points (what ``costmodel.fit_diagnosis``
+    looks for structure in)."""
 
     @property
     def worst_underprediction(self) -> float:
@@ -135,9 +136,14 @@ def fit_linear_term(name: str, a: FloatArray, y: FloatArray, split: SplitConfig,
                                 seed=split.seed, term=name)
     _check_rank(name, a[train], hint)
     x = relative_nnls(a[train], y[train])
-    pred = a[held] @ x
-    return x, TermResult(name, mape(y[held], pred), len(train), len(held), y[held], pred,
-                         tuple(int(i) for i in held))
+    return x, term_result(name, y, a @ x, train=train, held=held)
+
+
+def term_result(name: str, measured: FloatArray, predicted: FloatArray, *, train: NDArray[np.int64],
+                held: NDArray[np.int64]) -> TermResult:
+    """The result of a term from every point's measurement and prediction and the split."""
+    return TermResult(name, mape(measured[held], predicted[held]), len(train), len(held), measured[held],
+                      predicted[held], tuple(int(i) for i in held), measured=measured, predicted=predicted)
 
 
 def timing(rec: ComputeRecord | HeadRecord | CommRecord, statistic: TimeStatistic) -> float:
@@ -247,9 +253,7 @@ def fit_compute(records: Sequence[ComputeRecord], kind: str, split: SplitConfig,
         half = _search_half(loss, upper=8.0 * max(r.num_tokens for r in records))
     a = _compute_rows(records, kind, half, per_call, relayout)
     theta = relative_nnls(a[train], y[train])
-    pred = a[held] @ theta
-    result = TermResult("compute_time", mape(y[held], pred), len(train), len(held), y[held], pred,
-                        tuple(int(i) for i in held))
+    result = term_result("compute_time", y, a @ theta, train=train, held=held)
     m = (a.shape[1] - 1 - relayout) // 2
     moved = float(theta[2 * m]) if relayout else 0.0
     return ComputeFit(forward=_terms(theta[:m], kind, per_call, moved),
@@ -270,67 +274,7 @@ def _search_half(loss: Callable[[float], float], *, upper: float) -> float:
     return float(found.x) if float(found.fun) <= values[best] else float(grid[best])
 
 
-# ------------------------------------------------------------------------------------ memory
-def fit_activation(records: Sequence[ComputeRecord], split: SplitConfig) -> tuple[float, float, TermResult]:
-    """``(none, full)`` bytes per token per layer."""
-    if not any(r.recompute_layers > 0 for r in records) or not any(
-            r.recompute_layers < r.num_layers for r in records):
-        raise ValueError(
-            "too few points for activation_bytes: need records with and without checkpointed layers"
-        )
-    a = np.array([[r.tokens_per_rank * (r.num_layers - r.recompute_layers),
-                   r.tokens_per_rank * r.recompute_layers] for r in records], dtype=np.float64)
-    y = np.array([r.activation_bytes for r in records], dtype=np.float64)
-    if np.any(y <= 0):
-        raise ValueError("activation_bytes must be positive in every compute record")
-    coef, result = fit_linear_term("activation_bytes", a, y, split)
-    return float(coef[0]), float(coef[1]), result
-
-
-def fit_transient(records: Sequence[ComputeRecord], *, none_bytes: float, full_bytes: float,
-                  split: SplitConfig) -> tuple[float, float, TermResult] | None:
-    """Transient bytes per token per rank and working bytes per layer from the records' peaks
-    (None when no record has a peak).
-
-    The peak of a micro-batch through ``n`` layers is its kept activations (one rematerialised
-    layer of ``none`` activations when every layer is checkpointed), the transient working set
-    ``transient * T`` and ``per_layer * n`` (``costmodel.evaluate.CostModel.activation_bytes``
-    and ``fixed_working_bytes``). Both are fitted by non-negative least squares in relative error.
-
-    Raises:
-        ValueError: when only some compute records carry ``device_peak_bytes``, or when the records
-            have a single depth and the per-layer bytes cannot be told from per-token ones.
-    """
-    with_peak = [r for r in records if r.device_peak_bytes is not None]
-    if not with_peak:
-        return None
-    if len(with_peak) != len(records):
-        raise ValueError(f"peak_bytes: {len(records) - len(with_peak)} of {len(records)} compute records "
-                         "have no device_peak_bytes (profile again with one version of dcp profile)")
-    tokens = np.array([r.tokens_per_rank for r in with_peak], dtype=np.float64)
-    layers = np.array([r.num_layers for r in with_peak], dtype=np.float64)
-    known = np.array([r.tokens_per_rank * (max(r.num_layers - r.recompute_layers,
-                                               1 if r.recompute_layers else 0) * none_bytes
-                                           + r.recompute_layers * full_bytes)
-                      for r in with_peak], dtype=np.float64)
-    y = np.array([r.device_peak_bytes for r in with_peak], dtype=np.float64)
-    if np.any(y <= 0):
-        raise ValueError("device_peak_bytes must be positive in every compute record")
-    if len(set(layers.tolist())) < 2:
-        raise ValueError("peak_bytes: every compute record ran the same number of layers; profile "
-                         "at least two depths (--layer-counts) to tell per-layer from per-token bytes")
-    train, held = split_indices(len(y), fraction=split.holdout_fraction, min_train=2, seed=split.seed,
-                                term="peak_bytes")
-    design = np.stack([tokens, layers], axis=1)
-    coef, _ = nnls(design[train] / y[train, None], (y[train] - known[train]) / y[train])
-    transient, per_layer = float(coef[0]), float(coef[1])
-    pred = known[held] + design[held] @ coef
-    peak_index = [j for j, r in enumerate(records) if r.device_peak_bytes is not None]
-    held_records = [peak_index[int(i)] for i in held]
-    return transient, per_layer, TermResult("peak_bytes", mape(y[held], pred), len(train), len(held),
-                                            y[held], pred, tuple(held_records))
-
-
+# ------------------------------------------------------------------------------------ head
 def fit_head(records: Sequence[HeadRecord], split: SplitConfig) -> tuple[float, float, float, TermResult]:
     """``(s per token, fixed s, bytes per token, result)`` of the head."""
     a = np.array([[r.tokens, 1.0] for r in records], dtype=np.float64)
@@ -340,17 +284,3 @@ def fit_head(records: Sequence[HeadRecord], split: SplitConfig) -> tuple[float, 
     act = np.array([r.activation_bytes for r in records], dtype=np.float64)
     bytes_per_token = float(np.median(act / tokens))
     return float(coef[0]), float(coef[1]), bytes_per_token, result
-
-
-def fit_head_transient(records: Sequence[HeadRecord]) -> float | None:
-    """Bytes per token of the head's backward beyond its saved tensors: NNLS of
-    ``peak - saved = head_transient*T + c`` over the head records that carry a peak (None when
-    none does; ``c``, the head's weight-gradient buffers, is a constant the micro-batch's fixed
-    working bytes hold)."""
-    with_peak = [r for r in records if r.device_peak_bytes is not None]
-    if len(with_peak) < 2:
-        return None
-    tokens = np.array([r.tokens for r in with_peak], dtype=np.float64)
-    extra = np.array([max(0.0, float(r.device_peak_bytes or 0.0) - r.activation_bytes) for r in with_peak])
-    coef, _ = nnls(np.stack([tokens, np.ones_like(tokens)], axis=1), extra)
-    return float(coef[0])

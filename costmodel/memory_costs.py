@@ -24,6 +24,13 @@ from costmodel.specs import ClusterSpec, Sample
 FloatArray = NDArray[np.float64]
 
 
+def reserved_fraction(safety_fraction: float, margin: float) -> float:
+    """Share of the activation budget kept free under a safety fraction and a fit's margin ``m``:
+    the larger of the fraction and ``m/(1 + m)`` (activations up to ``1 + m`` times the
+    prediction fit in the rest), never their sum."""
+    return max(safety_fraction, margin / (1.0 + margin))
+
+
 class MemoryCosts:
     """Memory of a cost model bound to a cluster (a mixin of ``CostModel``)."""
 
@@ -57,13 +64,16 @@ class MemoryCosts:
                          layout: GroupLayout | None = None) -> FloatArray:
         """Peak bytes one rank holds for samples under a policy (additive per sample).
 
-        ``s/d * (max(L-k, [k>0])*none + k*full + working + max(transient, head_transient))``
-        (the head's and loss's backward runs first, on top of every kept layer; then each
-        layer's), with ``none`` grown by ``kv_head_bytes_per_token_layer`` per replicated key/value
-        head (:meth:`kv_replicas`). Backward runs from the
-        last layer down: a checkpointed layer rematerialises its ``none`` activations only after
-        the plain layers above it have freed theirs, so the rematerialised layer adds to the peak
-        only when every layer is checkpointed (``k = L``, which is then dominated by ``k = L-1``).
+        ``s/d * (k*full + max((L-k)*none + max([k<L]*transient, head_transient), [k>0]*recomputed)
+        + working)``: backward runs from the last layer down, the head's and loss's first (on top of
+        every kept layer, with ``head_transient``), then the ``L-k`` plain layers (each with the
+        layer's ``transient`` on top of what is still kept), then the ``k`` checkpointed ones,
+        each rematerialising its activations only after the plain layers above it have freed
+        theirs: it holds ``recomputed`` bytes per token (``recomputed_layer_bytes_per_token``,
+        fitted from peaks; by default ``none + max(transient, head_transient)``, the
+        rematerialised layer on top of the transient, which then adds to the peak only when every
+        layer is checkpointed, ``k = L``, dominated by ``k = L-1``). ``none`` and ``recomputed``
+        grow by ``kv_head_bytes_per_token_layer`` per replicated key/value head (:meth:`kv_replicas`).
         Summed over a micro-batch with mixed policies this bounds the peak from above and is exact
         when they agree. Under a ring layout (``u x r``) the key/value replication is the Ulysses
         subgroup's (``kv_replicas(u)``) and each sample adds the ring's key/value buffers,
@@ -78,10 +88,14 @@ class MemoryCosts:
         a = self.file.activation
         layers = self.num_layers
         kept_none_layers = np.maximum(layers - k, np.where(k > 0, 1.0, 0.0))
-        none = a.bytes_per_token_layer_none + a.kv_head_bytes_per_token_layer * self.kv_replicas(u)
-        per_token = (kept_none_layers * none + k * a.bytes_per_token_layer_full
-                     + a.working_bytes_per_token
-                     + max(a.transient_bytes_per_token, a.head_transient_bytes_per_token))
+        kv = a.kv_head_bytes_per_token_layer * self.kv_replicas(u)
+        none = a.bytes_per_token_layer_none + kv
+        transient = np.where(k < layers, max(a.transient_bytes_per_token, a.head_transient_bytes_per_token),
+                             a.head_transient_bytes_per_token)
+        recomputed = (none + max(a.transient_bytes_per_token, a.head_transient_bytes_per_token)
+                      if a.recomputed_layer_bytes_per_token is None else a.recomputed_layer_bytes_per_token + kv)
+        per_token = (k * a.bytes_per_token_layer_full + a.working_bytes_per_token
+                     + np.maximum((layers - k) * none + transient, np.where(k > 0, recomputed, 0.0)))
         ring = self.ring_buffer_bytes(s, layout=layout)
         # joined text tokens (MMDiT): kept per layer like tokens, whole on every rank of the group
         text = self.file.model.joint_attention_tokens * (kept_none_layers * none + k * a.bytes_per_token_layer_full)
@@ -106,6 +120,12 @@ class MemoryCosts:
     def fixed_bytes(self) -> float:
         """Per-rank memory independent of the batch: model states and working buffers."""
         return self.model_state_bytes() + self.fixed_working_bytes()
+
+    def reserved_budget_fraction(self, safety_fraction: float) -> float:
+        """Share of the activation budget a plan keeps free: the planner's ``safety_fraction`` or,
+        when larger, what the file's ``memory_margin_fraction`` ``m`` needs (activations up to
+        ``1 + m`` times the prediction fit in ``1 - m/(1 + m)`` of the budget), never both."""
+        return reserved_fraction(safety_fraction, self.file.activation.memory_margin_fraction)
 
     def activation_budget_bytes(self) -> float:
         """Bytes left for activations under the memory cap (may be negative)."""

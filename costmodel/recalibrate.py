@@ -40,7 +40,8 @@ from costmodel.specs import Sample
 TERMS = ("compute", "attention", "alltoall", "overhead")
 """The terms a micro-batch's time splits into, in column order."""
 PER_TOKEN_BYTES = ("bytes_per_token_layer_none", "bytes_per_token_layer_full", "working_bytes_per_token",
-                   "transient_bytes_per_token", "head_transient_bytes_per_token")
+                   "transient_bytes_per_token", "head_transient_bytes_per_token",
+                   "recomputed_layer_bytes_per_token")
 """The activation coefficients that ``TermScales.activation`` multiplies."""
 
 
@@ -113,7 +114,8 @@ def scale_file(file: CostModelFile, scales: TermScales, *, new_id: str | None = 
     data = file.model_dump(mode="json")
     data["compute"] = compute.model_dump(mode="json")
     for key in PER_TOKEN_BYTES:  # the bytes that grow with the tokens; the fixed ones stay
-        data["activation"][key] = data["activation"][key] * scales.activation
+        if data["activation"].get(key) is not None:  # a fitted recomputed layer (None: the analytic form)
+            data["activation"][key] = data["activation"][key] * scales.activation
     data["comm"]["alltoall"] = [f.model_dump(mode="json") for f in alltoall]
     data["id"] = new_id or file.id
     if note:

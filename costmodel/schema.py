@@ -114,6 +114,32 @@ class ActivationCoefficients(_Frozen):
                     "checkpointing, for each head of replication in a group larger than the KV heads "
                     "(each rank keeps the head of its query heads for the whole sequence).",
     )
+    recomputed_layer_bytes_per_token: float | None = Field(
+        default=None, ge=0,
+        description="Bytes per token per rank one recomputed layer holds while its backward runs (its "
+                    "rematerialised activations with their working set): a checkpointed sample peaks at "
+                    "k*full + max((L-k)*none + transient, this). None: none + transient, the "
+                    "rematerialised layer on top of the transient (the analytic form). Fitted from peaks; "
+                    "left out of the JSON when None.",
+    )
+    memory_margin_fraction: float = Field(
+        default=0.0, ge=0,
+        description="Held-out under-prediction of a forced memory fit (0.2 = peaks up to 20% above the "
+                    "prediction): the planner keeps the larger of its memory_safety_fraction and "
+                    "margin / (1 + margin) of the activation budget free, never both. Left out of the "
+                    "JSON when 0.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_defaults(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
+        # No return annotation: pydantic keeps the model's own serialization schema. Files without
+        # the fitted peak form or a margin keep their bytes and digests.
+        data: dict[str, object] = handler(self)
+        if self.recomputed_layer_bytes_per_token is None:
+            data.pop("recomputed_layer_bytes_per_token", None)
+        if self.memory_margin_fraction == 0.0:
+            data.pop("memory_margin_fraction", None)
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> ActivationCoefficients:

@@ -85,6 +85,10 @@ DiT (one self-attention over all frames x height x width patch tokens of a clip 
 cross-attention as in Wan 2.x or by joint attention as in MMDiT-style models)."""
 
 
+SHAPE_FREE_FIELDS = frozenset({"name", "attention"})
+"""ModelSpec fields that name or describe a model without changing its shape (``ModelSpec.shape_differences``)."""
+
+
 class ModelSpec(_Frozen):
     """Public architecture numbers of a transformer (what the analytic cost model needs)."""
 
@@ -142,6 +146,25 @@ class ModelSpec(_Frozen):
             if value is not None and any(v <= 0 for v in value):
                 raise ValueError(f"{name}={value} must be three positive integers")
         return self
+
+    def shape_differences(self, other: ModelSpec) -> list[str]:
+        """Where this model's shape differs from ``other``'s, one ``field a != b`` per field.
+
+        A shape is every field but the name and the free-text ``attention`` note, with defaults
+        filled in (``num_kv_heads``, ``head_dim`` and ``mlp`` left out equal their default), so a
+        model read from a ``config.json`` in any folder matches the preset or the profile of the
+        same architecture. Empty when the shapes are equal.
+        """
+        effective = {"num_kv_heads": "kv_heads", "head_dim": "head_size", "mlp": "mlp_kind"}
+        out = []
+        for name in type(self).model_fields:
+            if name in SHAPE_FREE_FIELDS:
+                continue
+            attr = effective.get(name, name)
+            mine, theirs = getattr(self, attr), getattr(other, attr)
+            if mine != theirs:
+                out.append(f"{name} {mine!r} != {theirs!r}")
+        return out
 
     @property
     def mlp_kind(self) -> str:

@@ -34,19 +34,20 @@ def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size:
     ``baselines_s`` and ``speedups`` also hold ``strongest``: the fastest baseline of the step
     but ``naive`` (``planner.baselines.strongest``). ``model`` (a preset or a config's spec)
     replaces the workload's model: with its analytic cost model on the cluster's hardware, or
-    with ``cost_model_file`` when that file was fitted for this very model (a small model
-    profiled on a CPU, planned on ``cpu:N``). ``layout`` is ``PlannerConfig.layout``; each row's
+    with ``cost_model_file`` when that file was fitted for a model of this very shape (models
+    are matched by ``ModelSpec.shape_differences``, not by name: a ``config.json`` in any
+    folder plans under a file fitted for its architecture). ``layout`` is ``PlannerConfig.layout``; each row's
     ``layouts`` lists its groups as ``[size, ulysses_degree, ring_degree]``.
 
     Raises:
-        ValueError: for an unknown preset, a cost model made for another model or hardware (the
-            workload's, or ``model`` when given), or a model of the other kind than the workload
-            (text/video).
+        ValueError: for an unknown preset, a cost model made for another model shape (naming the
+            fields that differ) or hardware (the workload's, or ``model`` when given), or a model
+            of the other kind than the workload (text/video).
     """
     from costmodel.analytic import analytic_cost_model
     from costmodel.evaluate import CostModel
     from costmodel.model_choice import check_samples_kind
-    from costmodel.presets import default_cost_model_file, load_cluster
+    from costmodel.presets import default_cost_model_file, load_cluster, load_model
     from planner.baselines import strongest
     from planner.config import PlannerConfig
     from planner.planning import plan_batch
@@ -55,12 +56,14 @@ def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size:
     spec = WorkloadSpec.preset(workload)
     cluster_spec = load_cluster(cluster)
     if cost_model_file is not None and model is not None:
-        if cost_model_file.model != model:
+        differ = cost_model_file.model.shape_differences(model)
+        if differ:
             raise ValueError(f"cost model {cost_model_file.id!r} is for model {cost_model_file.model.name!r} "
                              f"({_shape(cost_model_file.model)}), --model / --model-config names "
-                             f"{model.name!r} ({_shape(model)}): give the model the file was fitted for, "
-                             f"or leave it out to plan the workload's model {spec.model!r}")
-        cost_model = cost_model_file
+                             f"{model.name!r} ({_shape(model)}), another shape ({'; '.join(differ)}): "
+                             f"give the model the file was fitted for, or leave it out to plan the "
+                             f"workload's model {spec.model!r}")
+        cost_model = cost_model_file  # matched by shape: the file describes this model whatever its name
         CostModel(file=cost_model, cluster=cluster_spec)  # hardware and sharding checks
     elif model is not None:
         cost_model = analytic_cost_model(model, cluster_spec.hardware)
@@ -68,9 +71,11 @@ def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size:
         cost_model = default_cost_model_file(spec.model, cluster_spec.hardware.name)
     else:
         cost_model = cost_model_file
-        if cost_model.model.name != spec.model:
+        differ = cost_model.model.shape_differences(load_model(spec.model))
+        if differ:
             raise ValueError(f"cost model {cost_model.id!r} is for model {cost_model.model.name!r}, "
-                             f"workload {workload!r} trains {spec.model!r}: fit one for "
+                             f"workload {workload!r} trains {spec.model!r}, another shape "
+                             f"({'; '.join(differ)}): fit one for "
                              f"{spec.model!r} (dcp profile --model {spec.model}; dcp fit), or name "
                              f"{cost_model.model.name!r} with --model / --model-config to plan the "
                              f"workload's samples under it")

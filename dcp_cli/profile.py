@@ -23,6 +23,7 @@ from rich.table import Table
 
 from costmodel.fit import FitConfig, FitRefusedError, fit_profiles
 from costmodel.profiling.format import dump_line, read_profile
+from dcp_cli.fit_reserve import reserve_summary, reserve_table
 from dcp_cli.model_option import model_config_option, model_option, resolve_model
 from dcp_cli.progress import progress_bar
 from dcp_cli.style import fail
@@ -252,10 +253,20 @@ def register(app: typer.Typer) -> None:
         attention_half_tokens: float = typer.Option(
             -1.0, help="Fix the attention half-performance length in tokens per rank instead of "
                        "fitting it (needed for profiles without group sizes above 1; -1 = fit)."),
+        price_on: str = typer.Option(
+            "auto", "--price-on", help="WORKLOAD@CLUSTER presets on which to price the memory the plans keep "
+                                       "free (the fit's margin, the safety fraction) in step time; auto: "
+                                       "a workload of the fitted model's shape on a cluster of its hardware; "
+                                       "none: do not plan."),
+        safety_fraction: float = typer.Option(
+            0.05, "--safety-fraction", min=0.0, max=0.49,
+            help="The planner's memory_safety_fraction the reserve is priced with (its default)."),
         as_json: bool = typer.Option(False, "--json", help="Print the fit quality as JSON."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or table."),
     ) -> None:
-        """Fit a cost-model file to profiles; refuse it when a term's held-out MAPE is too high."""
+        """Fit a cost-model file to profiles; refuse it when a term's held-out MAPE is too high.
+        Prints the memory margin of a forced fit beside the planner's safety fraction (plans keep
+        the larger free, never both) and what each costs in step time on a preset."""
         if time_statistic not in ("median", "min"):
             raise typer.BadParameter(f"time_statistic={time_statistic!r} is not median or min")
         try:
@@ -279,8 +290,11 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(str(exc)) from None
         out.parent.mkdir(parents=True, exist_ok=True)
         result.file.save(out)
+        reserve = reserve_summary(result.file, price_on=price_on, safety_fraction=safety_fraction)
         if as_json:
-            typer.echo(json.dumps({n: t.model_dump() for n, t in result.file.fit_quality.items()}))
+            typer.echo(json.dumps({n: t.model_dump() for n, t in result.file.fit_quality.items()}
+                                  | {"memory_reserve": reserve}))
         elif not quiet:
             fit_table(result, Console())
+            reserve_table(reserve, Console())
         typer.echo(f"wrote {out}")

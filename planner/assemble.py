@@ -187,6 +187,39 @@ def draft_costs(draft: Draft, arrays: BatchArrays, cost_model: CostModel) -> lis
     return out
 
 
+def draft_problems(draft: Draft, arrays: BatchArrays, cost_model: CostModel, *,
+                   limit_bytes: float) -> list[str]:
+    """What makes a draft unrunnable, as sentences (empty when it runs): a checkpoint policy
+    outside ``[0, L]``, or a micro-batch whose peak (model states plus its samples' activations
+    at their policies and its group's layout, ``draft_costs``' figure) is over ``limit_bytes``.
+
+    The memory half of ``planner.validate.validate_plan`` on a draft, for the candidates a plan
+    is chosen among: activations only (no times), one cost-model call per placement.
+    """
+    problems: list[str] = []
+    layers = cost_model.num_layers
+    fixed = cost_model.fixed_bytes()
+    for (size, _, layout), members in _by_placement(draft, cost_model).items():
+        mbs = [mb for gi in members for mb in draft[gi].micro_batches]
+        pairs = np.fromiter(chain.from_iterable(chain.from_iterable(mbs)), dtype=np.int64).reshape(-1, 2)
+        idx, ks = pairs[:, 0], pairs[:, 1]
+        bad = np.flatnonzero((ks < 0) | (ks > layers))
+        if bad.size:
+            problems.append(f"{bad.size} samples of groups of size {size} recompute a number of layers outside "
+                            f"[0, {layers}] (e.g. sample {int(idx[bad[0]])}: {int(ks[bad[0]])})")
+            continue  # the draft is refused already; its bytes at such policies mean nothing
+        starts = np.asarray(np.cumsum([0] + [len(mb) for mb in mbs[:-1]]), dtype=np.int64)
+        acts = np.asarray(cost_model.activation_bytes(arrays.tokens[idx], group_size=size, recompute_layers=ks,
+                                                      layout=layout), dtype=np.float64)
+        peaks = fixed + np.add.reduceat(acts, starts)
+        over = np.flatnonzero(peaks > limit_bytes * (1 + 1e-12))
+        if over.size:
+            ring = "" if layout is None else f" (ulysses {size // layout.ring_degree} x ring {layout.ring_degree})"
+            problems.append(f"{over.size} micro-batches of groups of size {size}{ring} peak over the limit of "
+                            f"{limit_bytes:,.0f} bytes (the largest: {float(peaks[over].max()):,.0f} bytes)")
+    return problems
+
+
 def draft_step_time_s(draft: Draft, arrays: BatchArrays, cost_model: CostModel, *,
                       grad_sync_s: float | None = None) -> float:
     """Predicted step time of a draft: slowest group plus gradient sync.

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.evaluate import CostModel
+from costmodel.evaluate import CostModel, GroupLayout
 from costmodel.specs import Sample
 
 INF = math.inf
@@ -144,7 +144,8 @@ class CostTable:
         """The ring degree of each size column (chosen in ``_choose_layout``)."""
         self.grad_sync_s = cost_model.grad_sync_time_s()
         budget = cost_model.activation_budget_bytes()
-        self.budget_bytes = budget * (1.0 - memory_safety_fraction) if budget > 0 else budget
+        reserved = cost_model.reserved_budget_fraction(memory_safety_fraction)  # a forced fit's margin or the safety
+        self.budget_bytes = budget * (1.0 - reserved) if budget > 0 else budget
         num_c, num_d = self.classes.num_classes, len(self.sizes)
         self.k_min = np.full((num_c, num_d), -1, dtype=np.int64)
         self.time_s = np.full((num_c, num_d), INF)
@@ -193,6 +194,12 @@ class CostTable:
     def ring_degree_of(self, d: int) -> int:
         """The ring degree of size ``d``'s column."""
         return self.ring_degrees[self.size_index(d)]
+
+    def layout_of(self, d: int) -> GroupLayout | None:
+        """The cost model's layout of size ``d``'s column at an aligned placement (None: pure
+        Ulysses), what a baseline that runs size ``d`` at the table's layout is priced with."""
+        r = self.ring_degree_of(d)
+        return None if r == 1 else self.cost_model.place(first_rank=0, group_size=d, ring_degree=r)
 
     def _choose_layout(self, j: int, d: int, counts: np.ndarray) -> None:
         """Fill column ``j`` with each allowed layout of size ``d`` and keep the one under which the

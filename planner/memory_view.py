@@ -91,7 +91,9 @@ def without_token_working(cost_model: CostModel) -> CostModel:
     """The same cost model with no per-token working set (activations kept only)."""
     act = cost_model.file.activation.model_copy(update={
         "working_bytes_per_token": 0.0, "transient_bytes_per_token": 0.0,
-        "head_transient_bytes_per_token": 0.0})
+        "head_transient_bytes_per_token": 0.0,
+        # a fitted recomputed layer holds its working set too: kept-only counts its activations (none)
+        "recomputed_layer_bytes_per_token": None})
     return CostModel(file=cost_model.file.model_copy(update={"activation": act}), cluster=cost_model.cluster)
 
 

@@ -22,7 +22,7 @@ from costmodel.evaluate import CostModel
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec, Sample
 from costmodel.units import fmt_bytes
-from planner.assemble import BatchArrays, Draft, PlanMeta, assemble_plan, draft_step_time_s
+from planner.assemble import BatchArrays, Draft, PlanMeta, assemble_plan, draft_problems, draft_step_time_s
 from planner.baselines import baseline_drafts, with_layouts
 from planner.bounds.simple import BoundReport, lower_bounds
 from planner.config import PlannerConfig
@@ -44,6 +44,27 @@ BOUND_REL_TOL = 1e-9
 
 class BoundError(RuntimeError):
     """A lower bound above the step time of a valid plan: the bound is wrong (a bug)."""
+
+
+class InvalidPlanError(RuntimeError):
+    """A plan (the planner's own or a baseline's) that cannot run: a checkpoint policy out of range
+    or a micro-batch over the memory limit (a bug: every candidate is built to fit)."""
+
+
+def check_draft(draft: Draft, arrays: BatchArrays, cost_model: CostModel, *, limit_bytes: float, what: str,
+                samples: Sequence[Sample]) -> None:
+    """Refuse a draft that cannot run (``planner.assemble.draft_problems``).
+
+    Raises:
+        InvalidPlanError: naming ``what`` (the plan or the baseline), the problems and the batch's
+            digest; logged at ERROR first.
+    """
+    problems = draft_problems(draft, arrays, cost_model, limit_bytes=limit_bytes)
+    if problems:
+        message = (f"{what} cannot run (batch {batch_digest(samples)}, {len(samples)} samples): "
+                   + "; ".join(problems))
+        logger.error(message)
+        raise InvalidPlanError(message)
 
 
 def check_bound(bound_s: float, kind: str, plan_step_time_s: float) -> None:
@@ -263,6 +284,7 @@ def _plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec, c
             elif result.status == "OPTIMAL":
                 status, method = "OPTIMAL", result.method  # the hint was already optimal
     stats.search_step_time_s = best_time
+    limit_bytes = cm.fixed_bytes() + table.budget_bytes  # every micro-batch's peak, at most
     baselines: dict[str, float] = {}
     baseline_best: tuple[float, str, Draft] | None = None
     if config.compute_baselines:
@@ -274,6 +296,7 @@ def _plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec, c
             if not ring_chunks_fit(b_draft, arrays):  # a sample too short for its group's ring
                 missed.append(name)
                 continue
+            check_draft(b_draft, arrays, cm, limit_bytes=limit_bytes, what=f"baseline {name!r}", samples=samples)
             t = draft_step_time_s(b_draft, arrays, cm, grad_sync_s=table.grad_sync_s)
             baselines[name] = t
             if baseline_best is None or t < baseline_best[0]:
@@ -290,10 +313,12 @@ def _plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec, c
         status = "BASELINE"
         if config.polish_baseline:
             # The search's own moves and intra policies, seeded with the baseline's groups.
-            polished = apply_layouts(polish(table, draft, max_moves=config.local_search_max_moves,
-                                            intra=config.intra_policies), table)
-            t = draft_step_time_s(polished, arrays, cm, grad_sync_s=table.grad_sync_s)
-            if t < best_time * (1 - 1e-9):
+            # (None: the baseline runs a sample where the table's layout of its size cannot.)
+            polished = polish(table, draft, max_moves=config.local_search_max_moves, intra=config.intra_policies)
+            if polished is not None:
+                polished = apply_layouts(polished, table)
+            t = draft_step_time_s(polished, arrays, cm, grad_sync_s=table.grad_sync_s) if polished else best_time
+            if polished is not None and t < best_time * (1 - 1e-9):
                 stats.polished_from_s = best_time
                 best_time, draft = t, polished
                 status, method = "POLISHED_BASELINE", f"{baseline_best[1]}+search"
@@ -328,6 +353,7 @@ def _plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec, c
                                                   samples=samples, config=config, stats=stats)
     if status == "OPTIMAL" and best_time > bound_value:
         bound_value, bound_kind = best_time, "cpsat-optimal"
+    check_draft(draft, arrays, cm, limit_bytes=limit_bytes, what=f"the plan ({method})", samples=samples)
     check_bound(bound_value, bound_kind, best_time)
     meta = PlanMeta(status=status, method=method, wall_time_s=time.perf_counter() - start,
                     lower_bound=LowerBound(value_s=bound_value, kind=bound_kind),

@@ -142,3 +142,33 @@ def test_profile_takes_a_model_config(tmp_path: Path) -> None:
     header = json.loads(out.read_text().splitlines()[0])
     assert header["model"]["name"] == "llama-3.1-8b" and header["model"]["num_kv_heads"] == 8
     assert f"--model-config {LLAMA31}" in header["notes"]
+
+
+def test_plan_matches_a_cost_model_file_to_a_config_by_shape_not_name(tmp_path: Path) -> None:
+    """A config in a folder named after no preset plans under a file made for the same shape under
+    another name; a config of another shape is refused naming the field that differs."""
+    from costmodel.analytic import analytic_cost_model
+    from costmodel.presets import load_hardware, load_model
+
+    preset = load_model("llama-3.1-8b")
+    path = tmp_path / "cm.json"
+    analytic_cost_model(preset, load_hardware("h200-sxm")).save(path)
+    data = {k: v for k, v in json.loads(LLAMA31.read_text()).items() if k != "_name_or_path"}
+    mine = tmp_path / "my-finetune-run-7" / "config.json"
+    mine.parent.mkdir()
+    mine.write_text(json.dumps(data))
+    args = ["-w", "text-longtail", "-c", "h200x64", "-k", "1", "-b", "64", "-q", "--cost-model", str(path)]
+    code, output = _run("plan", "--model-config", str(mine), *args)
+    assert code == 0, output
+    wider = tmp_path / "wider" / "config.json"
+    wider.parent.mkdir()
+    wider.write_text(json.dumps({**data, "intermediate_size": data["intermediate_size"] * 2}))
+    code, output = _run("plan", "--model-config", str(wider), *args)
+    assert code == 2 and "another shape" in output and "ffn_hidden" in output, output
+    # the workload's own model (llama-7b) is matched by shape too: a file of its shape under
+    # another name plans it
+    renamed = tmp_path / "renamed.json"
+    llama7b = load_model("llama-7b").model_copy(update={"name": "my-llama-7b-copy"})
+    analytic_cost_model(llama7b, load_hardware("h200-sxm")).save(renamed)
+    code, output = _run("plan", *args[:-1], str(renamed))
+    assert code == 0, output

@@ -39,7 +39,8 @@ def bucket_batch_sizes(table: CostTable, buckets: list[list[int]], *, group_size
     largest = [max(map(tokens.__getitem__, members)) for members in buckets]
     per_sample = np.asarray(cm.activation_bytes(
         np.asarray(largest, dtype=np.float64), group_size=group_size,
-        recompute_layers=full_checkpoint_layers(cm.num_layers)), dtype=np.float64).tolist()
+        recompute_layers=full_checkpoint_layers(cm.num_layers), layout=table.layout_of(group_size)),
+        dtype=np.float64).tolist()
     return [max(0, math.floor(table.budget_bytes / b)) for b in per_sample]
 
 
@@ -60,12 +61,12 @@ def bucket_draft(table: CostTable, *, group_size: int, seed: int = 0,
     """
     del seed
     cm = table.cost_model
-    if reference is not None and float(cm.activation_bytes(
-            reference.tokens, group_size=group_size,
-            recompute_layers=full_checkpoint_layers(cm.num_layers))) > table.budget_bytes:
-        return None
     groups = fixed_layout(table, group_size)
     if groups is None:
+        return None
+    if reference is not None and float(cm.activation_bytes(
+            reference.tokens, group_size=group_size, recompute_layers=full_checkpoint_layers(cm.num_layers),
+            layout=table.layout_of(group_size))) > table.budget_bytes:
         return None
     num_work = table.cost_model.cluster.num_gpus // group_size
     k_full = full_checkpoint_layers(table.cost_model.num_layers)

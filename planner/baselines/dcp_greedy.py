@@ -73,9 +73,10 @@ def profile_buckets(table: CostTable, buckets: list[list[int]], *, group_size: i
         reps = largest_samples(table, buckets)
     ks = np.arange(max(cm.num_layers, 1))  # 0..L-1 (L is dominated by L-1)
     tokens = np.array([[s.tokens] for s in reps], dtype=np.float64).reshape(-1, 1)
-    act = np.asarray(cm.activation_bytes(tokens, group_size=group_size, recompute_layers=ks))
+    layout = table.layout_of(group_size)  # the size's layout in the table, which its groups run
+    act = np.asarray(cm.activation_bytes(tokens, group_size=group_size, recompute_layers=ks, layout=layout))
     each = np.asarray(cm.sample_time_s(
-        tokens, group_size=group_size, recompute_layers=ks,
+        tokens, group_size=group_size, recompute_layers=ks, layout=layout,
         frames=np.array([[s.num_frames] for s in reps], dtype=np.float64).reshape(-1, 1),
         spatial=np.array([[s.spatial_tokens] for s in reps], dtype=np.float64).reshape(-1, 1)))
     fixed = None if fixed_s is None else fixed_s.get(group_size)
