@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from provenance import provenance  # bench/ (the script's folder) is on sys.path
+from provenance import default_out, provenance  # bench/ (the script's folder) is on sys.path
 
 from costmodel.analytic import analytic_cost_model, num_params
 from costmodel.evaluate import CostModel
@@ -204,7 +204,7 @@ def misfit_case(name: str) -> dict[str, Any]:
 def main() -> None:
     """Run the benchmark and write its JSON."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "fit_free.json")
+    parser.add_argument("--out", type=Path, default=default_out("fit_free"))
     args = parser.parse_args()
     start = time.perf_counter()
     rows = [run_case(name, s, noise) for name in MODELS for s in STRUCTURES for noise in NOISES]
