@@ -15,7 +15,7 @@ and whose peaks have one of three plausible structures, with 0 or 1% noise:
 * ``heavier``: a recomputed layer holds 10% more than a plain one, on top of the transient.
 
 The kept bytes per layer (plain and checkpointed) and the transient are the analytic model's; the
-per-layer bytes are the layer's bf16 weight gradients. Each profile is fitted with
+per-layer bytes are 16 MiB. Each profile is fitted with
 ``costmodel.fit.fit_profiles`` without ``force``; the table shows whether it was accepted, the
 held-out peak MAPE (target <= 5%), the in-sample peak MAPE (the records it was fitted on), the
 recomputed layer's bytes against the truth, the worst error of the full model's predicted peaks
@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 from provenance import default_out, provenance  # bench/ (the script's folder) is on sys.path
 
-from costmodel.analytic import analytic_cost_model, num_params
+from costmodel.analytic import analytic_cost_model
 from costmodel.evaluate import CostModel
 from costmodel.fit import FitConfig, FitRefusedError, fit_profiles
 from costmodel.fit_diagnosis import RecordFactors, diagnose
@@ -53,11 +53,14 @@ ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("llama-7b", "stdit3-xl", "llama-3.1-8b", "wan2.1-14b")
 STRUCTURES = ("on_top", "is_transient", "heavier")
 NOISES = (0.0, 0.01)
-PRICE_ON = {"llama-7b": ("text-longtail", "h200x8"), "stdit3-xl": ("video-balanced", "h200x8"),
-            "wan2.1-14b": ("video3d-wan", "h200x32")}
-"""Workload and cluster presets each model's fitted file is priced on (llama-3.1-8b: its only
-workload, text-millionctx, is priced by its own benchmark)."""
+PRICE_ON = [("llama-7b", "text-longtail", "h200x8"), ("stdit3-xl", "video-balanced", "h200x8"),
+            ("wan2.1-14b", "video3d-wan", "h200x32"), ("wan2.1-14b", "video3d-wan", "h100x128")]
+"""Model, workload and cluster presets a fitted file is priced on, the profile made on the
+cluster's hardware (llama-3.1-8b: its only workload, text-millionctx, is priced by its own
+benchmark)."""
 TARGET_HELDOUT_PEAK_MAPE = 0.05
+PER_LAYER_BYTES = 16 * 2**20
+"""The ground truth's bytes per layer whatever the tokens (a layer's backward buffers)."""
 ATTN_BYTES_PER_PAIR = 8.0
 """Bytes per token pair of the misfit profile's attention matrix (four heads' bf16 scores held
 whole on a rank, as an attention without a fused kernel holds them)."""
@@ -86,7 +89,7 @@ def truth(model: ModelSpec, structure: str) -> dict[str, float]:
     recomputed = {"on_top": none + a.transient_bytes_per_token, "is_transient": none,
                   "heavier": 1.1 * none + a.transient_bytes_per_token}[structure]
     return {"none": none, "full": a.bytes_per_token_layer_full, "transient": a.transient_bytes_per_token,
-            "recomputed": recomputed, "per_layer": 2.0 * num_params(model) / model.num_layers}
+            "recomputed": recomputed, "per_layer": PER_LAYER_BYTES}
 
 
 def true_peak(t: dict[str, float], tokens_per_rank: float, n: int, k: int) -> float:
@@ -97,12 +100,14 @@ def true_peak(t: dict[str, float], tokens_per_rank: float, n: int, k: int) -> fl
     return tokens_per_rank * (k * t["full"] + max(plain, remat)) + n * t["per_layer"]
 
 
-def profile(model: ModelSpec, structure: str, *, noise: float, seed: int, quadratic: bool = False) -> Profile:
-    """Compute and head records: analytic times, peaks of ``structure``, relative noise."""
+def profile(model: ModelSpec, structure: str, *, noise: float, seed: int, quadratic: bool = False,
+            cluster_name: str = "h200x8") -> Profile:
+    """Compute and head records: analytic times on the cluster's hardware, peaks of ``structure``,
+    relative noise."""
     rng = np.random.default_rng(seed)
-    hardware = load_hardware("h200-sxm")
+    cluster = load_cluster(cluster_name)
+    hardware = cluster.hardware
     base = analytic_cost_model(model, hardware)
-    cluster = load_cluster("h200x8")
     t = truth(model, structure)
 
     def noisy(value: float) -> float:
@@ -136,7 +141,7 @@ def profile(model: ModelSpec, structure: str, *, noise: float, seed: int, quadra
         records.append(HeadRecord(tokens=tokens, **timed(c.head_s_per_token * tokens + c.microbatch_overhead_s),
                                   activation_bytes=a.working_bytes_per_token * tokens,
                                   device_peak_bytes=noisy(a.working_bytes_per_token * tokens + 1e6)))
-    header = ProfileHeader(hardware="h200-sxm", device="cuda", dtype="bfloat16", model=model,
+    header = ProfileHeader(hardware=hardware.name, device="cuda", dtype="bfloat16", model=model,
                            profiled=narrowed(model, num_layers=2), notes=f"bench/fit_free.py {structure}")
     return Profile(header=header, compute=[r for r in records if isinstance(r, ComputeRecord)],
                    head=[r for r in records if isinstance(r, HeadRecord)])
@@ -196,8 +201,7 @@ def misfit_case(name: str) -> dict[str, Any]:
     forced = fit_profiles([prof], FitConfig(force=True))
     row["heldout_peak_mape"] = forced.terms["peak_bytes"].mape
     row["margin"] = forced.file.activation.memory_margin_fraction
-    workload, cluster = PRICE_ON[name]
-    row["priced"] = price_reserve(forced.file, workload=workload, cluster=cluster, safety_fraction=0.05)
+    row["priced"] = price_reserve(forced.file, workload="text-longtail", cluster="h200x8", safety_fraction=0.05)
     return row
 
 
@@ -209,9 +213,11 @@ def main() -> None:
     start = time.perf_counter()
     rows = [run_case(name, s, noise) for name in MODELS for s in STRUCTURES for noise in NOISES]
     priced = {}
-    for name, (workload, cluster) in PRICE_ON.items():
-        fitted = fit_profiles([profile(load_model(name), "is_transient", noise=0.01, seed=7)]).file
-        priced[name] = price_reserve(fitted, workload=workload, cluster=cluster, safety_fraction=0.05)
+    for name, workload, cluster in PRICE_ON:
+        prof = profile(load_model(name), "is_transient", noise=0.01, seed=7, cluster_name=cluster)
+        fitted = fit_profiles([prof]).file
+        priced[f"{name} {workload}@{cluster}"] = price_reserve(fitted, workload=workload, cluster=cluster,
+                                                               safety_fraction=0.05)
     misfit = misfit_case("llama-7b")
     print(f"{'model':<13}{'structure':<14}{'noise':>6} {'unforced':>9}{'held-out':>10}{'in-sample':>10}"
           f"{'recomp/true':>12}{'full-depth':>11}  diagnosis")
@@ -225,7 +231,7 @@ def main() -> None:
               f"{r['full_depth_peak_error_max']:>11.2%}  {r['diagnosis']}")
     print("\nreserve on a preset (is_transient, 1% noise, unforced: margin 0, safety fraction 0.05):")
     for name, p in priced.items():
-        print(f"  {name}: {p['workload']} @ {p['cluster']}: " + ", ".join(
+        print(f"  {name}: " + ", ".join(
             f"{k} {v:.4g} s" if v is not None else f"{k} refused" for k, v in p["step_time_s"].items()))
     mp = misfit["priced"]
     print(f"\nmisfit (peaks + an attention matrix, noise-free): refused={misfit['refused']}; forced: held-out "

@@ -48,7 +48,7 @@ def price_reserve(file: CostModelFile, *, workload: str, cluster: str, safety_fr
                   seed: int = 0) -> dict[str, Any]:
     """Mean predicted step time over ``PRICE_STEPS`` sampled batches with nothing kept free, with
     the safety fraction alone, and with the file's reserve (its margin or the safety fraction,
-    the larger); ``None`` times where a plan is refused.
+    the larger); ``None`` times where a plan is refused (``refusals`` says why).
 
     Raises:
         ValueError: for an unknown preset or a file that does not fit the cluster or workload.
@@ -71,23 +71,24 @@ def price_reserve(file: CostModelFile, *, workload: str, cluster: str, safety_fr
              f"reserve {reserved:.3f} (this file)": (file, safety_fraction)}
     base = PlannerConfig.for_budget(PRICE_BUDGET_S, seed=seed)
     times: dict[str, float | None] = {}
+    refusals: dict[str, str] = {}
     for label, (cost_model, fraction) in cases.items():
         config = dataclasses.replace(base, memory_safety_fraction=fraction)
-        total = 0.0
+        total: float | None = 0.0
         for step in range(PRICE_STEPS):
             samples = sample_batch(spec, num_samples=PRICE_BATCH, seed=seed, step=step)
             try:
                 plan = plan_batch(samples, cluster=cluster_spec, cost_model=cost_model, config=config, step=step,
                                   reference_sample=spec.max_sample)
-            except ValueError:
-                total = float("nan")
+            except ValueError as exc:  # a sample that fits nowhere under this reserve
+                total, refusals[label] = None, str(exc)
                 break
-            total += plan.predicted_step_time_s
-        times[label] = None if total != total else total / PRICE_STEPS
+            total = (total or 0.0) + plan.predicted_step_time_s
+        times[label] = None if total is None else total / PRICE_STEPS
     free = times["nothing kept free"]
     return {"workload": workload, "cluster": cluster, "margin": margin, "safety_fraction": safety_fraction,
             "reserved_fraction": reserved, "steps": PRICE_STEPS, "batch_size": PRICE_BATCH,
-            "step_time_s": times,
+            "step_time_s": times, "refusals": refusals,
             "slowdown": {k: (v / free - 1.0 if v is not None and free else None) for k, v in times.items()}}
 
 

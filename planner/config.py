@@ -50,6 +50,11 @@ class PlannerConfig:
     set, ``planner.layouts.num_process_groups``), and the exact CP-SAT model of tiny batches (OPTIMAL
     plans) prices additive costs only, so ring tables get the heuristic and the
     large-neighbourhood search."""
+    ulysses_candidate: bool = True
+    """Under ``layout="auto"``, also plan the batch as ``layout="ulysses"`` does and keep that plan
+    where it is faster (each group then at its size's fastest layout), so ``auto`` is never
+    predicted slower than ``ulysses`` (``planner.planning``); costs about the time of that second
+    search. Off: the layout search alone."""
     loss_normalization: LossNormalization = "tokens"
     """Global loss normaliser: total tokens or total samples of the step."""
     use_cpsat: bool = True

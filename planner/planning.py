@@ -6,13 +6,15 @@ bounds; run the heuristic (candidate multisets, LPT, local search) and lay its g
 per-micro-batch policies (``search.intra``); hand its draft to CP-SAT as a hint (the exact
 per-sample model for tiny batches, the large-neighbourhood search otherwise) and keep CP-SAT's
 plan only when it is better; compute the baselines, and where one is predicted faster, polish
-its groups with the local search (or return it as is). Every returned plan passes
-``validate_plan``.
+its groups with the local search (or return it as is). Under ``layout="auto"`` the same search
+also runs on the pure-Ulysses table, and its plan is kept where faster, so ``auto`` is never
+predicted slower than ``ulysses``. Every returned plan passes ``validate_plan``: its policies and
+micro-batch peaks are checked before it is returned (``planner.checks``; a failure raises).
 """
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -22,9 +24,17 @@ from costmodel.evaluate import CostModel
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec, Sample
 from costmodel.units import fmt_bytes
-from planner.assemble import BatchArrays, Draft, PlanMeta, assemble_plan, draft_problems, draft_step_time_s
+from planner.assemble import BatchArrays, Draft, PlanMeta, assemble_plan, draft_step_time_s
 from planner.baselines import baseline_drafts, with_layouts
 from planner.bounds.simple import BoundReport, lower_bounds
+from planner.checks import (  # noqa: F401  (BoundError, check_bound, InvalidPlanError: re-exported)
+    BOUND_REL_TOL,
+    BoundError,
+    InvalidPlanError,
+    batch_digest,
+    check_bound,
+    check_draft,
+)
 from planner.config import PlannerConfig
 from planner.costs import CostTable
 from planner.gc_pause import paused_gc
@@ -36,54 +46,6 @@ from planner.search.intra import intra_draft
 from planner.search.polish import polish
 
 logger = logging.getLogger(__name__)
-
-
-BOUND_REL_TOL = 1e-9
-"""Relative slack for floating-point summation order when a bound is checked against a plan."""
-
-
-class BoundError(RuntimeError):
-    """A lower bound above the step time of a valid plan: the bound is wrong (a bug)."""
-
-
-class InvalidPlanError(RuntimeError):
-    """A plan (the planner's own or a baseline's) that cannot run: a checkpoint policy out of range
-    or a micro-batch over the memory limit (a bug: every candidate is built to fit)."""
-
-
-def check_draft(draft: Draft, arrays: BatchArrays, cost_model: CostModel, *, limit_bytes: float, what: str,
-                samples: Sequence[Sample]) -> None:
-    """Refuse a draft that cannot run (``planner.assemble.draft_problems``).
-
-    Raises:
-        InvalidPlanError: naming ``what`` (the plan or the baseline), the problems and the batch's
-            digest; logged at ERROR first.
-    """
-    problems = draft_problems(draft, arrays, cost_model, limit_bytes=limit_bytes)
-    if problems:
-        message = (f"{what} cannot run (batch {batch_digest(samples)}, {len(samples)} samples): "
-                   + "; ".join(problems))
-        logger.error(message)
-        raise InvalidPlanError(message)
-
-
-def check_bound(bound_s: float, kind: str, plan_step_time_s: float) -> None:
-    """Refuse a lower bound above a valid plan's predicted step time.
-
-    Raises:
-        BoundError: naming the bound's kind and both values; logged at ERROR first.
-    """
-    if bound_s > plan_step_time_s * (1 + BOUND_REL_TOL):
-        message = (f"lower bound {kind!r} = {bound_s:.9g} s exceeds the step time "
-                   f"{plan_step_time_s:.9g} s of a valid plan: the bound is wrong")
-        logger.error(message)
-        raise BoundError(message)
-
-
-def batch_digest(samples: Sequence[Sample]) -> str:
-    """SHA-256 of the batch's ids and shapes in order: names a batch in logs (to replay it)."""
-    text = "\n".join(f"{s.id}:{s.tokens}:{s.frames}:{s.height}:{s.width}" for s in samples)
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _valid_best(candidates: Sequence[tuple[str, float]], plan_step_time_s: float, *, samples: Sequence[Sample],
@@ -190,6 +152,10 @@ class SearchStats:
     dropped_bounds: tuple[str, ...] = ()
     """Kinds of the lower bounds found above the plan's step time and dropped
     (``PlannerConfig.strict_bounds`` off; each is a bug, logged with the batch digest)."""
+    ulysses_step_time_s: float | None = None
+    """Under ``layout="auto"``: the step time of the plan ``layout="ulysses"`` makes of the batch (a
+    candidate the plan is never slower than); None when not computed (another layout, no ring
+    allowed, ``PlannerConfig.ulysses_candidate`` off, or a sample no pure-Ulysses group holds)."""
     baselines_not_holding: tuple[str, ...] = ()
     """Baselines computed but unable to hold the batch (a sample fits no group of their rule, or
     their layout is one ``PlannerConfig.layout`` does not allow, or a ring would cut a sample into
@@ -232,13 +198,66 @@ def plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec,
                                       reference_sample=reference_sample)
 
 
+@dataclass(slots=True)
+class _Found:
+    """What one search over a prepared batch found (before its bounds and assembly)."""
+
+    draft: Draft
+    step_time_s: float
+    status: SolverStatus
+    method: str
+    solver_bound_s: float | None
+    """CP-SAT's proven bound of the compute makespan, if it ran."""
+    baselines_s: dict[str, float]
+
+
 def _plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: CostModelFile,
                            config: PlannerConfig | None, step: int | None, reference_sample: Sample | None
                            ) -> tuple[Plan, SearchStats]:
     start = time.perf_counter()
     config = config or PlannerConfig()
     prep = prepare(samples, cluster=cluster, cost_model=cost_model, config=config)
+    stats = SearchStats()
+    found = _search(prep, samples, config=config, start=start, reference_sample=reference_sample, stats=stats)
+    if config.layout == "auto" and config.ulysses_candidate and prep.table.has_ring:
+        found = _with_ulysses_candidate(found, prep, samples, config=config, reference_sample=reference_sample,
+                                        stats=stats)
+    return _finish(found, prep, samples, config=config, start=start, step=step, stats=stats)
+
+
+def _with_ulysses_candidate(found: _Found, prep: Prepared, samples: Sequence[Sample], *, config: PlannerConfig,
+                            reference_sample: Sample | None, stats: SearchStats) -> _Found:
+    """Under ``layout="auto"``: the search's result, or the plan ``layout="ulysses"`` makes of the same
+    batch where that is faster (the same search on the pure-Ulysses table, its own baselines and polish),
+    each of its groups then at the fastest layout of its size (``choose_group_layouts``, never slower).
+    So ``auto`` is never predicted slower than ``ulysses``. The Ulysses run's own bounds and
+    CP-SAT proof are of the Ulysses problem only: the plan keeps ``auto``'s."""
+    u_config = dataclasses.replace(config, layout="ulysses")
+    try:
+        u_prep = prepare(samples, cluster=prep.cost_model.cluster, cost_model=prep.cost_model.file, config=u_config)
+    except ValueError:  # a sample fits no pure-Ulysses group (or no world partition): only rings hold it
+        return found
+    u_found = _search(u_prep, samples, config=u_config, start=time.perf_counter(), reference_sample=reference_sample,
+                      stats=SearchStats())
+    stats.ulysses_step_time_s = u_found.step_time_s
+    if not u_found.step_time_s < found.step_time_s * (1 - 1e-9):
+        return found
+    table, arrays, cm = prep.table, prep.arrays, prep.cost_model
+    draft = choose_group_layouts(u_found.draft, arrays, table)
+    status: SolverStatus = "FEASIBLE" if u_found.status == "OPTIMAL" else u_found.status
+    logger.debug("layout=auto: the pure-Ulysses plan (%.6f s) beats the search's (%.6f s)", u_found.step_time_s,
+                 found.step_time_s)
+    return _Found(draft=draft, step_time_s=draft_step_time_s(draft, arrays, cm, grad_sync_s=table.grad_sync_s),
+                  status=status, method=f"ulysses:{u_found.method}", solver_bound_s=found.solver_bound_s,
+                  baselines_s=found.baselines_s)
+
+
+def _search(prep: Prepared, samples: Sequence[Sample], *, config: PlannerConfig, start: float,
+            reference_sample: Sample | None, stats: SearchStats) -> _Found:
+    """The heuristic, CP-SAT, the baselines (and the polish of one that wins) and, with rings, each
+    group's layout: the plan's draft and where it came from (``stats`` filled on the way)."""
     cm, table, arrays = prep.cost_model, prep.table, prep.arrays
+    cluster = cm.cluster
     draft, _ = heuristic_plan(table, makespan_hint_s=prep.bounds.compute_makespan_s,
                               num_candidates=config.num_candidate_partitions,
                               num_lpt_runs=config.num_lpt_runs,
@@ -253,7 +272,7 @@ def _plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec, c
         draft = intra_draft(table, draft)
     draft = apply_layouts(draft, table)
     best_time = draft_step_time_s(draft, arrays, cm, grad_sync_s=table.grad_sync_s)
-    stats = SearchStats(heuristic_step_time_s=best_time)
+    stats.heuristic_step_time_s = best_time
     status: SolverStatus = "HEURISTIC"
     method = "heuristic"
     solver_bound: float | None = None
@@ -284,7 +303,7 @@ def _plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec, c
             elif result.status == "OPTIMAL":
                 status, method = "OPTIMAL", result.method  # the hint was already optimal
     stats.search_step_time_s = best_time
-    limit_bytes = cm.fixed_bytes() + table.budget_bytes  # every micro-batch's peak, at most
+    limit_bytes = _limit_bytes(prep)
     baselines: dict[str, float] = {}
     baseline_best: tuple[float, str, Draft] | None = None
     if config.compute_baselines:
@@ -327,6 +346,21 @@ def _plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec, c
         chosen = choose_group_layouts(draft, arrays, table)
         best_time = draft_step_time_s(chosen, arrays, cm, grad_sync_s=table.grad_sync_s)
         draft = chosen
+    return _Found(draft=draft, step_time_s=best_time, status=status, method=method, solver_bound_s=solver_bound,
+                  baselines_s=baselines)
+
+
+def _limit_bytes(prep: Prepared) -> float:
+    """Every micro-batch's peak, at most: model states plus the table's activation budget."""
+    return prep.cost_model.fixed_bytes() + prep.table.budget_bytes
+
+
+def _finish(found: _Found, prep: Prepared, samples: Sequence[Sample], *, config: PlannerConfig, start: float,
+            step: int | None, stats: SearchStats) -> tuple[Plan, SearchStats]:
+    """The plan of what the search found: its lower bound, checks and assembly."""
+    cm, table, arrays = prep.cost_model, prep.table, prep.arrays
+    draft, best_time, status, method = found.draft, found.step_time_s, found.status, found.method
+    solver_bound, baselines = found.solver_bound_s, found.baselines_s
     report = prep.bounds
     # In tie order (a later one wins a tie): CP-SAT's only when strictly higher, then the most
     # specific simple bound (BoundReport.best_kind's rule).
@@ -353,7 +387,7 @@ def _plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec, c
                                                   samples=samples, config=config, stats=stats)
     if status == "OPTIMAL" and best_time > bound_value:
         bound_value, bound_kind = best_time, "cpsat-optimal"
-    check_draft(draft, arrays, cm, limit_bytes=limit_bytes, what=f"the plan ({method})", samples=samples)
+    check_draft(draft, arrays, cm, limit_bytes=_limit_bytes(prep), what=f"the plan ({method})", samples=samples)
     check_bound(bound_value, bound_kind, best_time)
     meta = PlanMeta(status=status, method=method, wall_time_s=time.perf_counter() - start,
                     lower_bound=LowerBound(value_s=bound_value, kind=bound_kind),
