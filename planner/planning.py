@@ -368,16 +368,17 @@ def _finish(found: _Found, prep: Prepared, samples: Sequence[Sample], *, config:
     candidates += [("area", report.area_s), ("longest", report.longest_s),
                    ("largest-choice", report.largest_choice_s), ("deadline-area", report.deadline_area_s)]
     bound_value, bound_kind = _valid_best(candidates, best_time, samples=samples, config=config, stats=stats)
-    if (config.lp_bound_iterations > 0 and status != "OPTIMAL" and not table.has_ring  # LP: additive costs
-
+    if (config.lp_bound_iterations > 0 and status != "OPTIMAL"
             and best_time > bound_value * (1 + config.lp_bound_min_gap)):
         from planner.bounds.lp import partition_lp_bound  # imports scipy's LP solver
 
         # Work limits sized for 256 samples: fewer steps on larger batches, and the plain LP
         # instead of the MIP (0.05-0.1 s per solve at 256 distinct lengths, 0.3 s at 1024)
         # above 64 sample classes.
+        # With rings, on the bounds' view of the table (each size's least time over its layouts,
+        # a ring's additive parts only; the LP takes the same least over layouts of its inputs).
         lp = partition_lp_bound(  # its bracket comes from the problem, not from best_time
-            table, lower_s=bound_value - table.grad_sync_s,
+            table.for_bounds(), lower_s=bound_value - table.grad_sync_s,
             iterations=max(1, round(config.lp_bound_iterations * min(1.0, 256 / len(samples)))),
             integral_groups=config.lp_bound_integral and table.classes.num_classes <= 64,
             micro_batch_buckets=config.lp_bound_micro_batch_buckets,

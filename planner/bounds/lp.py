@@ -55,6 +55,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
+from costmodel.evaluate import GroupLayout
 from planner.costs import CostTable
 
 logger = logging.getLogger(__name__)
@@ -76,16 +77,27 @@ NODE_LIMIT = 2000
 limit (a test that hits it counts as feasible, so the bound only stays lower)."""
 
 
+def _ring_layouts(table: CostTable, d: int) -> list[GroupLayout]:
+    """The ring layouts (``r > 1``) size ``d`` may run in the table (``CostTable.ring_options``), each
+    at an aligned placement (what the table prices them at: the fewest nodes a group can span)."""
+    cm = table.cost_model
+    return [cm.place(first_rank=0, group_size=d, ring_degree=r) for r in table.ring_options.get(d, (1,)) if r > 1]
+
+
 def overhead_by_size_s(table: CostTable) -> np.ndarray:
     """``o_d``: the least fixed seconds of a micro-batch on a group of each size, over the node
-    spans a contiguous group of that size can have (aligned, or one node more)."""
+    spans a contiguous group of that size can have (aligned, or one node more) and, where the size
+    may run a ring, over its layouts too (a group runs one of them)."""
     cm = table.cost_model
     gpn, nodes = cm.cluster.gpus_per_node, cm.cluster.num_nodes
     out = []
     for d in table.sizes:
         least = -(-d // gpn)
         spans = [n for n in (least, least + 1) if n <= max(nodes, least)]
-        out.append(min(cm.microbatch_fixed_s(group_size=d, num_nodes=n) for n in spans))
+        fixed = [cm.microbatch_fixed_s(group_size=d, num_nodes=n) for n in spans] if 1 in table.ring_options.get(
+            d, (1,)) else []
+        fixed += [cm.microbatch_fixed_s(group_size=d, layout=layout) for layout in _ring_layouts(table, d)]
+        out.append(min(fixed))
     return np.asarray(out, dtype=np.float64)
 
 
@@ -143,19 +155,36 @@ def priced_times_s(table: CostTable, j: int, prices_per_byte: np.ndarray, *,
                    budget_bytes: float) -> tuple[np.ndarray, np.ndarray]:
     """``u_c(d, mu) = min_k (t_ck(d) + mu * a_ck(d))`` for each price (rows) and class (columns)
     on size column ``j``, over the policies ``k`` under which the sample fits ``budget_bytes``
-    alone (``inf`` where none fits); and ``min_k a_ck(d)`` per class over the same policies."""
+    alone (``inf`` where none fits); and ``min_k a_ck(d)`` per class over the same policies.
+
+    Where the size may run rings, both are the least over its layouts (a group runs one), a ring's
+    time with only its additive parts (merges, the last hop's bytes: ``CostTable.for_bounds``' rule;
+    what a ring hides or exposes depends on the whole micro-batch) and its bytes with its key/value
+    buffers; a ring of ``r`` holds no sample of fewer than ``2 r`` tokens."""
     cm, classes, d = table.cost_model, table.classes, table.sizes[j]
-    policies = np.arange(cm.num_layers + 1)[None, :]
+    layers = cm.num_layers
+    policies = np.arange(layers + 1)[None, :]
     tokens = np.asarray(classes.tokens, dtype=np.float64)[:, None]
-    time_s = np.asarray(cm.sample_time_s(
-        tokens, group_size=d, recompute_layers=policies,
-        frames=np.asarray(classes.frames, dtype=np.float64)[:, None],
-        spatial=np.asarray(classes.spatial, dtype=np.float64)[:, None]), dtype=np.float64)
-    bytes_ = np.asarray(cm.activation_bytes(tokens, group_size=d, recompute_layers=policies),
-                        dtype=np.float64)
-    fits = bytes_ <= budget_bytes
-    priced = np.where(fits[None], time_s[None] + prices_per_byte[:, None, None] * bytes_[None], np.inf)
-    return priced.min(axis=2), np.where(fits, bytes_, np.inf).min(axis=1)
+    frames = np.asarray(classes.frames, dtype=np.float64)[:, None]
+    spatial = np.asarray(classes.spatial, dtype=np.float64)[:, None]
+    layouts: list[GroupLayout | None] = [None] if 1 in table.ring_options.get(d, (1,)) else []
+    layouts += _ring_layouts(table, d)
+    priced = np.full((len(prices_per_byte), len(tokens)), np.inf)
+    least = np.full(len(tokens), np.inf)
+    for layout in layouts:
+        time_s = np.asarray(cm.sample_time_s(tokens, group_size=d, recompute_layers=policies, frames=frames,
+                                             spatial=spatial, layout=layout), dtype=np.float64)
+        bytes_ = np.asarray(cm.activation_bytes(tokens, group_size=d, recompute_layers=policies, layout=layout),
+                            dtype=np.float64)
+        fits = bytes_ <= budget_bytes
+        if layout is not None:
+            fwd, bwd = cm.ring_alone_exposed_s(tokens[:, 0], layout=layout, additive_only=True)
+            time_s = time_s + (layers * (fwd + bwd))[:, None] + policies * fwd[:, None]
+            fits &= tokens >= 2 * layout.ring_degree
+        at = np.where(fits[None], time_s[None] + prices_per_byte[:, None, None] * bytes_[None], np.inf)
+        priced = np.minimum(priced, at.min(axis=2))
+        least = np.minimum(least, np.where(fits, bytes_, np.inf).min(axis=1))
+    return priced, least
 
 
 def lp_feasible(table: CostTable, deadline_s: float, *, integral_groups: bool = False,

@@ -3,8 +3,9 @@
 Under ``layout="auto"`` a size column's costs are those of one layout, and a ring's exposed
 transfer is per micro-batch, not per sample; the bounds read a view of the table with, per class
 and size, the least time over every layout and only the ring's additive parts
-(``CostTable.for_bounds``). Here every bound the planner computes for a batch, and the bound its
-plan reports, is compared with the optimum over every plan whose groups run any Ulysses x ring
+(``CostTable.for_bounds``), and the partition LP the least over layouts of its inputs
+(``planner.bounds.lp``). Here every bound the planner computes for a batch (the LP and its MIP
+too), and the bound its plan reports, is compared with the optimum over every plan whose groups run any Ulysses x ring
 layout the heads allow (``tests/planner/bruteforce_rings.py``, which prices micro-batches with the
 cost model alone): no bound may exceed it, and the planner's own plan may not beat it.
 """
@@ -18,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from costmodel.evaluate import CostModel
+from planner.bounds.lp import partition_lp_bound
 from planner.config import PlannerConfig
 from planner.planning import plan_batch, prepare
 from tests.planner.bruteforce_rings import optimum_with_rings_s
@@ -53,7 +55,8 @@ def test_layout_aware_bounds_never_exceed_the_optimum(instance: tuple[int, tuple
     samples = samples_of(tokens)
     best = optimum_with_rings_s(samples, cm, _ring_degrees(cm))
     config = PlannerConfig(layout="auto", memory_safety_fraction=0.0, exact_max_samples=4, exact_max_ranks=4,
-                           exact_time_limit_s=20.0)
+                           exact_time_limit_s=20.0, lp_bound_iterations=10, lp_bound_min_gap=0.0,
+                           lp_bound_integral=True, lp_bound_micro_batch_buckets=3)
     try:
         prep = prepare(samples, cluster=cluster, cost_model=cmf, config=config)
     except ValueError:
@@ -63,6 +66,11 @@ def test_layout_aware_bounds_never_exceed_the_optimum(instance: tuple[int, tuple
     for kind, value in [("longest", report.longest_s), ("area", report.area_s),
                         ("deadline-area", report.deadline_area_s), ("largest-choice", report.largest_choice_s)]:
         assert value <= best * (1 + REL), (kind, value, best)
+    view = prep.table.for_bounds()
+    for integral, buckets in ((False, 1), (True, 3)):  # the partition LP (and MIP) on the bounds' view
+        lp = partition_lp_bound(view, lower_s=report.compute_makespan_s, iterations=10, integral_groups=integral,
+                                micro_batch_buckets=buckets) + prep.table.grad_sync_s
+        assert lp <= best * (1 + REL), ("partition-lp", integral, lp, best)
     plan = plan_batch(samples, cluster=cluster, cost_model=cmf, config=config)
     assert plan.lower_bound.value_s <= best * (1 + REL), (plan.lower_bound, best)
     assert best <= plan.predicted_step_time_s * (1 + REL)  # the enumeration misses no plan
