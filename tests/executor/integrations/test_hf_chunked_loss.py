@@ -8,7 +8,6 @@ own loss within 1e-5. A model that soft-caps its logits is refused (the chunks d
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
