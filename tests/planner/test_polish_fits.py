@@ -2,11 +2,10 @@
 
 Under ``layout="ring"`` the table prices a group of 2 as a ring (with the ring's key/value
 buffers), while a baseline keeps its own layout (pure Ulysses) and can hold a sample the ring
-column cannot. Polishing such a baseline with the search's moves gave that sample ``k_min = -1`` before
-``polish`` refused groups its table cannot hold
-(a plan every rank then refuses to load). The batch below, on a 4-rank cluster whose memory holds
-96 tokens of the tiny model without checkpointing, is one where the baseline wins: the plan must load and
-every policy be a layer count.
+column cannot. Before ``polish`` refused such groups, polishing the baseline gave that sample
+``k_min = -1``, a plan every rank refuses to load. The batch below, on a 4-rank cluster whose
+memory holds 96 tokens of the tiny model without checkpointing, is one where the baseline wins:
+the plan must load, every policy a layer count.
 """
 
 from __future__ import annotations
