@@ -18,7 +18,7 @@ from api.registry import CostModelRegistry, resolve_cluster
 from api.settings import Settings
 from api.store import PlanStore
 from costmodel.analytic import analytic_cost_model
-from costmodel.model_choice import select_model
+from costmodel.model_choice import select_model, with_loss_chunk
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec
 
@@ -45,16 +45,20 @@ class ServiceState:
     """Measurements, cost-model revisions and re-planning (``api.recalibration``)."""
 
     def planning_inputs(self, *, cluster: str | ClusterSpec, cost_model_id: str | None,
-                        model: str | None = None, model_config: dict[str, Any] | None = None
+                        model: str | None = None, model_config: dict[str, Any] | None = None,
+                        loss_chunk_tokens: int | None = None, max_sample_tokens: int | None = None
                         ) -> tuple[ClusterSpec, CostModelFile]:
         """The cluster and the cost model of a request: the registered ``cost_model_id``, or the
         analytic cost model of ``model`` (a preset) or ``model_config`` (a config.json object) on
         the cluster's hardware, registered so that jobs, resumes and reports find it by id (reads
-        and may write the store: call it on a worker thread).
+        and may write the store: call it on a worker thread). ``loss_chunk_tokens`` sets the
+        model's LM loss chunk, at most ``max_sample_tokens`` when that is given.
 
         Raises:
             HTTPException: 422 at ``body.cluster`` for a bad cluster, at ``body.model`` /
-                ``body.model_config`` for an unknown preset or a bad config; 404 for an unknown
+                ``body.model_config`` for an unknown preset or a bad config, at
+                ``body.loss_chunk_tokens`` for a chunk longer than the longest sample or for a
+                video model; 404 for an unknown
                 cost model, 409 for a stored cost model that no longer validates.
         """
         try:
@@ -69,6 +73,10 @@ class ServiceState:
                 unprocessable(["body", "model" if model is not None else "model_config"], str(exc))
             if chosen is None:
                 unprocessable(["body"], "give exactly one of cost_model_id, model and model_config")
+            try:
+                chosen = with_loss_chunk(chosen, loss_chunk_tokens, max_sample_tokens=max_sample_tokens)
+            except ValueError as exc:
+                unprocessable(["body", "loss_chunk_tokens"], str(exc))
             try:
                 return spec, self.registry.add_derived(analytic_cost_model(chosen, spec.hardware))
             except CostModelConflictError as exc:

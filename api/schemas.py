@@ -187,6 +187,11 @@ class _ModelChoice(BaseModel):
         description="A transformers (Llama, Qwen2/3, Mistral) or diffusers (WanTransformer3DModel, "
                     "HunyuanVideoTransformer3DModel) config.json object instead of cost_model_id: its "
                     "analytic cost model on the cluster's hardware. A bad field gets a 422 naming it.")
+    loss_chunk_tokens: int | None = Field(
+        default=None, strict=True, ge=0, le=2**40,
+        description="Tokens per chunk of the LM loss (text models, with model or model_config): a rank "
+                    "never holds more logits than this (ModelSpec.loss_chunk_tokens, default 4096); 0 "
+                    "holds whole logits. At most the longest sample's tokens.")
 
     @model_validator(mode="after")
     def _one_model(self) -> _ModelChoice:
@@ -195,6 +200,10 @@ class _ModelChoice(BaseModel):
         if len(given) != 1:
             raise ValueError("give exactly one of cost_model_id, model and model_config"
                              + (f", not {' and '.join(given)}" if given else ""))
+        if self.loss_chunk_tokens is not None and self.cost_model_id is not None:
+            raise ValueError(f"loss_chunk_tokens={self.loss_chunk_tokens} applies to the analytic cost model "
+                             "of model or model_config; cost model "
+                             f"{self.cost_model_id!r} charges the loss as it was made")
         return self
 
     @field_validator("model_config_json")

@@ -44,6 +44,7 @@ from costmodel.model_terms import (
     attention_flops_per_pair,
     kv_head_bytes_per_token_layer,
     linear_flops_per_token_layer,
+    loss_chunk_bytes,
     num_params,
     terms,
     transient_bytes_per_token,
@@ -57,7 +58,7 @@ from costmodel.schema import (
     LayerTimeTerms,
     LinkFit,
 )
-from costmodel.specs import HardwareSpec, ModelSpec
+from costmodel.specs import LOSS_CHUNK_TOKENS_DEFAULT, HardwareSpec, ModelSpec
 
 __all__ = ["BF16_BYTES", "FP32_BYTES", "AnalyticConfig", "activation_bytes_per_token_layer",
            "alltoall_bytes_per_token_layer", "analytic_cost_model", "attention_flops_per_pair",
@@ -118,6 +119,13 @@ def linear_half_tokens(hardware: HardwareSpec, config: AnalyticConfig) -> float:
     return flops / (hardware.hbm_bandwidth_bytes_per_s * config.hbm_efficiency)
 
 
+def _loss_suffix(model: ModelSpec) -> str:
+    """The id's mark of a text model's loss chunk other than the default (none at the default)."""
+    if model.is_video or model.loss_chunk_tokens == LOSS_CHUNK_TOKENS_DEFAULT:
+        return ""
+    return "-whole-logits" if model.loss_chunk_tokens == 0 else f"-loss-chunk{model.loss_chunk_tokens}"
+
+
 def analytic_cost_model(
     model: ModelSpec, hardware: HardwareSpec, *, config: AnalyticConfig | None = None
 ) -> CostModelFile:
@@ -162,6 +170,7 @@ def analytic_cost_model(
         bytes_per_token_layer_full=full_bytes,
         working_bytes_per_token=working_bytes_per_token(model),
         fixed_working_bytes=cfg.fixed_working_bytes,
+        loss_chunk_bytes=loss_chunk_bytes(model),
         transient_bytes_per_token=transient_bytes_per_token(model),
         kv_head_bytes_per_token_layer=kv_head_bytes_per_token_layer(model),
     )
@@ -183,7 +192,7 @@ def analytic_cost_model(
         grad_bytes_per_param=float(BF16_BYTES),
     )
     return CostModelFile(
-        id=f"analytic-{model.name}-{hardware.name}",
+        id=f"analytic-{model.name}-{hardware.name}{_loss_suffix(model)}",
         provenance="analytic",
         model=model,
         hardware=hardware.name,

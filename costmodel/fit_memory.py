@@ -41,9 +41,9 @@ from scipy.stats import f as f_dist
 from costmodel.fit_terms import FloatArray, SplitConfig, TermResult, fit_linear_term, split_indices, term_result
 from costmodel.profiling.format import ComputeRecord, HeadRecord
 
+BoolArray = NDArray[np.bool_]
 MAX_ASSIGN_ROUNDS = 20
 """Refits of the phase assignment of mixed-policy records before the last one is kept."""
-BoolArray = NDArray[np.bool_]
 CKPT_F_TEST_P = 0.001
 """A free per-checkpointed-layer coefficient is kept when the F-test of the better fit it gives
 over ``ckpt = full`` has a p-value below this."""

@@ -113,9 +113,11 @@ class MemoryCosts:
                           dtype=np.float64)
 
     def fixed_working_bytes(self) -> float:
-        """Working memory of any micro-batch: the fixed buffers plus the per-layer ones."""
+        """Working memory of any micro-batch: the fixed buffers, the per-layer ones and the
+        chunked loss's one chunk of logits (held on top of every kept activation when the loss
+        runs, before the layers' backward)."""
         a = self.file.activation
-        return a.fixed_working_bytes + self.num_layers * a.fixed_working_bytes_per_layer
+        return a.fixed_working_bytes + self.num_layers * a.fixed_working_bytes_per_layer + a.loss_chunk_bytes
 
     def fixed_bytes(self) -> float:
         """Per-rank memory independent of the batch: model states and working buffers."""

@@ -73,3 +73,33 @@ def check_samples_kind(samples: Iterable[Sample], model: ModelSpec, *, source: s
                              f"{model.name!r} is kind {model.kind!r} ({KIND_WORDS[model.kind]}) and plans "
                              f"{want}; name a "
                              f"{'text' if sample.is_2d else 'video'} model or use a matching manifest")
+
+
+def with_loss_chunk(model: ModelSpec, loss_chunk_tokens: int | None, *, max_sample_tokens: int | None = None,
+                    option: str = "loss_chunk_tokens") -> ModelSpec:
+    """``model`` with its ``loss_chunk_tokens`` set (unchanged when None).
+
+    Args:
+        model: The model planned for.
+        loss_chunk_tokens: Tokens per chunk of the LM loss, 0 for whole logits, None to keep the model's.
+        max_sample_tokens: The longest sample planned, when known: a chunk longer than it never
+            chunks anything and charges more bytes than the loss holds, so it is refused.
+        option: How errors name the option (``--loss-chunk-tokens`` or ``loss_chunk_tokens``).
+
+    Raises:
+        ValueError: for a negative chunk, a chunk longer than the longest sample, or a chunk for a
+            video model (which has no LM loss), naming ``option`` and the value.
+    """
+    if loss_chunk_tokens is None:
+        return model
+    if isinstance(loss_chunk_tokens, bool) or not isinstance(loss_chunk_tokens, int) or loss_chunk_tokens < 0:
+        raise ValueError(f"{option}={loss_chunk_tokens!r} must be a positive number of tokens "
+                         "(or 0 for whole logits)")
+    if model.is_video:
+        raise ValueError(f"{option}={loss_chunk_tokens}: model {model.name!r} is kind {model.kind!r} "
+                         "(a video model, no vocabulary): the LM loss chunk is for text models")
+    if max_sample_tokens is not None and loss_chunk_tokens > max_sample_tokens:
+        raise ValueError(f"{option}={loss_chunk_tokens} is larger than the longest sample "
+                         f"({max_sample_tokens} tokens): give a chunk of at most that many tokens, "
+                         "or 0 for whole logits")
+    return model.model_copy(update={"loss_chunk_tokens": loss_chunk_tokens})

@@ -134,6 +134,39 @@ def _cross_flops_per_sample(model: ModelSpec) -> float:
     return 2.0 * 2 * model.cross_attention_tokens * model.hidden ** 2
 
 
+WHOLE_LOSS_FP32_BUFFERS = 3
+"""V-wide fp32 buffers per token at the peak of the whole-logits loss (``F.cross_entropy`` on the
+upcast logits): the log-softmax it keeps, then in its backward the gradient of the negative
+log-likelihood and of the log-softmax (counted on CPU with ``LiveBytesTracker``, bf16 and fp32
+alike: 12 bytes a logit)."""
+
+
+def _lm_head_passes(model: ModelSpec) -> int:
+    """Head GEMMs per token (forward 1, backward 2 [N21]); the chunked loss runs the forward again
+    in backward (``executor/chunked_loss.py``)."""
+    return 4 if model.loss_chunk_tokens else 3
+
+
+def _loss_bytes_per_token(model: ModelSpec) -> float:
+    """Per-token bytes of the LM loss: whole logits, three fp32 buffers of ``V`` values
+    (:data:`WHOLE_LOSS_FP32_BUFFERS`); chunked, the fp32 log-sum-exp it keeps for backward (its
+    one chunk is :func:`loss_chunk_bytes`, per rank)."""
+    if model.loss_chunk_tokens:
+        return float(FP32_BYTES)
+    return float(WHOLE_LOSS_FP32_BUFFERS * FP32_BYTES * model.vocab)
+
+
+def loss_chunk_bytes(model: ModelSpec) -> float:
+    """Bytes one rank's chunked LM loss holds at its peak, whatever the tokens: one chunk of
+    ``loss_chunk_tokens`` tokens x ``V`` logits in bf16 and their fp32 copy
+    (``executor.chunked_loss.chunk_peak_bytes``). The chunk counts a rank's local tokens (each
+    rank runs the loss over its own sequence shard) and the vocabulary is whole on every rank, so
+    the group does not divide it. 0 for whole logits and for video models."""
+    if model.kind != "1d" or not model.loss_chunk_tokens:
+        return 0.0
+    return float(model.loss_chunk_tokens * model.vocab * (BF16_BYTES + FP32_BYTES))
+
+
 _1D = KindTerms(
     attentions_per_layer=1,
     attention="whole",
@@ -141,9 +174,9 @@ _1D = KindTerms(
     outer_params=lambda m: (1 if m.tied_embeddings else 2) * m.vocab * m.hidden + m.hidden,
     linear_macs_per_token=lambda m: _attn_proj_macs(m) + mlp_macs_per_token(m),
     per_sample_flops=lambda m: 0.0,
-    head_flops_per_token=lambda m: 3 * 2.0 * m.hidden * m.vocab,  # output head, backward 2x [N21]
+    head_flops_per_token=lambda m: _lm_head_passes(m) * 2.0 * m.hidden * m.vocab,  # output head [N21]
     none_bytes_per_token=lambda m: _self_attention_bytes(m) + _mlp_bytes(m),
-    working_bytes_per_token=lambda m: float((BF16_BYTES + FP32_BYTES) * m.vocab),  # logits + fp32 copy
+    working_bytes_per_token=lambda m: _loss_bytes_per_token(m),
     head_values_per_token=lambda m: float(m.vocab + m.hidden),
 )
 

@@ -108,6 +108,12 @@ class ActivationCoefficients(_Frozen):
         description="Working memory of a micro-batch per layer of the model, whatever its tokens "
                     "(e.g. weight-gradient buffers of the backward); fitted from peaks.",
     )
+    loss_chunk_bytes: float = Field(
+        default=0.0, ge=0,
+        description="Bytes the chunked LM loss holds per rank at its peak whatever the tokens: one "
+                    "chunk of logits and their fp32 copy (ModelSpec.loss_chunk_tokens; 0 with whole "
+                    "logits, which working_bytes_per_token counts per token instead).",
+    )
     kv_head_bytes_per_token_layer: float = Field(
         default=0.0, ge=0,
         description="Bytes one key/value head's k and v add per token per layer kept without "

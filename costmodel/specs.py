@@ -13,6 +13,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SCHEMA_VERSION = 1
 
+LOSS_CHUNK_TOKENS_DEFAULT = 4096
+"""Default ``ModelSpec.loss_chunk_tokens``: a 4,096-token chunk of a 128,256-word vocabulary
+(Llama 3) holds 3.2 GB of bf16 logits and their fp32 copy, under 4% of an 80 GB GPU, while its
+head GEMM (4,096 x hidden x vocab) stays far above the size where a GEMM runs at full rate
+(a few hundred rows), so chunking costs only the recompute."""
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -125,6 +131,12 @@ class ModelSpec(_Frozen):
     )
     latent_channels: int | None = Field(default=None, gt=0, description="Latent channels (video).")
     attention: str | None = Field(default=None, description="Free-text note on the attention layout.")
+    loss_chunk_tokens: int = Field(
+        default=LOSS_CHUNK_TOKENS_DEFAULT, ge=0,
+        description="Tokens per chunk of the LM loss (1D): each rank projects its tokens on the "
+        "vocabulary and takes the cross-entropy this many at a time, recomputing each chunk in "
+        "backward (executor/chunked_loss.py), so it never holds the whole logits; 0 materialises "
+        "them whole. Ignored by video models (no vocabulary).")
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:

@@ -17,7 +17,7 @@ from costmodel.evaluate import CostModel, policy_name
 from costmodel.model_choice import check_samples_kind
 from costmodel.presets import load_cluster
 from costmodel.specs import Sample
-from dcp_cli.model_option import model_config_option, model_option, resolve_model
+from dcp_cli.model_option import apply_loss_chunk, loss_chunk_option, model_config_option, model_option, resolve_model
 from dcp_cli.style import console as make_console
 from dcp_cli.style import fmt_count, fmt_gib, fmt_ms, legend
 
@@ -80,18 +80,20 @@ def register(app: typer.Typer) -> None:
         shapes: list[str] = typer.Argument(..., metavar="SHAPE", help="TOKENS (1D) or FRAMESxHEIGHTxWIDTH (2D)."),
         model: str | None = model_option(help_text="Model preset (default llama-7b; dcp presets models)."),
         model_config: Path | None = model_config_option(),
+        loss_chunk_tokens: int | None = loss_chunk_option(),
         cluster: str = typer.Option("h200x8", help="Cluster preset."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     ) -> None:
         """Predicted time, activation memory per policy and all-to-all time per group size."""
         spec = resolve_model(model, model_config, default="llama-7b")
         assert spec is not None
+        samples = [parse_shape(text, i) for i, text in enumerate(shapes)]
+        spec = apply_loss_chunk(spec, loss_chunk_tokens, max_sample_tokens=max(s.tokens for s in samples))
         try:
             cluster_spec = load_cluster(cluster)
             cm = CostModel(file=analytic_cost_model(spec, cluster_spec.hardware), cluster=cluster_spec)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
-        samples = [parse_shape(text, i) for i, text in enumerate(shapes)]
         try:
             check_samples_kind(samples, spec, source="SHAPE")
         except ValueError as exc:
@@ -103,6 +105,9 @@ def register(app: typer.Typer) -> None:
             payload = {
                 "cost_model_id": cm.file.id, "cluster": cm.cluster.name,
                 "model_state_bytes_per_gpu": cm.model_state_bytes(),
+                "loss_chunk_tokens": spec.loss_chunk_tokens if not spec.is_video else None,
+                "loss_chunk_bytes": cm.file.activation.loss_chunk_bytes,
+                "fixed_bytes": cm.fixed_bytes(),
                 "activation_budget_bytes": cm.activation_budget_bytes(),
                 "grad_sync_time_s": cm.grad_sync_time_s(), "rows": rows,
             }
@@ -123,6 +128,12 @@ def print_cost_tables(cm: CostModel, rows: list[dict[str, Any]], console: Consol
                   f"{fmt_gib(cm.model_state_bytes())} GiB/GPU, activation budget "
                   f"{fmt_gib(cm.activation_budget_bytes())} GiB/GPU, gradient sync "
                   f"{fmt_ms(cm.grad_sync_time_s())} ms per step")
+    if not cm.file.model.is_video:
+        chunk = cm.file.model.loss_chunk_tokens
+        console.print(f"LM loss: {'whole logits' if chunk == 0 else f'chunks of {fmt_count(chunk)} tokens'}"
+                      f" ({fmt_gib(cm.file.activation.loss_chunk_bytes)} GiB/GPU for one chunk, "
+                      f"{fmt_count(round(cm.file.activation.working_bytes_per_token))} B/token of working "
+                      "buffers; --loss-chunk-tokens)")
     by_sample: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         by_sample.setdefault(r["sample"], []).append(r)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from costmodel.model_choice import DEFAULT_TEXT_MODEL
-from dcp_cli.model_option import model_config_option, model_option
+from dcp_cli.model_option import loss_chunk_option, model_config_option, model_option
 from dcp_cli.plan import LAYOUT_CHOICES
 from dcp_cli.progress import make_progress
 from dcp_cli.style import fail, fmt_pct, fmt_x
@@ -55,6 +55,7 @@ def register(app: typer.Typer) -> None:
                                                    "cluster's hardware (default for a text manifest: "
                                                    f"{DEFAULT_TEXT_MODEL}; a video manifest needs a model)."),
         model_config: Path | None = model_config_option(),
+        loss_chunk_tokens: int | None = loss_chunk_option(),
         cost_model: str | None = typer.Option(None, help="Cost-model id instead of a model: embedded "
                                                          "(dcp presets) or stored in --out."),
         cost_model_file: Path | None = typer.Option(None, exists=True, dir_okay=False,
@@ -136,8 +137,13 @@ def register(app: typer.Typer) -> None:
                  if value is not None]
         if len(named) > 1:
             fail(f"give one of --model, --model-config, --cost-model and --cost-model-file, not {' and '.join(named)}")
+        if loss_chunk_tokens is not None and (cost_model is not None or cost_model_file is not None):
+            fail(f"--loss-chunk-tokens {loss_chunk_tokens} applies to the analytic cost model of a model "
+                 "(--model, --model-config or the text default); a cost-model file charges the loss as it "
+                 "was profiled")
         derived, model_source = _derived_cost_model(model, model_config, named=bool(named), samples=samples,
-                                                    manifest=manifest, hardware=spec.hardware)
+                                                    manifest=manifest, hardware=spec.hardware,
+                                                    loss_chunk_tokens=loss_chunk_tokens)
         file: CostModelFile | None = derived
         if cost_model_file is not None:
             try:
@@ -261,14 +267,17 @@ def register(app: typer.Typer) -> None:
 
 
 def _derived_cost_model(model: str | None, model_config: Path | None, *, named: bool, samples: list[Sample],
-                        manifest: Path, hardware: HardwareSpec) -> tuple[CostModelFile | None, str | None]:
+                        manifest: Path, hardware: HardwareSpec, loss_chunk_tokens: int | None = None
+                        ) -> tuple[CostModelFile | None, str | None]:
     """The analytic cost model of ``--model`` / ``--model-config`` on the cluster's hardware, or
-    of the text default when nothing is named and the manifest is text, with where it came from.
+    of the text default when nothing is named and the manifest is text, with where it came from;
+    ``loss_chunk_tokens`` (``--loss-chunk-tokens``) sets its LM loss chunk, at most the manifest's
+    longest sample.
 
     A video manifest with nothing named is refused: video samples fit 2d and 3d models alike,
     so the planner does not guess (a text manifest keeps its old default, said in the log)."""
     from costmodel.analytic import analytic_cost_model
-    from costmodel.model_choice import select_model
+    from costmodel.model_choice import select_model, with_loss_chunk
     from costmodel.presets import load_model, model_names
 
     try:
@@ -292,6 +301,11 @@ def _derived_cost_model(model: str | None, model_config: Path | None, *, named: 
         source = f"model {DEFAULT_TEXT_MODEL} (default for a text manifest)"
     else:
         source = f"model {model}" if model is not None else f"model_config {model_config}"
+    try:
+        chosen = with_loss_chunk(chosen, loss_chunk_tokens, max_sample_tokens=max(s.tokens for s in samples),
+                                 option="--loss-chunk-tokens")
+    except ValueError as exc:
+        fail(str(exc))
     return analytic_cost_model(chosen, hardware), source
 
 

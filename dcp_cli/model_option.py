@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from costmodel.model_choice import select_model
+from costmodel.model_choice import select_model, with_loss_chunk
 from costmodel.specs import ModelSpec
 
 MODEL_HELP = "Model preset (dcp presets models)."
@@ -43,3 +43,27 @@ def resolve_model(model: str | None, model_config: Path | None, *, default: str 
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     return spec
+
+
+LOSS_CHUNK_HELP = ("Tokens per chunk of the LM loss (text models; default: the model's, "
+                   "4096): a rank never holds more logits than this; 0 holds whole logits.")
+
+
+def loss_chunk_option() -> int | None:
+    """The ``--loss-chunk-tokens`` option (a typer default)."""
+    result: int | None = typer.Option(None, "--loss-chunk-tokens", help=LOSS_CHUNK_HELP)
+    return result
+
+
+def apply_loss_chunk(spec: ModelSpec, loss_chunk_tokens: int | None, *,
+                     max_sample_tokens: int | None = None) -> ModelSpec:
+    """``spec`` with ``--loss-chunk-tokens`` applied (``costmodel.model_choice.with_loss_chunk``).
+
+    Raises:
+        typer.BadParameter: naming the option and the value.
+    """
+    try:
+        return with_loss_chunk(spec, loss_chunk_tokens, max_sample_tokens=max_sample_tokens,
+                               option="--loss-chunk-tokens")
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None

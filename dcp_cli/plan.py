@@ -12,7 +12,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from dcp_cli.model_option import model_config_option, model_option, resolve_model
+from dcp_cli.model_option import loss_chunk_option, model_config_option, model_option, resolve_model
 from dcp_cli.progress import progress_bar
 from dcp_cli.style import console, fmt_pct, fmt_s, fmt_x, print_table
 
@@ -28,7 +28,7 @@ LAYOUT_CHOICES = ("ulysses", "auto", "ring")
 def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size: int,
               budget_s: float, progress: Callable[[int, int | None], None] | None = None,
               cost_model_file: CostModelFile | None = None, model: ModelSpec | None = None,
-              layout: str = "ulysses") -> list[dict[str, Any]]:
+              layout: str = "ulysses", loss_chunk_tokens: int | None = None) -> list[dict[str, Any]]:
     """One row per step: the plan's and every baseline's predicted step time, gap, latency.
 
     ``baselines_s`` and ``speedups`` also hold ``strongest``: the fastest baseline of the step
@@ -37,16 +37,20 @@ def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size:
     with ``cost_model_file`` when that file was fitted for a model of this very shape (models
     are matched by ``ModelSpec.shape_differences``, not by name: a ``config.json`` in any
     folder plans under a file fitted for its architecture). ``layout`` is ``PlannerConfig.layout``; each row's
-    ``layouts`` lists its groups as ``[size, ulysses_degree, ring_degree]``.
+    ``layouts`` lists its groups as ``[size, ulysses_degree, ring_degree]``, ``peak_mem_bytes``
+    the plan's largest predicted peak per rank and ``memory_cap_bytes`` the cluster's cap.
+    ``loss_chunk_tokens`` sets the model's LM loss chunk (``ModelSpec.loss_chunk_tokens``; the
+    analytic cost model only: a fitted file charges the loss as it was profiled).
 
     Raises:
         ValueError: for an unknown preset, a cost model made for another model shape (naming the
-            fields that differ) or hardware (the workload's, or ``model`` when given), or a model
-            of the other kind than the workload (text/video).
+            fields that differ) or hardware (the workload's, or ``model`` when given), a model
+            of the other kind than the workload (text/video), or a loss chunk that is negative,
+            longer than the workload's longest sample or given with a cost-model file.
     """
     from costmodel.analytic import analytic_cost_model
     from costmodel.evaluate import CostModel
-    from costmodel.model_choice import check_samples_kind
+    from costmodel.model_choice import check_samples_kind, with_loss_chunk
     from costmodel.presets import default_cost_model_file, load_cluster, load_model
     from planner.baselines import strongest
     from planner.config import PlannerConfig
@@ -55,6 +59,12 @@ def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size:
 
     spec = WorkloadSpec.preset(workload)
     cluster_spec = load_cluster(cluster)
+    if loss_chunk_tokens is not None:
+        if cost_model_file is not None:
+            raise ValueError(f"--loss-chunk-tokens {loss_chunk_tokens} applies to the analytic cost model; "
+                             f"cost model {cost_model_file.id!r} charges the loss as it was profiled")
+        model = with_loss_chunk(model if model is not None else load_model(spec.model), loss_chunk_tokens,
+                                max_sample_tokens=spec.max_sample.tokens, option="--loss-chunk-tokens")
     if cost_model_file is not None and model is not None:
         differ = cost_model_file.model.shape_differences(model)
         if differ:
@@ -107,6 +117,10 @@ def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size:
             "latency_s": latency,
             "group_sizes": sorted((g.size for g in plan.groups), reverse=True),
             "layouts": sorted(([g.size, g.ulysses_degree, g.ring_degree] for g in plan.groups), reverse=True),
+            "peak_mem_bytes": max((mb.predicted_peak_mem_bytes for g in plan.groups for mb in g.micro_batches),
+                                  default=0.0),
+            "memory_cap_bytes": cluster_spec.memory_cap_bytes,
+            "cost_model_id": plan.cost_model_id,
             "digest": plan.content_digest(),
         })
         if progress is not None:
@@ -152,6 +166,7 @@ def register(app: typer.Typer) -> None:
                                                    "analytic cost model on the cluster's hardware, or "
                                                    "--cost-model fitted for it)."),
         model_config: Path | None = model_config_option(),
+        loss_chunk_tokens: int | None = loss_chunk_option(),
         steps: int = typer.Option(5, "--steps", "-k", min=1, help="Steps to plan."),
         seed: int = typer.Option(0, "--seed", "-s", help="Sampler and planner seed."),
         batch_size: int = typer.Option(256, "--batch-size", "-b", min=1,
@@ -184,7 +199,8 @@ def register(app: typer.Typer) -> None:
             with progress_bar(f"planning {steps} steps", quiet=quiet, total=steps) as update:
                 rows = plan_rows(workload=workload, cluster=cluster, steps=steps, seed=seed,
                                  batch_size=batch_size, budget_s=budget_ms / 1000.0, progress=update,
-                                 cost_model_file=file, model=model_spec, layout=layout)
+                                 cost_model_file=file, model=model_spec, layout=layout,
+                                 loss_chunk_tokens=loss_chunk_tokens)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         summary = totals(rows)

@@ -68,8 +68,9 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
         step_loss = torch.zeros(())
         for work in executor.micro_batches(rank_plan, loaded=batches):  # [dcp 9/11]
-            logits = model(work.inputs, work.ctx, recompute_layers=work.recompute_layers)
-            loss = work.loss(Llama1D.token_losses(logits, work.targets))  # [dcp 10/11]
+            # targets: the loss in chunks of ModelConfig.loss_chunk_tokens, never the whole logits
+            losses = model(work.inputs, work.ctx, recompute_layers=work.recompute_layers, targets=work.targets)
+            loss = work.loss(losses)  # [dcp 10/11]
             loss.backward()
             step_loss += loss.detach()
         executor.sync_gradients(model)  # [dcp 11/11] (instead of DDP)

@@ -98,8 +98,8 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
         step_loss = torch.zeros(())
         for work in executor.micro_batches(rank_plan, loaded=batches):  # [dcp 11/12]
-            logits = model(**hf.model_inputs(work)).logits
-            loss = work.loss(hf.token_losses(logits, work.targets))  # [dcp 12/12]
+            # the loss in chunks of 4,096 tokens (the planner's default), never the whole logits
+            loss = work.loss(hf.lm_token_losses(model, work))  # [dcp 12/12]
             loss.backward()
             step_loss += loss.detach()
         executor.sync_gradients(model)  # (a no-op under DDP and FSDP2: the last backward synced)

@@ -19,8 +19,10 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
+from costmodel.specs import LOSS_CHUNK_TOKENS_DEFAULT
 from executor.attention import AttentionKind, packed_attention
 from executor.checkpointing import run_layers
+from executor.chunked_loss import check_chunk_tokens, chunked_token_losses
 from executor.context import SPContext
 from executor.ring import ring_packed_attention
 from executor.ulysses import head_to_seq, qkv_seq_to_head
@@ -51,6 +53,10 @@ class ModelConfig:
     joint_text_tokens: int = 0
     """Text tokens per sample in each block's joint self-attention (MMDiT style,
     :class:`executor.joint.JointDiT3D` only; 0 for the other models)."""
+    loss_chunk_tokens: int = LOSS_CHUNK_TOKENS_DEFAULT
+    """Tokens per chunk of the 1D model's loss when it is given targets
+    (:func:`executor.chunked_loss.chunked_token_losses`; 0: whole logits), as the planner's
+    ``ModelSpec.loss_chunk_tokens`` charges it."""
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden", "num_heads", "ffn_hidden", "vocab", "in_channels", "text_tokens"):
@@ -58,6 +64,7 @@ class ModelConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.joint_text_tokens < 0:
             raise ValueError(f"joint_text_tokens must be >= 0, got {self.joint_text_tokens}")
+        check_chunk_tokens(self.loss_chunk_tokens)
         if self.hidden % self.num_heads != 0:
             raise ValueError(f"hidden={self.hidden} is not divisible by num_heads={self.num_heads}")
         if self.num_kv_heads is not None and (self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads):
@@ -154,7 +161,8 @@ class LlamaBlock(nn.Module):
 
 
 class Llama1D(nn.Module):
-    """LLaMA-style causal language model (token ids in, logits out)."""
+    """LLaMA-style causal language model (token ids in, logits out; with targets, the per-token
+    loss computed in chunks, never the whole logits)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -164,12 +172,17 @@ class Llama1D(nn.Module):
         self.norm = nn.RMSNorm(config.hidden)
         self.head = nn.Linear(config.hidden, config.vocab, bias=False)
 
-    def forward(self, token_ids: torch.Tensor, ctx: SPContext, *,
-                recompute_layers: Sequence[int]) -> torch.Tensor:
-        """Local token ids ``(local_tokens,)`` -> logits ``(local_tokens, vocab)``."""
+    def forward(self, token_ids: torch.Tensor, ctx: SPContext, *, recompute_layers: Sequence[int],
+                targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Local token ids ``(local_tokens,)`` -> logits ``(local_tokens, vocab)``; with ``targets``
+        ``(local_tokens,)``, their per-token cross-entropy ``(local_tokens,)`` instead, computed
+        ``config.loss_chunk_tokens`` tokens at a time (what :meth:`token_losses` of the logits
+        gives, without holding them)."""
         h = self.embed(token_ids)
-        h = run_layers(list(self.layers), h, ctx, recompute_layers=recompute_layers)
-        return self.head(self.norm(h))
+        h = self.norm(run_layers(list(self.layers), h, ctx, recompute_layers=recompute_layers))
+        if targets is None:
+            return self.head(h)
+        return chunked_token_losses(h, self.head.weight, targets, chunk_tokens=self.config.loss_chunk_tokens)
 
     @staticmethod
     def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

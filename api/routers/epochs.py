@@ -96,7 +96,8 @@ async def create_epoch(body: EpochRequest, state: State) -> EpochStatus:
         conflict(f"epoch {epoch_id!r} already exists")
     cluster, cost_model = await asyncio.to_thread(state.planning_inputs, cluster=as_cluster(body.cluster),
                                                   cost_model_id=body.cost_model_id, model=body.model,
-                                                  model_config=body.model_config_json)
+                                                  model_config=body.model_config_json,
+                                                  loss_chunk_tokens=body.loss_chunk_tokens)
     model_source = {"cost_model_id": None, "model": f"model {body.model}",
                     "model_config": f"model_config ({cost_model.model.name})"}[body.model_field]
     path = None
@@ -124,6 +125,11 @@ async def create_epoch(body: EpochRequest, state: State) -> EpochStatus:
             check_samples_kind(samples, cost_model.model, source=field)
         except ValueError as exc:
             unprocessable(["body", field], str(exc))
+        longest = max((s.tokens for s in samples), default=0)
+        if body.loss_chunk_tokens is not None and body.loss_chunk_tokens > longest:
+            unprocessable(["body", "loss_chunk_tokens"],
+                          f"loss_chunk_tokens={body.loss_chunk_tokens} is larger than the manifest's longest "
+                          f"sample ({longest} tokens): give at most that many tokens, or 0 for whole logits")
         record = prepare_epoch(state.store, epoch_id=epoch_id, samples=samples, rule=rule,
                                seed=body.seed, cluster=cluster, cost_model=cost_model,
                                options=options, manifest_source=body.manifest_path or "inline",

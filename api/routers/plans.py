@@ -46,7 +46,9 @@ async def create_plan(body: PlanRequest, state: State) -> Response:
         unprocessable(["body", "samples"], f"{len(body.samples)} samples exceed the limit of {limit}")
     cluster, cost_model = await asyncio.to_thread(state.planning_inputs, cluster=as_cluster(body.cluster),
                                                   cost_model_id=body.cost_model_id, model=body.model,
-                                                  model_config=body.model_config_json)
+                                                  model_config=body.model_config_json,
+                                                  loss_chunk_tokens=body.loss_chunk_tokens,
+                                                  max_sample_tokens=max(s.tokens for s in body.samples))
     try:
         check_compatible(cost_model, cluster)
     except ValueError as exc:

@@ -63,6 +63,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 from transformers import Trainer
 
+from costmodel.specs import LOSS_CHUNK_TOKENS_DEFAULT
+from executor.chunked_loss import check_chunk_tokens
 from executor.grad_sync import AllReduceSync, DDPSync, FSDP2Sync, GradSync
 from executor.groups import GroupRegistry
 from executor.integrations import hf_transformers as hf
@@ -127,7 +129,7 @@ class DCPTrainerMixin:
                  group_sizes: Sequence[int] | None = None, id_column: str | None = None,
                  to_item: Callable[..., Mapping[str, object]] | None = None,
                  weight_dtype: torch.dtype = torch.float64, eval_attention: str | None = None,
-                 **kwargs: Any) -> None:
+                 loss_chunk_tokens: int = LOSS_CHUNK_TOKENS_DEFAULT, **kwargs: Any) -> None:
         """Build the ``Trainer``, then switch the model to DCP and create the process groups.
 
         Args:
@@ -143,6 +145,8 @@ class DCPTrainerMixin:
             weight_dtype: Dtype of the loss weights.
             eval_attention: Attention implementation evaluation runs on (default: the model's own
                 before the switch to DCP, else ``sdpa``).
+            loss_chunk_tokens: Tokens per chunk of the training loss (``hf_transformers.lm_token_losses``;
+                the planner's ``ModelSpec.loss_chunk_tokens``), 0 for whole logits.
             **kwargs: The ``Trainer``'s other keyword arguments (``train_dataset``, ``eval_dataset``,
                 ``data_collator`` for evaluation: default :class:`CausalLMPadding` in ``DCPTrainer``).
 
@@ -163,6 +167,7 @@ class DCPTrainerMixin:
         self.dcp_plans = plans
         self.dcp_to_item = to_item or causal_lm_item
         self.dcp_weight_dtype = weight_dtype
+        self.dcp_loss_chunk_tokens = check_chunk_tokens(loss_chunk_tokens)
         self.dcp_rank, self.dcp_world_size = int(trainer.args.process_index), int(trainer.args.world_size)
         core = trainer.model
         layouts = getattr(plans, "layouts", None)
@@ -249,8 +254,7 @@ class DCPTrainerMixin:
     # ------------------------------------------------------------ DCP parts
     def micro_batch_loss(self, model: nn.Module, work: MicroBatchWork, *, num_targets: int) -> torch.Tensor:
         """This rank's share of the step loss for one micro-batch (override for another loss)."""
-        logits = model(**hf.model_inputs(work)).logits
-        losses = hf.token_losses(logits, work.targets)
+        losses = hf.lm_token_losses(model, work, loss_chunk_tokens=self.dcp_loss_chunk_tokens)
         if work.is_padding or num_targets <= 0:
             return work.loss(losses)
         weights = (work.targets != IGNORE_INDEX).to(losses.dtype) / num_targets

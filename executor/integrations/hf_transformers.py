@@ -29,8 +29,15 @@ Usage (the lines a training loop adds; see ``examples/train_hf_llama.py``)::
     model = LlamaForCausalLM._from_config(config, attn_implementation=hf.register())
     hf.prepare(model, group_sizes=registry.ulysses_degrees)
     for work in executor.micro_batches(rank_plan, loaded=batches):
-        logits = model(**hf.model_inputs(work)).logits
-        work.loss(hf.token_losses(logits, work.targets)).backward()
+        work.loss(hf.lm_token_losses(model, work)).backward()
+
+Loss: :func:`lm_token_losses` runs the model with a forward pre-hook on its output head
+(``get_output_embeddings()``) that takes the final hidden states, computes the per-token
+cross-entropy ``loss_chunk_tokens`` tokens at a time (:mod:`executor.chunked_loss`, the chunk the
+planner charged: ``ModelSpec.loss_chunk_tokens``) and hands the head zero tokens, so the whole
+logits never exist; the head's weight gets its gradient from the chunked loss. The hook runs
+inside the model's own forward, so a DDP or FSDP2 wrapper sees an ordinary call.
+``loss_chunk_tokens=0`` (or :func:`token_losses` of the logits) is the whole-logits path.
 """
 
 from __future__ import annotations
@@ -44,8 +51,10 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from costmodel.specs import LOSS_CHUNK_TOKENS_DEFAULT
 from executor.attention import packed_attention
 from executor.checkpointing import validate_policies
+from executor.chunked_loss import check_chunk_tokens, chunked_token_losses
 from executor.context import SPContext
 from executor.ring import ring_packed_attention
 from executor.runtime import MicroBatchWork
@@ -298,3 +307,45 @@ def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     logits = logits[0, :targets.shape[0]]
     return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), targets,
                            reduction="none")
+
+
+def lm_token_losses(model: nn.Module, work: MicroBatchWork, *,
+                    loss_chunk_tokens: int = LOSS_CHUNK_TOKENS_DEFAULT) -> torch.Tensor:
+    """Cross-entropy of every local token of one micro-batch ``(local,)``, the model run on
+    :func:`model_inputs`, without holding the whole logits (``loss_chunk_tokens`` tokens of
+    logits at a time; 0: the whole logits, :func:`token_losses`).
+
+    Raises:
+        ValueError: for a negative chunk, a model without an output head, or one that transforms
+            its logits after the head (``final_logit_softcapping``, which the chunks do not apply).
+    """
+    check_chunk_tokens(loss_chunk_tokens)
+    if loss_chunk_tokens == 0:
+        return token_losses(model(**model_inputs(work)).logits, work.targets)
+    core: Any = getattr(model, "module", model)  # DDP keeps the model under .module
+    head = core.get_output_embeddings()
+    if not isinstance(head, nn.Linear):
+        raise ValueError(f"{type(core).__name__} has no linear output head (get_output_embeddings() is "
+                         f"{type(head).__name__}): use loss_chunk_tokens=0")
+    if getattr(core.config, "final_logit_softcapping", None):
+        raise ValueError(f"{type(core).__name__} soft-caps its logits (final_logit_softcapping="
+                         f"{core.config.final_logit_softcapping}), which the chunked loss does not: "
+                         "use loss_chunk_tokens=0")
+    targets = work.targets
+    found: list[torch.Tensor] = []
+
+    def take_hidden(module: nn.Linear, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        hidden = args[0]
+        found.append(chunked_token_losses(hidden[0, :targets.shape[0]], module.weight, targets,
+                                          chunk_tokens=loss_chunk_tokens, bias=module.bias))
+        return (hidden[:, :0], *args[1:])
+
+    handle = head.register_forward_pre_hook(take_hidden)
+    try:
+        model(**model_inputs(work))
+    finally:
+        handle.remove()
+    if len(found) != 1:
+        raise ValueError(f"the output head ran {len(found)} times in one forward of {type(core).__name__} "
+                         "(expected once): use loss_chunk_tokens=0")
+    return found[0]

@@ -88,8 +88,10 @@ def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             for n, p in model.named_parameters()}
 
 
-def run_step(executor: Executor, model: Any, plan: Plan) -> float:
-    """One planned step of the DCP Llama on this rank (the lines a user's loop has); its loss share."""
+def run_step(executor: Executor, model: Any, plan: Plan, *, loss_chunk_tokens: int = 0) -> float:
+    """One planned step of the DCP Llama on this rank (the lines a user's loop has); its loss share.
+    ``loss_chunk_tokens``: the loss in chunks of that many tokens (``hf.lm_token_losses``), 0 from
+    the whole logits."""
     from executor.integrations import hf_transformers as hf
 
     rank_plan = plan.rank_view(executor.rank)
@@ -97,8 +99,11 @@ def run_step(executor: Executor, model: Any, plan: Plan) -> float:
     data = dataset_for(plan, "1d")
     share = 0.0
     for work in executor.micro_batches(rank_plan, load_sample=data.load):
-        logits = model(**hf.model_inputs(work)).logits
-        loss = work.loss(hf.token_losses(logits, work.targets))
+        if loss_chunk_tokens:
+            loss = work.loss(hf.lm_token_losses(model, work, loss_chunk_tokens=loss_chunk_tokens))
+        else:
+            logits = model(**hf.model_inputs(work)).logits
+            loss = work.loss(hf.token_losses(logits, work.targets))
         loss.backward()
         share += float(loss.detach())
     executor.sync_gradients(model)

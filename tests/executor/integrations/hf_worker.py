@@ -31,6 +31,10 @@ def _llama(rank: int, results: dict[str, object]) -> None:
             model.zero_grad(set_to_none=True)
             results[f"llama{tag}_loss_{i}"] = hf_llama.run_step(executor, model, plan)
             results[f"llama{tag}_grad_{i}"] = hf_llama.grads(model)
+            if dtype == torch.float64:  # the loss in chunks of 3 tokens (shards split unevenly)
+                model.zero_grad(set_to_none=True)
+                results[f"llama64chunked_loss_{i}"] = hf_llama.run_step(executor, model, plan, loss_chunk_tokens=3)
+                results[f"llama64chunked_grad_{i}"] = hf_llama.grads(model)
 
 
 def _llama_gqa(rank: int, results: dict[str, object]) -> None:
@@ -68,6 +72,9 @@ def _llama_fsdp2(rank: int, results: dict[str, object]) -> None:
         model.zero_grad(set_to_none=True)
         results[f"llama_fsdp2_loss_{i}"] = hf_llama.run_step(executor, model, plan)
         results[f"llama_fsdp2_grad_{i}"] = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+        model.zero_grad(set_to_none=True)  # the chunked loss under FSDP2 (the head's hook inside the root)
+        results[f"llama_fsdp2chunked_loss_{i}"] = hf_llama.run_step(executor, model, plan, loss_chunk_tokens=4)
+        results[f"llama_fsdp2chunked_grad_{i}"] = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
 
 
 def _video(rank: int, results: dict[str, object], key: str, model_module: Any, integration: str,
