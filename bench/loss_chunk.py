@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from provenance import provenance  # bench/ (the script's folder) is on sys.path
+from provenance import default_out, provenance  # bench/ (the script's folder) is on sys.path
 
 from costmodel.analytic import analytic_cost_model
 from costmodel.evaluate import CostModel
@@ -110,7 +110,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=1_048_576, help="The long sample (predicted part).")
     parser.add_argument("--cpu-tokens", type=int, default=4096)
     parser.add_argument("--cpu-vocab", type=int, default=8192)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/loss_chunk.json")
+    parser.add_argument("--out", type=Path, default=default_out("loss_chunk"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     predicted = predicted_rows(cluster=args.cluster, tokens=args.tokens)
