@@ -8,8 +8,8 @@ programming over subsets keeps it exact and fast for up to 8 samples.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from functools import cache
+from collections.abc import Callable, Sequence
+from functools import cache, partial
 
 import numpy as np
 
@@ -39,13 +39,58 @@ def placements(num_gpus: int, gpus_per_node: int, sizes: Sequence[int]) -> list[
     return out
 
 
+def best_split_s(mask: int, block_time: Callable[[int], float], memo: dict[int, float]) -> float:
+    """Least time of a group running the samples of ``mask`` (a bit set) in any split into
+    micro-batches, ``block_time(block)`` the best time of one micro-batch holding ``block``;
+    ``memo`` caches it per mask (one dict per group setting)."""
+    if mask == 0:
+        return 0.0
+    if mask in memo:
+        return memo[mask]
+    low = mask & -mask
+    rest = mask ^ low
+    best = float("inf")
+    sub = rest
+    while True:  # the block holding the lowest sample: low plus any subset of the rest
+        block = low | sub
+        t = block_time(block)
+        if t < best:
+            best = min(best, t + best_split_s(mask ^ block, block_time, memo))
+        if sub == 0:
+            break
+        sub = (sub - 1) & rest
+    memo[mask] = best
+    return best
+
+
+def best_makespan_s(num_samples: int, groups: Sequence[Callable[[int], float]]) -> float:
+    """Least makespan of running every sample once on the given groups, ``groups[g](mask)`` the
+    best time of group ``g`` running the samples of ``mask`` (inf when it cannot): dynamic
+    programming over the subsets run so far."""
+    full = (1 << num_samples) - 1
+    dp = {0: 0.0}  # samples run so far -> least makespan of the groups so far
+    for group_time in groups:
+        nxt: dict[int, float] = {}
+        for mask, value in dp.items():
+            free = full ^ mask
+            sub = free
+            while True:
+                t = max(value, group_time(sub))
+                if t < nxt.get(mask | sub, float("inf")):
+                    nxt[mask | sub] = t
+                if sub == 0:
+                    break
+                sub = (sub - 1) & free
+        dp = nxt
+    return dp.get(full, float("inf"))
+
+
 def optimum_step_time_s(samples: Sequence[Sample], cost_model: CostModel, sizes: Sequence[int]
                         ) -> float:
     """The least predicted step time over all plans (inf if the batch cannot be planned)."""
     n = len(samples)
     layers = cost_model.num_layers
     cap = cost_model.cluster.memory_cap_bytes
-    full = (1 << n) - 1
 
     ks = np.arange(layers + 1)
 
@@ -90,24 +135,11 @@ def optimum_step_time_s(samples: Sequence[Sample], cost_model: CostModel, sizes:
             return float("inf")
         return float(total_t[ok].min())
 
-    @cache
+    memos: dict[tuple[int, int], dict[int, float]] = {}
+
     def group_time(mask: int, d: int, nodes: int) -> float:
         """Best time of a group running the samples of ``mask`` in any micro-batch split."""
-        if mask == 0:
-            return 0.0
-        low = mask & -mask
-        rest = mask ^ low
-        best = float("inf")
-        sub = rest
-        while True:  # the block holding the lowest sample: low plus any subset of the rest
-            block = low | sub
-            t = block_time(block, d, nodes)
-            if t < best:
-                best = min(best, t + group_time(mask ^ block, d, nodes))
-            if sub == 0:
-                break
-            sub = (sub - 1) & rest
-        return best
+        return best_split_s(mask, lambda block: block_time(block, d, nodes), memos.setdefault((d, nodes), {}))
 
     gpn = cost_model.cluster.gpus_per_node
     best = float("inf")
@@ -118,21 +150,5 @@ def optimum_step_time_s(samples: Sequence[Sample], cost_model: CostModel, sizes:
         if shape in seen:
             continue  # same group sizes and node spans cost the same
         seen.add(shape)
-        # dp[mask]: best makespan of the groups so far running exactly the samples of mask.
-        dp = {0: 0.0}
-        for d, nodes in shape:
-            nxt: dict[int, float] = {}
-            for mask, value in dp.items():
-                free = full ^ mask
-                sub = free
-                while True:
-                    t = max(value, group_time(sub, d, nodes))
-                    key = mask | sub
-                    if t < nxt.get(key, float("inf")):
-                        nxt[key] = t
-                    if sub == 0:
-                        break
-                    sub = (sub - 1) & free
-            dp = nxt
-        best = min(best, dp.get(full, float("inf")))
+        best = min(best, best_makespan_s(n, [partial(group_time, d=d, nodes=nodes) for d, nodes in shape]))
     return best + cost_model.grad_sync_time_s()

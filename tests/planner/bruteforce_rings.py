@@ -8,36 +8,19 @@ micro-batch is priced by the cost model alone (``CostModel.microbatch_time_s`` a
 ``microbatch_peak_bytes`` at the group's layout on its ranks: a ring's exposed transfer is per
 micro-batch, not per sample), a sample of fewer than ``2 r`` tokens cannot run on a ring of ``r``
 (the zig-zag cuts it into ``2 r`` chunks). Dynamic programming over subsets of samples keeps it
-exact; meant for up to 5 samples, 4 ranks and 2 layers.
+exact (the placements and the two subset recursions are ``tests/planner/bruteforce.py``'s, which
+use the cost model alone too); meant for up to 5 samples, 4 ranks and 2 layers.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from functools import cache
+from functools import cache, partial
 
 from costmodel.evaluate import CostModel, nodes_spanned
 from costmodel.specs import Sample
-
-
-def _blocks(num_gpus: int, gpus_per_node: int, sizes: Sequence[int]) -> list[list[tuple[int, int]]]:
-    """Every split of ranks ``0..N-1`` into contiguous blocks ``(size, first rank)``."""
-    out: list[list[tuple[int, int]]] = []
-
-    def rec(start: int, acc: list[tuple[int, int]]) -> None:
-        if start == num_gpus:
-            out.append(list(acc))
-            return
-        for d in sizes:
-            if start + d > num_gpus:
-                continue
-            if d <= gpus_per_node and (start // gpus_per_node) != ((start + d - 1) // gpus_per_node):
-                continue
-            rec(start + d, [*acc, (d, start)])
-
-    rec(0, [])
-    return out
+from tests.planner.bruteforce import best_makespan_s, best_split_s, placements
 
 
 def optimum_with_rings_s(samples: Sequence[Sample], cost_model: CostModel,
@@ -48,7 +31,6 @@ def optimum_with_rings_s(samples: Sequence[Sample], cost_model: CostModel,
     layers = cost_model.num_layers
     cap = cost_model.cluster.memory_cap_bytes
     gpn = cost_model.cluster.gpus_per_node
-    full = (1 << n) - 1
 
     @cache
     def block_time(mask: int, d: int, first: int, r: int) -> float:
@@ -68,40 +50,14 @@ def optimum_with_rings_s(samples: Sequence[Sample], cost_model: CostModel,
                                                           num_nodes=nodes, layout=layout))
         return best
 
-    @cache
-    def group_time(mask: int, d: int, first: int, r: int) -> float:
-        """Best time of a group running the samples of ``mask`` in any split into micro-batches."""
-        if mask == 0:
-            return 0.0
-        low = mask & -mask
-        rest = mask ^ low
-        best = float("inf")
-        sub = rest
-        while True:  # the micro-batch holding the lowest sample: it plus any subset of the rest
-            block = low | sub
-            t = block_time(block, d, first, r)
-            if t < best:
-                best = min(best, t + group_time(mask ^ block, d, first, r))
-            if sub == 0:
-                break
-            sub = (sub - 1) & rest
-        return best
+    memos: dict[tuple[int, int, int], dict[int, float]] = {}
+
+    def group_time(mask: int, d: int, first: int) -> float:
+        """Best time of a group running the samples of ``mask``: any layout, any micro-batch split."""
+        return min(best_split_s(mask, partial(block_time, d=d, first=first, r=r), memos.setdefault((d, first, r), {}))
+                   for r in ring_degrees[d])
 
     best = float("inf")
-    for placement in _blocks(cost_model.cluster.num_gpus, gpn, sorted(ring_degrees)):
-        dp = {0: 0.0}  # samples run so far -> least makespan of the groups so far
-        for d, first in placement:
-            nxt: dict[int, float] = {}
-            for mask, value in dp.items():
-                free = full ^ mask
-                sub = free
-                while True:
-                    t = max(value, min(group_time(sub, d, first, r) for r in ring_degrees[d]))
-                    if t < nxt.get(mask | sub, float("inf")):
-                        nxt[mask | sub] = t
-                    if sub == 0:
-                        break
-                    sub = (sub - 1) & free
-            dp = nxt
-        best = min(best, dp.get(full, float("inf")))
+    for placement in placements(cost_model.cluster.num_gpus, gpn, sorted(ring_degrees)):
+        best = min(best, best_makespan_s(n, [partial(group_time, d=d, first=first) for d, first in placement]))
     return best + cost_model.grad_sync_time_s()
