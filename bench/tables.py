@@ -339,6 +339,17 @@ TABLES: dict[str, TableSpec] = {
            _fit_cell(term))
           for term in ("compute_time", "activation_bytes", "head_time", "alltoall", "allreduce")],
         ("profile s", "{profile_wall_s:.0f}")], left=2)),
+    "profile-fit-unforced": TableSpec(json_name="profile_fit_unforced.json", render=_columns(_named("rows"), [
+        ("model shape", "{model}"), ("timing", "{timing}"),
+        *[(f"{term.replace('_', ' ')} (mean over splits)", _fit_cell(term))
+          for term in ("compute_time", "activation_bytes", "peak_bytes", "head_time", "alltoall", "allreduce")],
+        ("fit without --force", lambda r: "accepted" if r["unforced"]["accepted"] else "**refused**")], left=2)),
+    "fit-free": TableSpec(json_name="fit_free.json", render=_columns(_named("rows"), [
+        ("model", "{model}"), ("peak structure", "{structure}"), ("noise", "{noise:.0%}"),
+        ("fit without --force", lambda r: "accepted" if r["accepted"] else "**refused**"),
+        ("held-out peak MAPE", lambda r: _pct(r["heldout_peak_mape"])),
+        ("full-depth peak error, max", lambda r: _pct(r["full_depth_peak_error_max"])),
+        ("diagnosis", "{diagnosis}")], left=2)),
     "megatron-parity": TableSpec(json_name="megatron_parity.json", render=_columns(_nested("summary"), [
         ("batches", "{batches}"), ("compared", "{compared}"), ("Megatron failed", "{megatron_failed}"),
         ("ours / Megatron min", "{ratio_min:.2f}"), ("median", "{ratio_median:.2f}"), ("max", "{ratio_max:.2f}"),
