@@ -10,8 +10,9 @@ Each bash block of ``README.md`` and ``docs/*.md`` is preceded by ``<!-- doc-tes
 - ``skip: why``: it cannot run in CI (installs, a Ray cluster).
 
 A session fails on any failing command, and when a server it started is still running at its end.
-Ports a page names (``8100``, ...) are replaced by free ones, so pages run beside each other and
-beside a ``make run``; ``.venv/bin/`` becomes this interpreter's directory.
+Ports a page names (``8100``, ...) are replaced by free ones, and ``torchrun`` gets a free
+rendezvous port, so pages run beside each other, other tests and a ``make run``; ``.venv/bin/``
+becomes this interpreter's directory.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 BLOCK = re.compile(r"(?:<!-- doc-test: ([^\n]*?) -->\n)?```bash\n(.*?)```", re.S)
 PORT = re.compile(r"(?<=[: ])(8[0-9]00)\b")
+TORCHRUN = re.compile(r"/torchrun (?!--standalone)")
 STOPPED = ("for _ in $(seq 60); do [ -z \"$(jobs -rp)\" ] && break; sleep 0.5; done\n"
            "test -z \"$(jobs -rp)\" || { echo 'a server the page started is still running' >&2; exit 9; }\n")
 """The session's last lines: every server it started has stopped (a stopped one may take a moment)."""
@@ -70,6 +72,8 @@ def run_page(page: Path, cwd: Path, *, timeout_s: float) -> subprocess.Completed
     script = session(page).replace(".venv/bin/", f"{BIN}/")
     ports = {port: str(free_port()) for port in sorted(set(PORT.findall(script)))}
     script = PORT.sub(lambda m: ports[m.group(1)], script)
+    # torchrun's default rendezvous port (29500) is shared by every test beside this one.
+    script = TORCHRUN.sub(lambda m: f"{m.group(0)}--master-addr 127.0.0.1 --master-port {free_port()} ", script)
     wrapped = ("trap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n" + script + "\n" + STOPPED)
     env = {"COLUMNS": "80", "PATH": f"{BIN}:/usr/bin:/bin",
            **{k: v for k, v in os.environ.items() if k in ("HOME", "PYTHONPATH", "OMP_NUM_THREADS", "LANG")}}
