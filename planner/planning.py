@@ -155,7 +155,11 @@ class SearchStats:
     ulysses_step_time_s: float | None = None
     """Under ``layout="auto"``: the step time of the plan ``layout="ulysses"`` makes of the batch (a
     candidate the plan is never slower than); None when not computed (another layout, no ring
-    allowed, ``PlannerConfig.ulysses_candidate`` off, or a sample no pure-Ulysses group holds)."""
+    allowed, ``PlannerConfig.ulysses_candidate`` off, a sample no pure-Ulysses group holds, or
+    ``ulysses_bound_s`` at or above the plan's step time)."""
+    ulysses_bound_s: float | None = None
+    """Under ``layout="auto"``, when the pure-Ulysses problem's lower bound is at or above the
+    search's step time (no Ulysses plan can be faster, so its search is skipped): that bound."""
     baselines_not_holding: tuple[str, ...] = ()
     """Baselines computed but unable to hold the batch (a sample fits no group of their rule, or
     their layout is one ``PlannerConfig.layout`` does not allow, or a ring would cut a sample into
@@ -230,12 +234,17 @@ def _with_ulysses_candidate(found: _Found, prep: Prepared, samples: Sequence[Sam
     """Under ``layout="auto"``: the search's result, or the plan ``layout="ulysses"`` makes of the same
     batch where that is faster (the same search on the pure-Ulysses table, its own baselines and polish),
     each of its groups then at the fastest layout of its size (``choose_group_layouts``, never slower).
-    So ``auto`` is never predicted slower than ``ulysses``. The Ulysses run's own bounds and
-    CP-SAT proof are of the Ulysses problem only: the plan keeps ``auto``'s."""
+    So ``auto`` is never predicted slower than ``ulysses``. The Ulysses search is skipped where the
+    Ulysses problem's lower bound (``prepare``'s, cheap) already reaches the search's step time.
+    The Ulysses run's own bounds and CP-SAT proof are of the Ulysses problem only: the plan keeps
+    ``auto``'s."""
     u_config = dataclasses.replace(config, layout="ulysses")
     try:
         u_prep = prepare(samples, cluster=prep.cost_model.cluster, cost_model=prep.cost_model.file, config=u_config)
     except ValueError:  # a sample fits no pure-Ulysses group (or no world partition): only rings hold it
+        return found
+    if u_prep.bounds.best_s >= found.step_time_s:  # no Ulysses plan can be faster: skip its search
+        stats.ulysses_bound_s = u_prep.bounds.best_s
         return found
     u_found = _search(u_prep, samples, config=u_config, start=time.perf_counter(), reference_sample=reference_sample,
                       stats=SearchStats())
