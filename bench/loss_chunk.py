@@ -112,6 +112,7 @@ def main() -> None:
     parser.add_argument("--cpu-vocab", type=int, default=8192)
     parser.add_argument("--out", type=Path, default=default_out("loss_chunk"))
     args = parser.parse_args()
+    load_start = list(os.getloadavg())
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     predicted = predicted_rows(cluster=args.cluster, tokens=args.tokens)
     logger.info("Llama-3.1-8B, one %s-token sample on %s, largest group, full checkpointing (GiB per rank)",
@@ -136,12 +137,13 @@ def main() -> None:
     for m in measured:
         logger.info("  chunk %-6s measured %8.2f charged %8.2f ratio %.4f", m["loss_chunk_tokens"] or "whole",
                     m["measured_bytes"] / 2 ** 20, m["charged_bytes"] / 2 ** 20, m["ratio"])
-    load = os.getloadavg()[0]
+    load_end = list(os.getloadavg())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({**provenance(), "model_config": str(CONFIG.relative_to(ROOT)),
-                                    "cluster": args.cluster, "tokens": args.tokens, "load_1min": load,
+                                    "cluster": args.cluster, "tokens": args.tokens,
+                                    "loadavg_at_start": load_start, "loadavg_at_end": load_end,
                                     "predicted": predicted, "plans": plans, "measured_cpu": measured}, indent=1) + "\n")
-    logger.info("wrote %s (load %.1f)", args.out, load)
+    logger.info("wrote %s (load %.1f -> %.1f)", args.out, load_start[0], load_end[0])
 
 
 if __name__ == "__main__":

@@ -333,6 +333,15 @@ TABLES: dict[str, TableSpec] = {
         ("ring hops not hidden ms", lambda r: f"{r['exposed_forward_s'] * 1e3:.2f}"),
         ("all-to-all ms", lambda r: f"{r['alltoall_forward_s'] * 1e3:.2f}"),
         ("ring K/V buffers MiB", lambda r: _mib(r["ring_kv_buffer_bytes"]))])),
+    "loss-chunk": TableSpec(json_name="loss_chunk.json", render=_columns(_named("predicted"), [
+        ("loss chunk", lambda r: f"{r['loss_chunk_tokens']:,} tokens" if r["loss_chunk_tokens"] else "whole logits"),
+        ("group", "{group_size}"), ("model states GiB", lambda r: f"{r['model_state_bytes'] / 2**30:.2f}"),
+        ("fixed working GiB (loss chunk)",
+         lambda r: f"{r['fixed_working_bytes'] / 2**30:.2f} ({r['loss_chunk_bytes'] / 2**30:.2f})"),
+        ("activations GiB", lambda r: f"{r['activation_bytes'] / 2**30:.2f}"),
+        ("**peak per rank GiB**", lambda r: f"**{r['peak_bytes'] / 2**30:.2f}**"),
+        ("cap GiB", lambda r: f"{r['memory_cap_bytes'] / 2**30:.2f}"), ("fits", lambda r: "yes" if r["fits"] else "no"),
+        ("sample s", lambda r: f"{r['time_s']:.1f}")])),
     "profile-fit": TableSpec(json_name="profile_fit.json", render=_columns(_named("rows"), [
         ("model shape", "{model}"), ("timing", "{timing}"),
         *[(f"{term.replace('_', ' ')} (mean over splits)",
