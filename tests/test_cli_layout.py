@@ -115,9 +115,9 @@ def test_service_plan_layout_from_the_config_file(tmp_path: Path) -> None:
                                   env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_ready(server, f"http://127.0.0.1:{port}", log=tmp_path / "serve.log")
-        # 2M tokens fit no Ulysses group of Llama-3.1-8B: the request names no layout and the
-        # service's default (auto) plans it on a ring
-        samples = [{"id": "huge", "tokens": 2 * 1024 * 1024}, {"id": "a", "tokens": 8192}]
+        # 4M tokens fit no Ulysses group of Llama-3.1-8B (2M do, with the loss in chunks): the
+        # request names no layout and the service's default (auto) plans it on a ring
+        samples = [{"id": "huge", "tokens": 4 * 1024 * 1024}, {"id": "a", "tokens": 8192}]
         body = {"samples": samples, "cluster": "h200x64", "model": "llama-3.1-8b",
                 "options": {"time_limit_s": 5.0, "use_cpsat": False}}
         response = httpx.post(f"http://127.0.0.1:{port}/v1/plans", json=body, timeout=120)
