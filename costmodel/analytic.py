@@ -39,6 +39,7 @@ from costmodel.model_terms import (
     BF16_BYTES,
     FP32_BYTES,
     PAIR_TERMS,
+    activation_bytes_per_sample_layer,
     activation_bytes_per_token_layer,
     alltoall_bytes_per_token_layer,
     attention_flops_per_pair,
@@ -173,6 +174,7 @@ def analytic_cost_model(
         loss_chunk_bytes=loss_chunk_bytes(model),
         transient_bytes_per_token=transient_bytes_per_token(model),
         kv_head_bytes_per_token_layer=kv_head_bytes_per_token_layer(model),
+        bytes_per_sample_layer_none=activation_bytes_per_sample_layer(model),
     )
     a2a_bytes, a2a_ops = alltoall_bytes_per_token_layer(model)
     intra = hardware.nvlink_bytes_per_s_per_direction * cfg.nvlink_efficiency

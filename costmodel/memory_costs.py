@@ -80,7 +80,9 @@ class MemoryCosts:
         ``4 s/r`` tokens of this rank's key/value heads (:func:`costmodel.ring_time.ring_kv_buffer_bytes`,
         linear in the tokens, so additive as the rest). A joint-attention (MMDiT) model's sample
         adds its ``J`` text tokens, whole on every rank of the group (``executor/joint.py``):
-        ``J * (max(L-k, [k>0])*none + k*full)``, per sample and not divided by ``d``.
+        ``J * (max(L-k, [k>0])*none + k*full)``, per sample and not divided by ``d``; so does what
+        a plain layer keeps per sample whatever its tokens (``bytes_per_sample_layer_none``: the
+        cross-attention keys and values of the sample's text), ``max(L-k, [k>0])`` times.
         """
         u, _ = self._alltoall_group(group_size, None, layout)
         s = np.asarray(tokens, dtype=np.float64)
@@ -99,7 +101,9 @@ class MemoryCosts:
         ring = self.ring_buffer_bytes(s, layout=layout)
         # joined text tokens (MMDiT): kept per layer like tokens, whole on every rank of the group
         text = self.file.model.joint_attention_tokens * (kept_none_layers * none + k * a.bytes_per_token_layer_full)
-        return np.asarray(s / group_size * per_token + ring + text, dtype=np.float64)
+        # per sample (cross-attention keys and values of its text): whole on every rank of the group
+        per_sample = kept_none_layers * a.bytes_per_sample_layer_none
+        return np.asarray(s / group_size * per_token + ring + text + per_sample, dtype=np.float64)
 
     def ring_buffer_bytes(self, tokens: ArrayLike, *, layout: GroupLayout | None) -> FloatArray:
         """Per sample, the ring's key/value buffers one rank holds while the sample's attention runs
@@ -148,3 +152,22 @@ class MemoryCosts:
         act = float(self.activation_bytes(sample.tokens, group_size=group_size,
                                           recompute_layers=recompute_layers, layout=layout))
         return act <= self.activation_budget_bytes()
+
+
+def kept_bytes(file: CostModelFile, tokens: float, *, recompute_layers: int, num_layers: int | None = None) -> float:
+    """Bytes a stack of ``num_layers`` layers (default: the model's) keeps for backward at the end of
+    one sample's forward on a rank of its own, the first ``recompute_layers`` checkpointed:
+    ``(s + J) * ((n-k)*none + k*full) + (n-k)*per_sample`` (``J`` the joined text tokens). What
+    :meth:`MemoryCosts.activation_bytes` holds before the backward's working set and the layer a
+    checkpointed sample rematerialises.
+
+    Raises:
+        ValueError: for ``recompute_layers`` outside ``[0, num_layers]``.
+    """
+    n = file.model.num_layers if num_layers is None else num_layers
+    if not 0 <= recompute_layers <= n:
+        raise ValueError(f"recompute_layers={recompute_layers} not in [0, {n}]")
+    a = file.activation
+    per_token = (n - recompute_layers) * a.bytes_per_token_layer_none + recompute_layers * a.bytes_per_token_layer_full
+    return float((tokens + file.model.joint_attention_tokens) * per_token
+                 + (n - recompute_layers) * a.bytes_per_sample_layer_none)

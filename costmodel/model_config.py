@@ -133,18 +133,18 @@ def _text(f: _Fields, family: str, name: str) -> ModelSpec:
     return ModelSpec(name=name, kind="1d", num_layers=f.integer("num_hidden_layers"), hidden=hidden,
                      num_heads=heads, num_kv_heads=None if kv == heads else kv, head_dim=head_dim,
                      ffn_hidden=f.integer("intermediate_size"), vocab=f.integer("vocab_size"),
-                     tied_embeddings=f.flag("tie_word_embeddings", False), causal=True)
+                     tied_embeddings=f.flag("tie_word_embeddings", False), causal=True, family=family)
 
 
 def _video(f: _Fields, name: str, *, num_layers: int, heads: int, head_dim: int, ffn_hidden: int,
            patch: tuple[int, int, int], cross_tokens: int = 0, joint_tokens: int = 0, dual_stream_layers: int = 0,
-           attention: str | None = None) -> ModelSpec:
+           attention: str | None = None, family: str) -> ModelSpec:
     channels = f.optional_int("out_channels") or f.integer("in_channels")
     return ModelSpec(name=name, kind="3d", num_layers=num_layers, hidden=heads * head_dim,
                      num_heads=heads, ffn_hidden=ffn_hidden, causal=False,
                      cross_attention_tokens=cross_tokens, joint_attention_tokens=joint_tokens,
                      dual_stream_layers=dual_stream_layers, patch_size=patch, vae_stride=VIDEO_VAE_STRIDE,
-                     latent_channels=channels, attention=attention)
+                     latent_channels=channels, attention=attention, family=family)
 
 
 def _wan(f: _Fields, name: str) -> ModelSpec:
@@ -153,7 +153,7 @@ def _wan(f: _Fields, name: str) -> ModelSpec:
         cross += f.optional_int("pos_embed_seq_len") or WAN_IMAGE_TOKENS
     return _video(f, name, num_layers=f.integer("num_layers"), heads=f.integer("num_attention_heads"),
                   head_dim=f.integer("attention_head_dim"), ffn_hidden=f.integer("ffn_dim"),
-                  patch=f.triple("patch_size"), cross_tokens=cross)
+                  patch=f.triple("patch_size"), cross_tokens=cross, family="wan")
 
 
 def _hunyuan(f: _Fields, name: str) -> ModelSpec:
@@ -166,7 +166,8 @@ def _hunyuan(f: _Fields, name: str) -> ModelSpec:
     note = (f"{dual} dual-stream + {single} single-stream blocks; {HUNYUAN_TEXT_TOKENS} text tokens "
             "joined to every self-attention")
     return _video(f, name, num_layers=dual + single, heads=heads, head_dim=head_dim, ffn_hidden=int(ffn),
-                  patch=patch, joint_tokens=HUNYUAN_TEXT_TOKENS, dual_stream_layers=dual, attention=note)
+                  patch=patch, joint_tokens=HUNYUAN_TEXT_TOKENS, dual_stream_layers=dual, attention=note,
+                  family="hunyuanvideo")
 
 
 VIDEO_CLASSES: dict[str, Callable[[_Fields, str], ModelSpec]] = {
@@ -241,6 +242,16 @@ def _read(path: Path, source: str) -> tuple[dict[str, Any], Path]:
     if not isinstance(data, dict):
         raise ValueError(f"{source}: a model config is a JSON object, got {type(data).__name__}")
     return data, path
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """The JSON object of a ``config.json`` (or of a model folder's ``config.json`` or
+    ``transformer/config.json``).
+
+    Raises:
+        ValueError: naming the path when it cannot be read or is not a JSON object.
+    """
+    return _read(Path(path), str(path))[0]
 
 
 def model_spec_from_config(config: str | Path | Mapping[str, Any], *, name: str | None = None,

@@ -45,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from costmodel.activation_table import family_bytes_per_token_layer, has_family
 from costmodel.specs import ModelSpec
 
 BF16_BYTES = 2
@@ -273,8 +274,22 @@ def attention_flops_per_pair(model: ModelSpec) -> float:
 
 
 def activation_bytes_per_token_layer(model: ModelSpec) -> tuple[float, float]:
-    """(none, full) activation bytes per token per layer; full keeps only the layer input ``2h``."""
+    """(none, full) activation bytes per token per layer; full keeps only the layer input ``2h``.
+
+    A model of a family counted on its real layer classes (``ModelSpec.family``,
+    :mod:`costmodel.activation_table`) takes the counted coefficients (they include the fp32
+    copies the real norms and modulations save); any other model the formula of its kind [K22].
+    """
+    if has_family(model):
+        none, full, _ = family_bytes_per_token_layer(model)
+        return none, full
     return float(terms(model).none_bytes_per_token(model)), float(BF16_BYTES * model.hidden)
+
+
+def activation_bytes_per_sample_layer(model: ModelSpec) -> float:
+    """Bytes one plain layer keeps per sample whatever its tokens (a counted family's
+    cross-attention text keys and values, :mod:`costmodel.activation_table`); 0 otherwise."""
+    return family_bytes_per_token_layer(model)[2] if has_family(model) else 0.0
 
 
 def transient_bytes_per_token(model: ModelSpec) -> float:

@@ -114,6 +114,11 @@ class ActivationCoefficients(_Frozen):
                     "chunk of logits and their fp32 copy (ModelSpec.loss_chunk_tokens; 0 with whole "
                     "logits, which working_bytes_per_token counts per token instead).",
     )
+    bytes_per_sample_layer_none: float = Field(
+        default=0.0, ge=0,
+        description="Bytes one layer kept without checkpointing holds per sample whatever its tokens "
+                    "(cross-attention keys and values of the sample's text), on every rank of its group.",
+    )
     kv_head_bytes_per_token_layer: float = Field(
         default=0.0, ge=0,
         description="Bytes one key/value head's k and v add per token per layer kept without "

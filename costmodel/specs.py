@@ -137,6 +137,10 @@ class ModelSpec(_Frozen):
         "vocabulary and takes the cross-entropy this many at a time, recomputing each chunk in "
         "backward (executor/chunked_loss.py), so it never holds the whole logits; 0 materialises "
         "them whole. Ignored by video models (no vocabulary).")
+    family: str | None = Field(
+        default=None, description="Architecture family whose real layer classes the activation bytes were "
+        "counted on (llama, qwen2, qwen3, mistral, wan, hunyuanvideo: costmodel/presets/"
+        "activation_bytes.json); None: the generic formula of costmodel/model_terms.py.")
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:

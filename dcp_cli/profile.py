@@ -87,8 +87,12 @@ def register(app: typer.Typer) -> None:
         num_packed: int = typer.Option(3, help="Packed micro-batches per packing."),
         frames: str = typer.Option("1,2,4,8,16", help="2D and 3D: frame counts of the sample shapes."),
         group_sizes: str = typer.Option(
-            "1,2,4", help="SP group sizes whose one rank's share is measured (must include 1; "
-                          "sizes above 1 identify the attention efficiency curve)."),
+            "", help="SP group sizes whose one rank's share is measured (must include 1; "
+                     "sizes above 1 identify the attention efficiency curve; default 1,2,4 for the "
+                     "look-alike blocks, 1 for a model's own class, which runs whole samples)."),
+        look_alike: bool = typer.Option(
+            False, "--look-alike", help="With --model-config: profile the look-alike blocks instead "
+                                        "of the model's own transformers / diffusers class."),
         head_sizes: int = typer.Option(6, help="Head measurements."),
         warmup: int = typer.Option(2, help="Untimed runs per point."),
         repeats: int = typer.Option(7, help="Timed runs per point (median recorded)."),
@@ -99,10 +103,17 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, help="Seed of weights, inputs and packings."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     ) -> None:
-        """Profile real transformer blocks: time and activation bytes per micro-batch and policy."""
+        """Profile transformer blocks: time and activation bytes per micro-batch and policy.
+
+        With --model-config the model's own decoder layer / transformer block class from
+        transformers or diffusers runs (random weights, nothing downloaded); a config whose class
+        cannot be imported falls back to the look-alike blocks, and says so.
+        """
         torch = _torch("profile")
 
+        from costmodel.model_config import read_config
         from costmodel.profiling.format import narrowed
+        from costmodel.profiling.real_layers import layer_factory
         from costmodel.profiling.sweep import SweepConfig, make_header, run_sweep
 
         if device not in ("cpu", "cuda"):
@@ -118,15 +129,21 @@ def register(app: typer.Typer) -> None:
             shape = narrowed(full, num_layers=layers, hidden=hidden or None, num_heads=heads or None,
                              ffn_hidden=ffn or None, vocab=None if vocab < 0 else vocab,
                              cross_attention_tokens=None if text_tokens < 0 else text_tokens)
+            config_data = read_config(model_config) if model_config is not None and not look_alike else None
+            factory, blocks_note = layer_factory(config_data, profiled=shape)
+            typer.echo(f"dcp profile: {blocks_note}", err=True)
             config = SweepConfig(
                 tokens_min=tokens_min, tokens_max=tokens_max, num_sizes=num_sizes,
                 packings=_ints(packings, "packings"), num_packed=num_packed,
                 frames=_ints(frames, "frames"), layer_counts=_ints(layer_counts, "layer_counts"),
-                group_sizes=_ints(group_sizes, "group_sizes"),
+                group_sizes=_ints(group_sizes or ("1" if factory is not None else "1,2,4"), "group_sizes"),
                 policies=policies,  # type: ignore[arg-type]
                 num_head_sizes=head_sizes, warmup=warmup, repeats=repeats, seed=seed,
                 cpu_clock=cpu_clock,  # type: ignore[arg-type]
             )
+            if factory is not None and config.group_sizes != (1,):
+                raise ValueError(f"group_sizes={config.group_sizes}: the model's own class runs whole samples; "
+                                 "use --group-sizes 1, or --look-alike to emulate a rank's share")
             if cpu_clock == "thread" and torch.get_num_threads() != 1:
                 raise ValueError("--cpu-clock thread needs --threads 1")
             if max(config.layer_counts) > shape.num_layers:
@@ -136,7 +153,7 @@ def register(app: typer.Typer) -> None:
             dtype_name = dtype or ("float32" if device == "cpu" else "bfloat16")
             header = make_header(model=full, profiled=shape, hardware=hardware or device,
                                  device=torch_device, dtype=dtype_name,
-                                 notes=f"dcp profile {named} --device {device}",
+                                 notes=f"dcp profile {named} --device {device}; {blocks_note}",
                                  cpu_clock=config.cpu_clock)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
@@ -148,7 +165,8 @@ def register(app: typer.Typer) -> None:
             def step(done: int, total: int, desc: str) -> None:
                 bar.update(task, completed=done, total=total, description=desc)
 
-            for record in run_sweep(shape, config, device=torch_device, dtype=dtype_name, progress=step):
+            for record in run_sweep(shape, config, device=torch_device, dtype=dtype_name, progress=step,
+                                    layer_factory=factory):
                 fh.write(dump_line(record) + "\n")
                 fh.flush()
         typer.echo(f"wrote {out}")

@@ -4,7 +4,9 @@
 counted when it first appears and released when torch frees it (a weak reference to the
 storage, which torch keeps alive exactly as long as its memory), so ``peak_bytes`` is the peak of
 memory allocated inside the block, as a caching allocator would report it without its slack.
-Storages that existed before the block (parameters, inputs) are not counted. Autograd's
+Storages that existed before the block are not counted when they are named in ``exclude``
+(parameters, inputs: an operator returning a view of one, e.g. a weight's transpose, would
+otherwise count its storage as new). Autograd's
 backward runs its operators through the same mode, so a forward+backward inside the block is
 measured whole, recomputed checkpoints included.
 """
@@ -12,6 +14,7 @@ measured whole, recomputed checkpoints included.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
 
@@ -23,8 +26,9 @@ from torch.utils._pytree import tree_flatten
 class LiveBytesTracker(TorchDispatchMode):
     """``with LiveBytesTracker() as t: ...`` then ``t.peak_bytes`` and ``t.current_bytes``."""
 
-    def __init__(self) -> None:
+    def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:
         super().__init__()
+        self._exclude = {t.untyped_storage().data_ptr() for t in exclude}
         self.current_bytes = 0
         """Bytes of the storages created inside the block that are still alive."""
         self.peak_bytes = 0
@@ -40,7 +44,7 @@ class LiveBytesTracker(TorchDispatchMode):
     def _track(self, tensor: torch.Tensor) -> None:
         storage = tensor.untyped_storage()
         key = storage.data_ptr()
-        if key == 0 or key in self._live:
+        if key == 0 or key in self._live or key in self._exclude:
             return
         size = storage.nbytes()
 

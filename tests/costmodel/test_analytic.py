@@ -30,6 +30,17 @@ def test_llama7b_params_and_flops_by_hand() -> None:
 def test_llama7b_bytes_by_hand() -> None:
     none, full = activation_bytes_per_token_layer(load_model("llama-7b"))
     h, f, heads = 4096, 11008, 32
+    # LlamaDecoderLayer as counted (costmodel/presets/activation_bytes.json): each RMSNorm its fp32
+    # input 4h, fp32 rsqrt 4, bf16 normalised 2h and the weighted output 2h; q, k, v, attention
+    # output 2h each and lse 4*heads; SwiGLU MLP 4 x 2f
+    assert none == 2 * (4 * h + 4 + 2 * h + 2 * h) + 2 * (4 * h) + 4 * heads + 8 * f == 186_504
+    assert full == 2 * h
+
+
+def test_llama7b_generic_formula_by_hand() -> None:
+    """Without a family the formula of its kind: norm inputs in bf16, no fp32 copies [K22]."""
+    none, full = activation_bytes_per_token_layer(load_model("llama-7b").model_copy(update={"family": None}))
+    h, f, heads = 4096, 11008, 32
     # attention 2*(4h+2h) + lse 4*heads; SwiGLU MLP 2*(2h+4f)
     assert none == 2 * (6 * h) + 4 * heads + 2 * (2 * h + 4 * f) == 153_728
     assert full == 2 * h
