@@ -91,8 +91,9 @@ DiT (one self-attention over all frames x height x width patch tokens of a clip 
 cross-attention as in Wan 2.x or by joint attention as in MMDiT-style models)."""
 
 
-SHAPE_FREE_FIELDS = frozenset({"name", "attention"})
-"""ModelSpec fields that name or describe a model without changing its shape (``ModelSpec.shape_differences``)."""
+SHAPE_FREE_FIELDS = frozenset({"name", "attention", "family"})
+"""ModelSpec fields that name or describe a model without changing its shape (``ModelSpec.shape_differences``);
+``family`` only chooses the analytic default's counted activation bytes, a cost-model file carries its own."""
 
 
 class ModelSpec(_Frozen):
@@ -166,7 +167,7 @@ class ModelSpec(_Frozen):
     def shape_differences(self, other: ModelSpec) -> list[str]:
         """Where this model's shape differs from ``other``'s, one ``field a != b`` per field.
 
-        A shape is every field but the name and the free-text ``attention`` note, with defaults
+        A shape is every field but the name, the free-text ``attention`` note and the ``family``, with defaults
         filled in (``num_kv_heads``, ``head_dim`` and ``mlp`` left out equal their default), so a
         model read from a ``config.json`` in any folder matches the preset or the profile of the
         same architecture. Empty when the shapes are equal.
