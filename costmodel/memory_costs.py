@@ -65,7 +65,8 @@ class MemoryCosts:
         """Peak bytes one rank holds for samples under a policy (additive per sample).
 
         ``s/d * (k*full + max((L-k)*none + max([k<L]*transient, head_transient), [k>0]*recomputed)
-        + working)``: backward runs from the last layer down, the head's and loss's first (on top of
+        + working + [u>1]*alltoall_buffers)`` (the all-to-all buffers only where a Ulysses group of
+        ``u > 1`` ranks runs): backward runs from the last layer down, the head's and loss's first (on top of
         every kept layer, with ``head_transient``), then the ``L-k`` plain layers (each with the
         layer's ``transient`` on top of what is still kept), then the ``k`` checkpointed ones,
         each rematerialising its activations only after the plain layers above it have freed
@@ -96,7 +97,9 @@ class MemoryCosts:
                              a.head_transient_bytes_per_token)
         recomputed = (none + max(a.transient_bytes_per_token, a.head_transient_bytes_per_token)
                       if a.recomputed_layer_bytes_per_token is None else a.recomputed_layer_bytes_per_token + kv)
-        per_token = (k * a.bytes_per_token_layer_full + a.working_bytes_per_token
+        # the all-to-all's send and receive buffers exist only where a Ulysses group of several runs
+        buffers = a.alltoall_buffer_bytes_per_token if u > 1 else 0.0
+        per_token = (k * a.bytes_per_token_layer_full + a.working_bytes_per_token + buffers
                      + np.maximum((layers - k) * none + transient, np.where(k > 0, recomputed, 0.0)))
         ring = self.ring_buffer_bytes(s, layout=layout)
         # joined text tokens (MMDiT): kept per layer like tokens, whole on every rank of the group

@@ -301,9 +301,14 @@ def transient_bytes_per_token(model: ModelSpec) -> float:
 
 
 def working_bytes_per_token(model: ModelSpec) -> float:
-    """Per-token buffers outside the layers, plus the Ulysses send and receive buffers of q, k, v
-    (``2 * 3 * 2h``)."""
-    return 2.0 * 3 * BF16_BYTES * model.hidden + terms(model).working_bytes_per_token(model)
+    """Per-token buffers outside the layers (the kind's: logits, or the last layer's input and output)."""
+    return terms(model).working_bytes_per_token(model)
+
+
+def alltoall_buffer_bytes_per_token(model: ModelSpec) -> float:
+    """The Ulysses send and receive buffers of q, k, v per token (``2 * 3 * 2h``), held in groups
+    whose Ulysses degree is above 1."""
+    return 2.0 * 3 * BF16_BYTES * model.hidden
 
 
 def alltoall_bytes_per_token_layer(model: ModelSpec, *, dtype_bytes: int = BF16_BYTES) -> tuple[float, int]:

@@ -114,6 +114,12 @@ class ActivationCoefficients(_Frozen):
                     "chunk of logits and their fp32 copy (ModelSpec.loss_chunk_tokens; 0 with whole "
                     "logits, which working_bytes_per_token counts per token instead).",
     )
+    alltoall_buffer_bytes_per_token: float = Field(
+        default=0.0, ge=0,
+        description="Ulysses all-to-all send and receive buffers per token per rank while a layer's "
+                    "attention runs; charged only in groups whose Ulysses degree is above 1 (a rank "
+                    "alone sends nothing). Files without it count them in working_bytes_per_token.",
+    )
     bytes_per_sample_layer_none: float = Field(
         default=0.0, ge=0,
         description="Bytes one layer kept without checkpointing holds per sample whatever its tokens "

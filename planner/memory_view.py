@@ -90,7 +90,7 @@ class GroupMemory:
 def without_token_working(cost_model: CostModel) -> CostModel:
     """The same cost model with no per-token working set (activations kept only)."""
     act = cost_model.file.activation.model_copy(update={
-        "working_bytes_per_token": 0.0, "transient_bytes_per_token": 0.0,
+        "working_bytes_per_token": 0.0, "transient_bytes_per_token": 0.0, "alltoall_buffer_bytes_per_token": 0.0,
         "head_transient_bytes_per_token": 0.0,
         # a fitted recomputed layer holds its working set too: kept-only counts its activations (none)
         "recomputed_layer_bytes_per_token": None})

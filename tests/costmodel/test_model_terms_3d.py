@@ -70,9 +70,11 @@ def test_text_patching_and_working_set_by_hand() -> None:
     # back: 2 x 16 x 8 MACs a token forward, 3x with backward, 2 FLOPs a MAC: 1,536 FLOPs.
     cm = analytic_cost_model(WAN, hardware)
     assert cm.compute.head_s_per_token * rate == pytest.approx(1536)
-    # Working set per token: Ulysses send and receive buffers of q, k, v (2 x 3 x 8 values) and
-    # the last block's input and output (2 x 8), 2 bytes a value: 128.
-    assert cm.activation.working_bytes_per_token == 128
+    # Working set per token: the last block's input and output (2 x 8) and, in Ulysses groups of
+    # more than one rank, the send and receive buffers of q, k, v (2 x 3 x 8 values), 2 bytes a
+    # value: 32 + 96.
+    assert cm.activation.working_bytes_per_token == 32
+    assert cm.activation.alltoall_buffer_bytes_per_token == 96
     # Backward transient per token: the GELU MLP's two 16-wide gradients (2 x 16 x 2 bytes = 64)
     # and fp32 q, k, v gradient accumulators (3 x 8 x 4 = 96).
     assert cm.activation.transient_bytes_per_token == 64 + 96
@@ -110,7 +112,7 @@ def test_gqa_groups_past_the_kv_heads_pay_replicated_heads() -> None:
     for d in (4, 8, 16, 32):
         extra_heads = max(0, d - 8)
         plain = tokens / d * (32 * a.bytes_per_token_layer_none + a.working_bytes_per_token
-                              + max(a.transient_bytes_per_token, a.head_transient_bytes_per_token))
+                              + a.alltoall_buffer_bytes_per_token + max(a.transient_bytes_per_token, a.head_transient_bytes_per_token))
         assert float(cm.activation_bytes(tokens, group_size=d)) == pytest.approx(
             plain + tokens / d * 32 * 512 * extra_heads)
     # Past 8 ranks the all-to-all moves each token's k and v to d ranks: more bytes than without.

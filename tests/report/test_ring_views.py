@@ -58,7 +58,7 @@ def test_ring_buffers_are_token_working_memory() -> None:
                 s, k = ps.sample.tokens, ps.recompute_layers
                 kept += s / d * (max(L - k, 1 if k > 0 else 0) * a.bytes_per_token_layer_none
                                  + k * a.bytes_per_token_layer_full)
-                working += s / d * (a.working_bytes_per_token
+                working += s / d * (a.working_bytes_per_token + (a.alltoall_buffer_bytes_per_token if u > 1 else 0)
                                     + max(a.transient_bytes_per_token, a.head_transient_bytes_per_token))
                 working += 4 * s / r * 2 * max(model.kv_heads / u, 1) * model.head_size * 2  # bf16 ring buffers
             assert part.activations_bytes == pytest.approx(kept, rel=1e-9)
