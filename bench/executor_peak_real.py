@@ -1,7 +1,7 @@
 """The executor's measured peak on real-class Llama and Wan against the cost model's prediction (CPU).
 
 For a transformers ``LlamaForCausalLM`` (the executor's ``hf_transformers`` integration: DCP
-attention, per-sample checkpoint policies in every ``LlamaDecoderLayer``) and a diffusers
+attention, per-sample checkpoint policies in every ``LlamaDecoderLayer``, the chunked LM loss) and a diffusers
 ``WanTransformer3DModel`` (``hf_wan``: DCP processors, per-token modulation), at Llama-3.1-8B's
 and Wan2.1-1.3B's width ratios (narrow, random weights, bfloat16), one micro-batch of three
 samples under three checkpoint policies (``none``, ``selective-2``, ``full`` of 4 layers) runs
@@ -11,7 +11,7 @@ forward, loss and backward on one rank, as the executor hands it out (:class:`Mi
   (``costmodel.profiling.memtrack.LiveBytesTracker``; parameters, their preallocated
   gradients and the inputs excluded: model states are not activations);
 * predicted: ``CostModel.activation_bytes`` of the three samples (summed) under the same
-  policies, from the analytic default of the model (kept bytes from the counted family
+  policies, plus the chunked loss's one chunk of logits (``loss_chunk_bytes``, Llama), from the analytic default of the model (kept bytes from the counted family
   coefficients, ``costmodel/presets/activation_bytes.json``) with the one term that depends on
   the device's kernels, the backward's transient working set per token, taken from the real
   block's profile on this CPU (``costmodel.profiling.module_count.profile_module``: the slope
@@ -55,6 +55,8 @@ VIDEO_SHAPES = ((2, 8, 10), (1, 12, 16), (3, 6, 8))
 """(frames, height, width) in patches."""
 VOCAB = 512
 """A small vocabulary: the logits and loss are another term (``working_bytes_per_token``)."""
+LOSS_CHUNK_TOKENS = 128
+"""The chunked LM loss (``hf_transformers.lm_token_losses``) this many tokens at a time."""
 
 
 def transient_per_token(spec: ModelSpec) -> float:
@@ -94,7 +96,7 @@ def llama_case() -> tuple[ModelSpec, float, list[int]]:
     from executor.integrations import hf_transformers as hf
 
     spec = ratio_spec(load_model("llama-3.1-8b"), heads=4, head_dim=64, num_layers=NUM_LAYERS).model_copy(
-        update={"vocab": VOCAB})
+        update={"vocab": VOCAB, "loss_chunk_tokens": LOSS_CHUNK_TOKENS})
     fields = {k: v for k, v in config_of(spec).items() if k != "model_type"}
     config = LlamaConfig(**fields, attention_dropout=0.0)
     torch.manual_seed(0)
@@ -107,8 +109,8 @@ def llama_case() -> tuple[ModelSpec, float, list[int]]:
     work = work_for(tuple(SampleShape(tokens=n) for n in TEXT_LENGTHS), ids, targets)
 
     def step() -> None:
-        logits = model(**hf.model_inputs(work)).logits
-        work.loss(hf.token_losses(logits, work.targets)).backward()
+        losses = hf.lm_token_losses(model, work, loss_chunk_tokens=spec.loss_chunk_tokens)
+        work.loss(losses).backward()
 
     return spec, peak(model, step, [ids, targets]), list(TEXT_LENGTHS)
 
@@ -154,7 +156,9 @@ def compare(spec: ModelSpec, measured: float, tokens: list[int], *, transient: f
     activation = file.activation.model_copy(update={"transient_bytes_per_token": transient})
     file = file.model_copy(update={"activation": activation})
     cost = CostModel(file=file, cluster=ClusterSpec(name="one-rank", hardware=hardware, num_gpus=1, gpus_per_node=1))
-    predicted = float(cost.activation_bytes(tokens, group_size=1, recompute_layers=list(POLICIES)).sum())
+    # the samples' bytes and the loss's one chunk of logits (the one per-token-free working term)
+    predicted = float(cost.activation_bytes(tokens, group_size=1, recompute_layers=list(POLICIES)).sum()
+                      + file.activation.loss_chunk_bytes)
     return {"model": spec.name, "family": spec.family, "hidden": spec.hidden, "num_layers": spec.num_layers,
             "tokens": tokens, "policies": list(POLICIES), "measured_peak_bytes": measured,
             "predicted_peak_bytes": predicted, "ratio": predicted / measured,
