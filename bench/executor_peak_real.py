@@ -11,11 +11,12 @@ forward, loss and backward on one rank, as the executor hands it out (:class:`Mi
   (``costmodel.profiling.memtrack.LiveBytesTracker``; parameters, their preallocated
   gradients and the inputs excluded: model states are not activations);
 * predicted: ``CostModel.activation_bytes`` of the three samples (summed) under the same
-  policies, plus the chunked loss's one chunk of logits (``loss_chunk_bytes``, Llama), from the analytic default of the model (kept bytes from the counted family
-  coefficients, ``costmodel/presets/activation_bytes.json``) with the one term that depends on
-  the device's kernels, the backward's transient working set per token, taken from the real
-  block's profile on this CPU (``costmodel.profiling.module_count.profile_module``: the slope
-  over tokens of one layer's peak minus its kept bytes, and the head's).
+  policies, plus the chunked loss's one chunk of logits (``loss_chunk_bytes``, Llama), from the
+  analytic default of the model (kept bytes from the counted family coefficients,
+  ``costmodel/presets/activation_bytes.json``) with the one term that depends on the device's
+  kernels, the backward's transient working set per token, taken from the real block's profile
+  on this CPU (``costmodel.profiling.module_count.profile_module``: the slope over tokens of one
+  layer's peak minus its kept bytes).
 
 Run (about a minute on an idle 2-core machine)::
 
