@@ -61,8 +61,8 @@ def test_a_cross_attention_model_keeps_no_text_rows() -> None:
     wan = MMDIT.model_copy(update={"joint_attention_tokens": 0, "dual_stream_layers": 0, "cross_attention_tokens": 3})
     cm = CostModel(file=analytic_cost_model(wan, load_hardware("h200-sxm")), cluster=load_cluster("h200x64"))
     a = cm.file.activation
-    per_token = 2 * a.bytes_per_token_layer_none + a.working_bytes_per_token + a.alltoall_buffer_bytes_per_token + max(
-        a.transient_bytes_per_token, a.head_transient_bytes_per_token)
+    per_token = (2 * a.bytes_per_token_layer_none + a.working_bytes_per_token + a.alltoall_buffer_bytes_per_token
+                 + max(a.transient_bytes_per_token, a.head_transient_bytes_per_token))
     assert float(cm.activation_bytes(40, group_size=2)) == pytest.approx(40 / 2 * per_token, rel=1e-12)
 
 

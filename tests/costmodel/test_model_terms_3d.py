@@ -112,7 +112,8 @@ def test_gqa_groups_past_the_kv_heads_pay_replicated_heads() -> None:
     for d in (4, 8, 16, 32):
         extra_heads = max(0, d - 8)
         plain = tokens / d * (32 * a.bytes_per_token_layer_none + a.working_bytes_per_token
-                              + a.alltoall_buffer_bytes_per_token + max(a.transient_bytes_per_token, a.head_transient_bytes_per_token))
+                              + a.alltoall_buffer_bytes_per_token
+                              + max(a.transient_bytes_per_token, a.head_transient_bytes_per_token))
         assert float(cm.activation_bytes(tokens, group_size=d)) == pytest.approx(
             plain + tokens / d * 32 * 512 * extra_heads)
     # Past 8 ranks the all-to-all moves each token's k and v to d ranks: more bytes than without.
