@@ -111,7 +111,8 @@ def run_cell(workload: str, cluster_name: str, num_samples: int, steps: int,
             sync = table.grad_sync_s
             bound_lp = max(bound_lp, sync + partition_lp_bound(
                 table, lower_s=bound_lp - sync, iterations=6, integral_groups=True))
-            check_bound(bound_lp, "partition-lp (offline)", plan.predicted_step_time_s)
+            check_bound(bound_lp, "partition-lp (offline)", plan.predicted_step_time_s,
+                        status=plan.solver.status)
         sync = plan.grad_sync_time_s
         rows.append({
             "bound_lp_s": bound_lp, "gap_lp": plan.predicted_step_time_s / bound_lp - 1,

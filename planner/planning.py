@@ -26,6 +26,7 @@ from costmodel.specs import ClusterSpec, Sample
 from costmodel.units import fmt_bytes
 from planner.assemble import BatchArrays, Draft, PlanMeta, assemble_plan, draft_step_time_s
 from planner.baselines import baseline_drafts, with_layouts
+from planner.bounds.check import PROVEN_STATUS, bound_problem, plan_witnesses_tie
 from planner.bounds.simple import BoundReport, lower_bounds
 from planner.checks import (  # noqa: F401  (BoundError, check_bound, InvalidPlanError: re-exported)
     BOUND_REL_TOL,
@@ -48,18 +49,20 @@ from planner.search.polish import polish
 logger = logging.getLogger(__name__)
 
 
-def _valid_best(candidates: Sequence[tuple[str, float]], plan_step_time_s: float, *, samples: Sequence[Sample],
-                config: PlannerConfig, stats: SearchStats) -> tuple[float, str]:
-    """The largest of the ``(kind, seconds)`` bounds. A bound above the plan's step time raises
-    ``BoundError`` (``config.strict_bounds``), or is dropped: logged at ERROR with the batch's
-    digest, its kind added to ``stats.dropped_bounds``; the largest valid one is returned."""
+def _valid_best(candidates: Sequence[tuple[str, float]], plan_step_time_s: float, *, status: str,
+                tie_witnessed: bool, samples: Sequence[Sample], config: PlannerConfig, stats: SearchStats
+                ) -> tuple[float, str]:
+    """The largest of the ``(kind, seconds)`` bounds. A wrong bound (``bound_problem``: above the
+    plan's step time, or equal to it on a plan not ``OPTIMAL``) raises ``BoundError``
+    (``config.strict_bounds``), or is dropped: logged at ERROR with the batch's digest, its kind
+    added to ``stats.dropped_bounds``; the largest valid one is returned."""
     best: tuple[float, str] = (0.0, "none")
     for kind, value in candidates:
-        if value > plan_step_time_s * (1 + BOUND_REL_TOL):
+        problem = bound_problem(value, kind, plan_step_time_s, status=status, tie_witnessed=tie_witnessed)
+        if problem is not None:
             if config.strict_bounds:
-                check_bound(value, kind, plan_step_time_s)
-            logger.error("lower bound %r = %.9g s exceeds the step time %.9g s of a valid plan: dropped "
-                         "(batch %s, %d samples)", kind, value, plan_step_time_s, batch_digest(samples), len(samples))
+                check_bound(value, kind, plan_step_time_s, status=status, tie_witnessed=tie_witnessed)
+            logger.error("%s: dropped (batch %s, %d samples)", problem, batch_digest(samples), len(samples))
             stats.dropped_bounds = (*stats.dropped_bounds, kind)
         elif value >= best[0]:
             best = (value, kind)
@@ -213,6 +216,8 @@ class _Found:
     solver_bound_s: float | None
     """CP-SAT's proven bound of the compute makespan, if it ran."""
     baselines_s: dict[str, float]
+    cpsat_proved: bool = False
+    """CP-SAT proved this very plan optimal (the only source of the bound kind ``cpsat-optimal``)."""
 
 
 def _plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: CostModelFile,
@@ -285,6 +290,7 @@ def _search(prep: Prepared, samples: Sequence[Sample], *, config: PlannerConfig,
     status: SolverStatus = "HEURISTIC"
     method = "heuristic"
     solver_bound: float | None = None
+    cpsat_proved = False
     if config.use_cpsat and (config.aggregated_cpsat or (
             len(samples) <= config.exact_max_samples and cluster.num_gpus <= config.exact_max_ranks)):
         from planner.search import cpsat  # the only module that imports ortools
@@ -293,6 +299,7 @@ def _search(prep: Prepared, samples: Sequence[Sample], *, config: PlannerConfig,
                             else config.time_limit_s)
         result = cpsat.improve(table, draft, config=config, deadline=deadline)
         solver_bound = result.bound_s
+        cpsat_proved = result.status == "OPTIMAL"
         if result.lns is not None:
             stats.lns_rounds, stats.lns_improved_rounds = (result.lns.rounds,
                                                            result.lns.improved_rounds)
@@ -356,7 +363,7 @@ def _search(prep: Prepared, samples: Sequence[Sample], *, config: PlannerConfig,
         best_time = draft_step_time_s(chosen, arrays, cm, grad_sync_s=table.grad_sync_s)
         draft = chosen
     return _Found(draft=draft, step_time_s=best_time, status=status, method=method, solver_bound_s=solver_bound,
-                  baselines_s=baselines)
+                  baselines_s=baselines, cpsat_proved=cpsat_proved and status == PROVEN_STATUS)
 
 
 def _limit_bytes(prep: Prepared) -> float:
@@ -369,15 +376,25 @@ def _finish(found: _Found, prep: Prepared, samples: Sequence[Sample], *, config:
     """The plan of what the search found: its lower bound, checks and assembly."""
     cm, table, arrays = prep.cost_model, prep.table, prep.arrays
     draft, best_time, status, method = found.draft, found.step_time_s, found.status, found.method
-    solver_bound, baselines = found.solver_bound_s, found.baselines_s
+    solver_bound, baselines, cpsat_proved = found.solver_bound_s, found.baselines_s, found.cpsat_proved
+    check_draft(draft, arrays, cm, limit_bytes=_limit_bytes(prep), what=f"the plan ({method})", samples=samples)
+    meta = PlanMeta(status=status, method=method, wall_time_s=0.0, lower_bound=LowerBound(value_s=0.0, kind="none"),
+                    objective_bound_s=None if solver_bound is None
+                    else solver_bound + table.grad_sync_s,
+                    seed=config.seed, step=step, loss_normalization=config.loss_normalization,
+                    baselines_s=baselines)
+    plan = assemble_plan(draft, samples, cost_model=cm, meta=meta, arrays=arrays)
+    witnessed = plan_witnesses_tie(plan)  # may a simple bound meet this plan's time (planner.bounds.check)
     report = prep.bounds
     # In tie order (a later one wins a tie): CP-SAT's only when strictly higher, then the most
     # specific simple bound (BoundReport.best_kind's rule).
     candidates = [("cpsat", solver_bound + table.grad_sync_s)] if solver_bound is not None else []
     candidates += [("area", report.area_s), ("longest", report.longest_s),
                    ("largest-choice", report.largest_choice_s), ("deadline-area", report.deadline_area_s)]
-    bound_value, bound_kind = _valid_best(candidates, best_time, samples=samples, config=config, stats=stats)
+    bound_value, bound_kind = _valid_best(candidates, best_time, status=status, tie_witnessed=witnessed,
+                                          samples=samples, config=config, stats=stats)
     if (config.lp_bound_iterations > 0 and status != "OPTIMAL"
+            and (config.lp_bound_max_classes is None or table.classes.num_classes <= config.lp_bound_max_classes)
             and best_time > bound_value * (1 + config.lp_bound_min_gap)):
         from planner.bounds.lp import partition_lp_bound  # imports scipy's LP solver
 
@@ -394,17 +411,11 @@ def _finish(found: _Found, prep: Prepared, samples: Sequence[Sample], *, config:
         ) + table.grad_sync_s
         if lp > bound_value:
             bound_value, bound_kind = _valid_best([("partition-lp", lp), (bound_kind, bound_value)], best_time,
-                                                  samples=samples, config=config, stats=stats)
-    if status == "OPTIMAL" and best_time > bound_value:
+                                                  status=status, tie_witnessed=witnessed, samples=samples,
+                                                  config=config, stats=stats)
+    if status == PROVEN_STATUS and cpsat_proved and best_time > bound_value:  # CP-SAT's own proof
         bound_value, bound_kind = best_time, "cpsat-optimal"
-    check_draft(draft, arrays, cm, limit_bytes=_limit_bytes(prep), what=f"the plan ({method})", samples=samples)
-    check_bound(bound_value, bound_kind, best_time)
-    meta = PlanMeta(status=status, method=method, wall_time_s=time.perf_counter() - start,
-                    lower_bound=LowerBound(value_s=bound_value, kind=bound_kind),
-                    objective_bound_s=None if solver_bound is None
-                    else solver_bound + table.grad_sync_s,
-                    seed=config.seed, step=step, loss_normalization=config.loss_normalization,
-                    baselines_s=baselines)
-    plan = assemble_plan(draft, samples, cost_model=cm, meta=meta, arrays=arrays)
+    check_bound(bound_value, bound_kind, best_time, status=status, tie_witnessed=witnessed)
+    plan = plan.model_copy(update={"lower_bound": LowerBound(value_s=bound_value, kind=bound_kind)})
     return plan.model_copy(update={"solver": plan.solver.model_copy(
         update={"wall_time_s": time.perf_counter() - start})}), stats

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from costmodel.evaluate import CostModel, GroupLayout, nodes_spanned
 from costmodel.specs import Sample
 from costmodel.units import fmt_bytes
+from planner.bounds.check import bound_problem, plan_witnesses_tie
 from planner.plan import GroupPlan, Plan
 
 _REL_TOL = 1e-6
@@ -214,6 +215,11 @@ def _check_costs(plan: Plan, cost_model: CostModel) -> list[str]:
     if plan.lower_bound.value_s > report.step_time_s * (1 + _REL_TOL):
         problems.append(f"lower bound {plan.lower_bound.value_s:.9g} s exceeds the step time "
                         f"{report.step_time_s:.9g} s")
+    else:  # equal to a plan nothing proved optimal, or a proof the plan's status does not have
+        problem = bound_problem(plan.lower_bound.value_s, plan.lower_bound.kind, report.step_time_s,
+                                status=plan.solver.status, tie_witnessed=plan_witnesses_tie(plan))
+        if problem is not None:
+            problems.append(problem)
     return problems
 
 

@@ -52,7 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 from scipy.sparse import coo_matrix
 
 from costmodel.evaluate import GroupLayout
@@ -75,6 +75,12 @@ _RECOMPUTE_PRICE_QUANTILES = (10.0, 50.0, 90.0)
 NODE_LIMIT = 2000
 """Branch-and-bound nodes per feasibility test of the whole-group MIP: a deterministic work
 limit (a test that hits it counts as feasible, so the bound only stays lower)."""
+
+ITERATION_LIMIT = 100_000
+"""Simplex iterations per feasibility test of the plain LP (HiGHS's ``maxiter``): its work limit.
+Neither solve has a wall-clock limit: the bound is part of a plan's digest, and a limit in seconds
+would let a loaded machine (a test that hits it counts as feasible) report a lower bound than a
+quiet one for the same batch."""
 
 
 def _ring_layouts(table: CostTable, d: int) -> list[GroupLayout]:
@@ -189,13 +195,14 @@ def priced_times_s(table: CostTable, j: int, prices_per_byte: np.ndarray, *,
 
 def lp_feasible(table: CostTable, deadline_s: float, *, integral_groups: bool = False,
                 inputs: LPInputs | None = None, node_limit: int = NODE_LIMIT,
-                micro_batch_buckets: int = MICRO_BATCH_BUCKETS) -> bool:
+                iteration_limit: int = ITERATION_LIMIT, micro_batch_buckets: int = MICRO_BATCH_BUCKETS) -> bool:
     """Whether the partition LP has a solution at compute makespan ``deadline_s``.
 
     ``integral_groups`` requires whole group counts ``y[d, m]`` (a small MIP, still a relaxation
-    of every plan, whose group counts are whole; at most ``node_limit`` branch-and-bound nodes).
+    of every plan, whose group counts are whole; at most ``node_limit`` branch-and-bound nodes;
+    the plain LP at most ``iteration_limit`` simplex iterations: work limits, never seconds).
     ``inputs``: :class:`LPInputs` of the table (computed when not given). ``micro_batch_buckets``:
-    ``M`` (at least 1). Returns True when the solver cannot decide (work or time limit,
+    ``M`` (at least 1). Returns True when the solver cannot decide (a work limit,
     numerical trouble), so a caller never raises a bound on a failure.
     """
     if micro_batch_buckets < 1:
@@ -260,13 +267,15 @@ def lp_feasible(table: CostTable, deadline_s: float, *, integral_groups: bool = 
     a_ub = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
                       shape=(num_ub + 1, num_x + num_y)).tocsr()
     counts = np.array([len(m) for m in table.classes.members], dtype=np.float64)
-    integrality = np.concatenate((np.zeros(num_x), np.ones(num_y))) if integral_groups else None
-    # (presolve: 1.5x faster on the one-bucket LP at 250 classes, 1.2-2.5x slower on the MIP)
-    result = milp(np.zeros(num_x + num_y), integrality=integrality, bounds=Bounds(0, np.inf),
-                  constraints=[LinearConstraint(a_ub, -np.inf, b_ub),
-                               LinearConstraint(a_eq, counts, counts)],
-                  options={"time_limit": 2.0, "node_limit": node_limit,
-                           "presolve": not integral_groups})
+    if integral_groups:
+        # (presolve off: 1.2-2.5x slower with it on the MIP)
+        result = milp(np.zeros(num_x + num_y), integrality=np.concatenate((np.zeros(num_x), np.ones(num_y))),
+                      bounds=Bounds(0, np.inf),
+                      constraints=[LinearConstraint(a_ub, -np.inf, b_ub), LinearConstraint(a_eq, counts, counts)],
+                      options={"node_limit": node_limit, "presolve": False})
+    else:
+        result = linprog(np.zeros(num_x + num_y), A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=counts, bounds=(0, None),
+                         method="highs", options={"maxiter": iteration_limit, "presolve": True})
     return bool(result.status != 2)  # 2: proven infeasible
 
 

@@ -114,3 +114,44 @@ def test_a_job_drops_a_wrong_bound_and_says_so(monkeypatch: pytest.MonkeyPatch, 
     assert batch_digest(samples) in caplog.text and "dropped" in caplog.text
     with pytest.raises(BoundError):
         plan_samples(samples, cluster=cluster, cost_model=file, options={**options, "strict_bounds": True})  # type: ignore[arg-type]
+
+
+def test_an_lp_bound_equal_to_the_plan_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two-sided: the LP bound set to the plan's own time would print a gap of 0 on a HEURISTIC
+    plan; it is refused like a bound above the plan."""
+    import planner.bounds.lp as lp
+
+    samples, cluster, file = _batch()
+    plan = plan_batch(samples, cluster=cluster, cost_model=file, config=CONFIG)  # type: ignore[arg-type]
+    assert plan.solver.status != "OPTIMAL"
+    compute_s = plan.predicted_step_time_s - plan.grad_sync_time_s
+    monkeypatch.setattr(lp, "partition_lp_bound", lambda *args, **kwargs: compute_s)
+    with pytest.raises(BoundError, match=r"'partition-lp' .* equals the step time .* HEURISTIC plan"):
+        plan_batch(samples, cluster=cluster, cost_model=file, config=CONFIG)  # type: ignore[arg-type]
+
+
+def test_an_infinite_lp_bound_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    import planner.bounds.lp as lp
+
+    monkeypatch.setattr(lp, "partition_lp_bound", lambda *args, **kwargs: float("inf"))
+    samples, cluster, file = _batch()
+    with pytest.raises(BoundError, match="'partition-lp' = inf s exceeds"):
+        plan_batch(samples, cluster=cluster, cost_model=file, config=CONFIG)  # type: ignore[arg-type]
+
+
+def test_a_claimed_proof_on_a_heuristic_plan_is_caught() -> None:
+    """``cpsat-optimal`` is CP-SAT's proof: on any other plan the validator refuses it, whatever
+    its value."""
+    from costmodel.evaluate import CostModel
+    from planner.plan import LowerBound
+    from planner.validate import validate_plan
+
+    samples, cluster, file = _batch()
+    plan = plan_batch(samples, cluster=cluster, cost_model=file, config=CONFIG)  # type: ignore[arg-type]
+    cm = CostModel(file=file, cluster=cluster)  # type: ignore[arg-type]
+    assert validate_plan(plan, samples, cost_model=cm) == []
+    for value_s in (plan.predicted_step_time_s, plan.lower_bound.value_s):
+        claimed = plan.model_copy(update={"lower_bound": LowerBound(value_s=value_s, kind="cpsat-optimal")})
+        assert any("'cpsat-optimal' on a HEURISTIC plan" in p for p in validate_plan(claimed, samples, cost_model=cm))
+    tied = plan.model_copy(update={"lower_bound": LowerBound(value_s=plan.predicted_step_time_s, kind="partition-lp")})
+    assert any("equals the step time" in p for p in validate_plan(tied, samples, cost_model=cm))

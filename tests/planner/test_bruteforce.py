@@ -35,7 +35,6 @@ def _instances() -> list[tuple[str, list[int], int, int]]:
     return out
 
 
-@pytest.mark.timeout(120)
 @pytest.mark.parametrize(("name", "tokens", "num_gpus", "per_node"), _instances(),
                          ids=[i[0] for i in _instances()])
 def test_exact_model_matches_brute_force(name: str, tokens: list[int], num_gpus: int,
@@ -55,7 +54,6 @@ def test_exact_model_matches_brute_force(name: str, tokens: list[int], num_gpus:
     assert plan.gap == pytest.approx(0.0, abs=1e-6)
 
 
-@pytest.mark.timeout(120)
 def test_heuristic_bounds_never_exceed_the_optimum() -> None:
     rng = random.Random(99)
     cluster = tiny_cluster(num_gpus=4, gpus_per_node=2)
@@ -71,7 +69,6 @@ def test_heuristic_bounds_never_exceed_the_optimum() -> None:
         assert plan.predicted_step_time_s >= best * (1 - 1e-9)
 
 
-@pytest.mark.timeout(120)
 def test_partition_lp_bound_never_exceeds_the_optimum() -> None:
     from planner.bounds.lp import LPInputs, lp_feasible, partition_lp_bound
     from planner.planning import prepare
