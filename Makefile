@@ -45,9 +45,12 @@ run: install-run
 
 # Two xdist workers (tests/conftest.py groups the modules), then the tests that judge measured wall
 # times with nothing beside them (`alone`; exit 5 = none selected, e.g. PYTEST_ARGS naming one file).
+# The `alone` part runs whether or not the first part passed; make fails if either did.
 test: install-test $(VENV)/.browser-installed
-	$(BIN)/python -m pytest -q -n 2 --dist loadscope -m 'not alone' --durations=25 $(PYTEST_ARGS)
-	$(BIN)/python -m pytest -q -m alone --durations=5 $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	status=0; \
+	$(BIN)/python -m pytest -q -n 2 --dist loadscope -m 'not alone' --durations=25 $(PYTEST_ARGS) || status=1; \
+	$(BIN)/python -m pytest -q -m alone --durations=5 $(PYTEST_ARGS) || [ $$? -eq 5 ] || status=1; \
+	exit $$status
 
 lint: install-test
 	$(BIN)/ruff check .

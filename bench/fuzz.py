@@ -3,7 +3,7 @@
 Run::
 
     .venv/bin/python bench/fuzz.py                          # 2 x 15 min (open, then with a token)
-    .venv/bin/python bench/fuzz.py --max-time-s 45 --out /tmp/fuzz.json   # what the test suite runs
+    .venv/bin/python bench/fuzz.py --max-examples 10 --out /tmp/fuzz.json   # what the test suite runs
 
 For each mode (``open``: no token configured; ``token``: ``DCP_AUTH_TOKEN`` set and every
 request sending it) a fresh server is started on its own SQLite file and a populated data
@@ -126,8 +126,10 @@ def _failures_excerpt(text: str) -> str:
 
 
 def run_mode(mode: str, *, max_time_s: int, workers: int, seed: int, threads: int,
-             workdir: Path, raw_rounds: int) -> dict[str, Any]:
-    """Fuzz one fresh server; the summary of the run."""
+             workdir: Path, raw_rounds: int, max_examples: int | None = None) -> dict[str, Any]:
+    """Fuzz one fresh server; the summary of the run. ``max_examples``: a work budget (test cases
+    per API operation and phase) instead of the time budget ``max_time_s``, so every operation is
+    reached however slow the machine."""
     token = TOKEN if mode == "token" else None
     manifest_paths = write_data_dir(workdir / "data")
     proc, url = _start_server(workdir, token=token, workers=workers)
@@ -140,13 +142,15 @@ def run_mode(mode: str, *, max_time_s: int, workers: int, seed: int, threads: in
         load_before = os.getloadavg()
         start = time.monotonic()
         cmd = [str(Path(sys.executable).with_name("schemathesis")), "--config-file", str(config), "run",
-               f"{url}/openapi.json", "--max-time", str(max_time_s), "--checks", TOKEN_CHECKS if token else CHECKS,
+               f"{url}/openapi.json", *(["--max-time", str(max_time_s)] if max_examples is None
+                                        else ["--max-examples", str(max_examples)]),
+               "--checks", TOKEN_CHECKS if token else CHECKS,
                "--seed", str(seed), "-w", str(threads), "--no-color", "--request-timeout", "120",
                "--suppress-health-check", "all"]
         if token:
             cmd += ["-H", f"Authorization: Bearer {token}"]
-        result = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir,
-                                timeout=max_time_s * 3 + 300)
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir,  # (a hang guard only)
+                                timeout=max_time_s * 3 + 300 if max_examples is None else 3600)
         raw = run_raw_phase(url, token=token, max_body_bytes=MAX_BODY_BYTES, body_timeout_s=BODY_READ_TIMEOUT_S,
                             rounds=raw_rounds)
         elapsed_s = time.monotonic() - start
@@ -171,7 +175,8 @@ def run_mode(mode: str, *, max_time_s: int, workers: int, seed: int, threads: in
     tracebacks = server_log.count("Traceback")
     runtime = re.search(r"Runtime Error: (\d+)", result.stdout)
     return {
-        "mode": mode, "max_time_s": max_time_s, "elapsed_s": round(elapsed_s, 1), "seed": seed,
+        "mode": mode, "max_time_s": None if max_examples is not None else max_time_s,
+        "max_examples": max_examples, "elapsed_s": round(elapsed_s, 1), "seed": seed,
         "schemathesis_exit_code": result.returncode, "test_cases": summary,
         "checks": (TOKEN_CHECKS if token else CHECKS).split(","), "state": asdict(state),
         "raw_phase": raw, "requests_by_route_and_status": by_route,
@@ -192,6 +197,9 @@ def main() -> int:
     """Run the modes, print a table, write the JSON summary."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-time-s", type=int, default=900, help="schemathesis time budget per mode")
+    parser.add_argument("--max-examples", type=int, default=None,
+                        help="test cases per API operation instead of the time budget (a work budget: the "
+                             "same operations reached on a loaded machine)")
     parser.add_argument("--modes", default="open,token", help="comma-separated: open, token")
     parser.add_argument("--workers", type=int, default=1, help="solver processes of the server")
     parser.add_argument("--threads", type=int, default=1,
@@ -212,11 +220,14 @@ def main() -> int:
     modes = args.modes.split(",")
     load_start = os.getloadavg()
     def one(mode: str) -> dict[str, Any]:
-        logger.info("fuzzing mode %s for %d s ...", mode, args.max_time_s)
+        logger.info("fuzzing mode %s (%s) ...", mode, budget)
         return run_mode(mode, max_time_s=args.max_time_s, workers=args.workers, seed=args.seed,
-                        threads=args.threads, workdir=base / mode, raw_rounds=args.raw_rounds)
+                        threads=args.threads, workdir=base / mode, raw_rounds=args.raw_rounds,
+                        max_examples=args.max_examples)
 
-    with progress_bar(f"fuzzing {len(modes)} mode(s), {args.max_time_s} s each", quiet=args.quiet,
+    budget = (f"{args.max_time_s} s each" if args.max_examples is None
+              else f"{args.max_examples} cases per operation each")
+    with progress_bar(f"fuzzing {len(modes)} mode(s), {budget}", quiet=args.quiet,
                       total=len(modes)) as update:
         if args.parallel:
             with ThreadPoolExecutor(max_workers=len(modes)) as pool:

@@ -19,19 +19,19 @@ import pytest
 pytestmark = pytest.mark.timeout(600)
 
 ROOT = Path(__file__).resolve().parents[2]
-FUZZ_TIME_S = 15
+FUZZ_EXAMPLES = 10
 
 
 def test_fuzz_live_server_no_5xx_no_schema_violation(tmp_path: Path) -> None:
     pytest.importorskip("schemathesis")
     out = tmp_path / "fuzz.json"
-    result = subprocess.run([sys.executable, str(ROOT / "bench" / "fuzz.py"), "--max-time-s", str(FUZZ_TIME_S),
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "fuzz.py"), "--max-examples", str(FUZZ_EXAMPLES),
                              "--out", str(out), "--workdir", str(tmp_path / "runs"), "--parallel",
                              # One schemathesis thread: with two, CPython 3.11's ast.parse (used by
                              # hypothesis to describe filters) can fail with "AST constructor
                              # recursion depth mismatch", a client-side error.
                              "--threads", "1"],
-                            capture_output=True, text=True, timeout=FUZZ_TIME_S * 2 * 4 + 120)
+                            capture_output=True, text=True)
     assert out.exists(), result.stderr[-3000:]
     runs = json.loads(out.read_text())["runs"]
     assert [r["mode"] for r in runs] == ["open", "token"]

@@ -60,8 +60,8 @@ def test_status_names_a_store_that_cannot_be_written(server_factory: Any) -> Non
     assert last["retry_in_s"] is not None and last["retry_in_s"] >= 0, last
     assert any(s["retry_in_s"] and s["retry_in_s"] > 0 for s in degraded), degraded[-3:]
 
-    final = _wait(server, "e", timeout_s=200)
+    final = _wait(server, "e")
     assert final["state"] == "done" and final["error"] is None and final["retry_in_s"] is None, final
     assert server.request("POST", "/v1/epochs", json=_epoch("ref")).status_code == 202
-    assert _wait(server, "ref", timeout_s=200)["state"] == "done"
+    assert _wait(server, "ref")["state"] == "done"
     assert _digests(server, "e", STEPS) == _digests(server, "ref", STEPS)

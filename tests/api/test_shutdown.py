@@ -58,8 +58,8 @@ def test_group_signal_stops_cleanly_records_shutdown_and_resumes(server_factory:
     assert stored["error"] is not None and "shut down" in stored["error"], stored
 
     again = server_factory(workers=2).start()
-    status = _wait(again, "e", timeout_s=200)
+    status = _wait(again, "e")
     assert status["state"] == "done" and status["error"] is None, status
     assert again.request("POST", "/v1/epochs", json={**_epoch("ref")}).status_code == 202
-    assert _wait(again, "ref", timeout_s=200)["state"] == "done"
+    assert _wait(again, "ref")["state"] == "done"
     assert _digests(again, "e", STEPS) == _digests(again, "ref", STEPS)
