@@ -22,6 +22,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, TomlConfigSettingsSource
 from pydantic_settings.sources import DotEnvSettingsSource, EnvSettingsSource
 
@@ -87,11 +88,25 @@ def load_settings(*, config_file: Path | None = None, **overrides: Any) -> Setti
     Raises:
         ValueError: for a bad config file (:func:`read_config`) or a value a setting refuses.
     """
-    if config_file is None:
-        return Settings(**overrides)
-    read_config(config_file)  # names unknown keys instead of ignoring them
-    merged = _file_settings_class(config_file)(**overrides)
-    return Settings(**merged.model_dump())  # a plain Settings (picklable; same values)
+    try:
+        if config_file is None or SERVICE_TABLE not in read_config(config_file):  # (names unknown keys)
+            return Settings(**overrides)  # (a file of [epoch] alone: pydantic's TOML source needs the table)
+        merged = _file_settings_class(config_file)(**overrides)
+        return Settings(**merged.model_dump())  # a plain Settings (picklable; same values)
+    except ValidationError as exc:
+        raise ValueError(settings_error(exc, config_file=config_file)) from None
+
+
+def settings_error(exc: ValidationError, *, config_file: Path | None = None) -> str:
+    """A settings error in the service's terms: each refused setting by name, the value given,
+    why, and where settings come from (pydantic's own text and its documentation link left out)."""
+    where = "a flag, its DCP_* variable, .env" + (f" or {config_file} [{SERVICE_TABLE}]" if config_file else "")
+    problems = []
+    for error in exc.errors(include_url=False):
+        field = ".".join(str(part) for part in error["loc"]) or "settings"
+        given = f" (got {error['input']!r})" if "input" in error and not isinstance(error["input"], dict) else ""
+        problems.append(f"setting {field}{given}: {error['msg']}")
+    return "; ".join(problems) + f"; settings come from {where}"
 
 
 def _env_key(field: str) -> str:

@@ -251,12 +251,19 @@ class JobManager:
         return (record.steps_total - record.steps_done) * elapsed / planned
 
     def steps_per_s(self, record: EpochRecord) -> float | None:
-        """Steps stored per second by the current run (None when not running or none yet)."""
+        """Steps stored per second by the job's latest run in this server: so far while it runs,
+        over the whole run once it ended (done, failed, cancelled). None when it has not run here
+        (a job of an earlier server, or planned offline) or stored no step yet."""
         run = self._runs.get(record.id)
-        if record.state != "running" or run is None:
+        if run is None:
             return None
         planned = run.steps_done - run.steps_at_start
-        elapsed = time.monotonic() - run.started_monotonic
+        if record.state == "running":
+            elapsed = time.monotonic() - run.started_monotonic
+        elif record.finished_at is not None and record.started_at is not None and not run.thread.is_alive():
+            elapsed = record.finished_at - record.started_at
+        else:
+            return None
         return planned / elapsed if planned > 0 and elapsed > 0 else None
 
     def resume_all(self) -> list[str]:

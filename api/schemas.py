@@ -325,7 +325,8 @@ class EpochStatus(BaseModel):
     progress: float = Field(description="steps_done / steps_total.")
     eta_s: float | None = Field(description="Estimated seconds to finish (None when unknown).")
     steps_per_s: float | None = Field(default=None, description="Steps stored per second by the "
-                                      "running job since it (re)started (None when not running).")
+                                      "job's latest run in this server: so far while it runs, over the "
+                                      "whole run once it ended (None when it has not run here).")
     cluster_name: str
     cost_model_id: str
     seed: int

@@ -9,7 +9,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from dcp_cli.style import console, fail, fmt_pct, print_table
+from dcp_cli.style import console, fail, fmt_pct, print_table, require_parent
 
 COLUMNS = [
     ("step/g/mb", "step, group and micro-batch of the plan"),
@@ -85,6 +85,8 @@ def register(app: typer.Typer) -> None:
         """Fit a cost model to the executor's own layers on this machine (or take one), run real
         plans through the executor on gloo ranks, and compare measured with predicted time and
         peak memory per micro-batch and per group."""
+        if out is not None:
+            require_parent(out, option="--out")
         try:
             from dcp_cli import model_check
         except ImportError as exc:
@@ -110,5 +112,4 @@ def register(app: typer.Typer) -> None:
             print_table(report_table(report), COLUMNS)
         console().print(summary_line(report))
         if out is not None:
-            out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(report, indent=1) + "\n")

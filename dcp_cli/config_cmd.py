@@ -20,16 +20,21 @@ app = typer.Typer(name="config", no_args_is_help=True,
 
 @app.command("show")
 def show(
+    ctx: typer.Context,
     config: Path | None = typer.Option(None, "--config", exists=True, dir_okay=False,
                                        help="The TOML config file dcp serve / dcp epoch would read."),
 ) -> None:
     """Print every service setting with its value and source (flag, DCP_* variable, .env, the
     config file, default), then the [epoch] table's option defaults."""
-    from api.config_file import EPOCH_TABLE, read_config, settings_with_sources
+    from api.config_file import EPOCH_TABLE, settings_with_sources
+    from dcp_cli.epoch import epoch_table
 
+    root = ctx.find_root()
+    epoch_command = root.command.get_command(root, "epoch") if hasattr(root.command, "get_command") else None
     try:
         settings, sources = settings_with_sources(config_file=config)
-        tables = read_config(config) if config is not None else {}
+        # [epoch] checked as dcp epoch --config checks it: known options, values of their types
+        epoch = epoch_table(epoch_command, ctx, config) if config is not None and epoch_command else {}
     except ValueError as exc:
         fail(str(exc))
     table = Table(title="dcp serve settings", box=box.SIMPLE_HEAD, title_justify="left")
@@ -39,7 +44,6 @@ def show(
         shown = ("set" if value else "not set") if field in SECRET_FIELDS else str(value)
         table.add_row(field, escape(shown), escape(sources[field]))
     console().print(table)
-    epoch = tables.get(EPOCH_TABLE, {})
     if epoch:
         options = Table(title=escape(f"dcp epoch defaults ({config} [{EPOCH_TABLE}])"), box=box.SIMPLE_HEAD,
                         title_justify="left")

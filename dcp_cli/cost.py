@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,8 @@ from costmodel.model_choice import check_samples_kind
 from costmodel.presets import load_cluster
 from costmodel.specs import Sample
 from dcp_cli.model_option import apply_loss_chunk, loss_chunk_option, model_config_option, model_option, resolve_model
+from dcp_cli.style import GIB, fmt_count, fmt_gib, fmt_ms, fmt_s, legend
 from dcp_cli.style import console as make_console
-from dcp_cli.style import fmt_count, fmt_gib, fmt_ms, legend
 
 
 def parse_shape(text: str, index: int) -> Sample:
@@ -116,6 +117,16 @@ def register(app: typer.Typer) -> None:
         print_cost_tables(cm, rows, console)
 
 
+LONG_TIME_S = 100.0
+"""A sample table whose longest time reaches this shows seconds instead of milliseconds."""
+
+
+def _whole_from_1000(fmt: Callable[[float], str], unit: float = 1.0) -> Callable[[float], str]:
+    """``fmt``, but values of 1,000 units or more as whole numbers (``29,957``), so a column of a
+    16M-token sample stays narrow enough for the table's 80 columns."""
+    return lambda value: f"{value / unit:,.0f}" if value / unit >= 1000 else fmt(value)
+
+
 def _short_policy(name: str) -> str:
     return name.replace("selective-", "sel")
 
@@ -140,8 +151,12 @@ def print_cost_tables(cm: CostModel, rows: list[dict[str, Any]], console: Consol
     for sample_rows in by_sample.values():
         first = sample_rows[0]
         shape = (f"{first['frames']}x{first['height']}x{first['width']} = " if first["frames"] else "")
-        table = Table(title=f"{shape}{fmt_count(first['tokens'])} tokens", box=box.SIMPLE_HEAD,
-                      title_justify="left", padding=(0, 1))
+        # Seconds where milliseconds would not fit 80 columns (a sample of a million tokens on one
+        # GPU takes ~1,900,000 ms): every number shown whole, never cut to "...".
+        in_s = max(r[f"time_s_{p}"] for r in sample_rows for p in policies) >= LONG_TIME_S
+        fmt_time = _whole_from_1000(fmt_s) if in_s else fmt_ms
+        table = Table(title=f"{shape}{fmt_count(first['tokens'])} tokens" + (" (times in s)" if in_s else ""),
+                      box=box.SIMPLE_HEAD, title_justify="left", padding=(0, 1))
         table.add_column("d", justify="right")
         for p in policies:
             table.add_column(f"time {_short_policy(p)}", justify="right")
@@ -150,15 +165,15 @@ def print_cost_tables(cm: CostModel, rows: list[dict[str, Any]], console: Consol
         table.add_column("a2a", justify="right")
         table.add_column("fits", justify="right")
         for r in sample_rows:
-            table.add_row(str(r["group_size"]), *[fmt_ms(r[f"time_s_{p}"]) for p in policies],
-                          *[fmt_gib(r[f"activation_bytes_{p}"]) for p in policies],
+            table.add_row(str(r["group_size"]), *[fmt_time(r[f"time_s_{p}"]) for p in policies],
+                          *[_whole_from_1000(fmt_gib, GIB)(r[f"activation_bytes_{p}"]) for p in policies],
                           fmt_ms(r["alltoall_time_s_per_layer"]) if r["group_size"] > 1 else "-",
                           "yes" if r["fits_full"] else "no")
         console.print(table)
     sel = next((p for p in policies if p.startswith("selective-")), None)
     entries = [("d", "sequence-parallel group size: GPUs that share the sample (Ulysses)")]
-    entries += [(f"time {_short_policy(p)}", f"predicted forward+backward time of the sample, ms, with "
-                 f"checkpoint policy {p}") for p in policies[:1]]
+    entries += [(f"time {_short_policy(p)}", f"predicted forward+backward time of the sample, ms (s where "
+                 f"the title says so), with checkpoint policy {p}") for p in policies[:1]]
     entries += [("", "none: keep all activations; full: recompute every layer"
                  + (f"; {_short_policy(sel)}: recompute {sel.split('-')[1]} of {layers} layers" if sel else ""))]
     entries += [("act P", "activation memory of the sample per GPU, GiB, with policy P"),

@@ -16,7 +16,7 @@ from costmodel.model_choice import DEFAULT_TEXT_MODEL
 from dcp_cli.model_option import loss_chunk_option, model_config_option, model_option
 from dcp_cli.plan import LAYOUT_CHOICES
 from dcp_cli.progress import make_progress
-from dcp_cli.style import fail, fmt_pct, fmt_x
+from dcp_cli.style import fail, fmt_pct, fmt_x, require_parent
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor
@@ -27,16 +27,33 @@ if TYPE_CHECKING:
     from costmodel.specs import HardwareSpec, Sample
 
 
+def epoch_table(command: Any, ctx: typer.Context, path: Path) -> dict[str, Any]:
+    """The ``[epoch]`` table of a config file as defaults of ``command`` (``dcp epoch``), each
+    value checked as its option would check it on the command line.
+
+    Raises:
+        ValueError: naming the file and the key: an unknown option, or a value of the wrong type.
+    """
+    from api.config_file import EPOCH_TABLE, epoch_defaults
+
+    params = {p.name: p for p in command.params if p.name and p.name not in ("config", "manifest")}
+    defaults = epoch_defaults(path, known=set(params))
+    for key, value in defaults.items():
+        try:
+            params[key].process_value(ctx, value)
+        except typer.BadParameter as exc:
+            raise ValueError(f"config file {path}: [{EPOCH_TABLE}] {key.replace('_', '-')} = {value!r}: "
+                             f"{exc.message}") from None
+    return defaults
+
+
 def _apply_config(ctx: typer.Context, value: Path | None) -> Path | None:
     """``--config FILE``: its ``[epoch]`` table becomes the defaults of the other options
     (``api.config_file``); flags given on the command line still win."""
     if value is None:
         return None
-    from api.config_file import epoch_defaults
-
-    known = {p.name for p in ctx.command.params if p.name} - {"config", "manifest"}
     try:
-        defaults = epoch_defaults(value, known=known)
+        defaults = epoch_table(ctx.command, ctx, value)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
@@ -220,23 +237,31 @@ def register(app: typer.Typer) -> None:
             executor, runner = make_executor(workers), f"{workers} process(es)"
         new_steps = 0
         started = time.monotonic()
-        with make_progress(quiet=quiet) as progress:
-            # Shown from the start: the first steps wait for the workers to start and import.
-            bar = progress.add_task(f"epoch {eid} ({runner}): starting the workers", total=record.steps_total,
-                                    completed=record.steps_done)
+        try:
+            with make_progress(quiet=quiet) as progress:
+                # Shown from the start: the first steps wait for the workers to start and import.
+                bar = progress.add_task(f"epoch {eid} ({runner}): starting the workers", total=record.steps_total,
+                                        completed=record.steps_done)
 
-            def on_written(n: int) -> None:
-                nonlocal new_steps
-                new_steps += n
-                rate = new_steps / max(time.monotonic() - started, 1e-9)
-                progress.update(bar, advance=n, description=f"epoch {eid} ({runner}) {rate:.1f} steps/s")
+                def on_written(n: int) -> None:
+                    nonlocal new_steps
+                    new_steps += n
+                    rate = new_steps / max(time.monotonic() - started, 1e-9)
+                    progress.update(bar, advance=n, description=f"epoch {eid} ({runner}) {rate:.1f} steps/s")
 
-            try:
-                final = run_epoch_job(
-                    store, eid, get_cost_model=registry.get, executor=executor, num_workers=workers,
-                    stop_state=lambda: "queued", on_written=on_written, max_steps=max_steps)
-            finally:
-                executor.shutdown(wait=True, cancel_futures=True)
+                try:
+                    final = run_epoch_job(
+                        store, eid, get_cost_model=registry.get, executor=executor, num_workers=workers,
+                        stop_state=lambda: "queued", on_written=on_written, max_steps=max_steps)
+                finally:
+                    executor.shutdown(wait=True, cancel_futures=True)
+        except KeyboardInterrupt:  # Ctrl-C: the finished steps are stored; say so and how to go on
+            stopped = store.get_epoch(eid)
+            store.close()
+            done = f"{stopped.steps_done}/{stopped.steps_total} steps" if stopped is not None else "the finished steps"
+            typer.echo(f"interrupted: epoch {eid} stopped with {done} stored in {out}; run the same command "
+                       "again to resume from them", err=True)
+            raise typer.Exit(130) from None
         elapsed_s = time.monotonic() - started
         logging.getLogger(__name__).info("epoch %s: %d new step(s) in %.1f s (%.2f steps/s, %s)", eid,
                                          new_steps, elapsed_s, new_steps / max(elapsed_s, 1e-9), runner)
@@ -317,6 +342,7 @@ def _check_out(out: Path) -> None:
     (an empty file is fine: SQLite makes it a new store)."""
     if out.is_dir():
         fail(f"--out {out} is a directory; give a SQLite file (created when absent)")
+    require_parent(out, option="--out")
     if out.exists():
         try:
             with out.open("rb") as fh:

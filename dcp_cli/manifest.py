@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from dcp_cli.progress import progress_bar
-from dcp_cli.style import fail, fmt_count
+from dcp_cli.style import fail, fmt_count, require_parent
 
 _COLUMNS = "Columns (tables, Hugging Face datasets)"
 _VIDEO = "2D shapes: pixels to latent patches"
@@ -83,6 +83,7 @@ def register(app: typer.Typer) -> None:
         and shape columns of SOURCE are read (videos: container metadata only). Nothing is
         written unless every sample is good (or --skip-invalid).
         """
+        require_parent(out, option="--out")
         from ingest import Columns, LatentScale, iter_samples, write_manifest_file
 
         if (source is None) == (workload is None):

@@ -26,7 +26,7 @@ from costmodel.profiling.format import dump_line, read_profile
 from dcp_cli.fit_reserve import reserve_summary, reserve_table
 from dcp_cli.model_option import model_config_option, model_option, resolve_model
 from dcp_cli.progress import progress_bar
-from dcp_cli.style import fail
+from dcp_cli.style import fail, require_parent
 
 
 def _ints(text: str, name: str) -> tuple[int, ...]:
@@ -109,6 +109,7 @@ def register(app: typer.Typer) -> None:
         transformers or diffusers runs (random weights, nothing downloaded); a config whose class
         cannot be imported falls back to the look-alike blocks, and says so.
         """
+        require_parent(out, option="--out")
         torch = _torch("profile")
 
         from costmodel.model_config import read_config
@@ -157,7 +158,6 @@ def register(app: typer.Typer) -> None:
                                  cpu_clock=config.cpu_clock)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
-        out.parent.mkdir(parents=True, exist_ok=True)
         with out.open("w") as fh, _progress(quiet) as bar:
             fh.write(dump_line(header) + "\n")
             task = bar.add_task(f"profile {shape.name}", total=None)
@@ -188,6 +188,7 @@ def register(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     ) -> None:
         """Measure all-to-all, all-reduce and ring hops per group size and message size (run under torchrun)."""
+        require_parent(out, option="--out")
         import platform
 
         torch = _torch("profile-comm")
@@ -233,7 +234,6 @@ def register(app: typer.Typer) -> None:
                     versions={"python": platform.python_version(), "torch": torch.__version__},
                     notes=f"dcp profile-comm backend={backend}",
                 )
-                out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_text("\n".join([dump_line(header), *(dump_line(r) for r in records)]) + "\n")
                 typer.echo(f"wrote {out} ({len(records)} records)")
                 if any(r.op == "p2p" for r in records):
@@ -285,6 +285,7 @@ def register(app: typer.Typer) -> None:
         """Fit a cost-model file to profiles; refuse it when a term's held-out MAPE is too high.
         Prints the memory margin of a forced fit beside the planner's safety fraction (plans keep
         the larger free, never both) and what each costs in step time on a preset."""
+        require_parent(out, option="--out")
         if time_statistic not in ("median", "min"):
             raise typer.BadParameter(f"time_statistic={time_statistic!r} is not median or min")
         try:
@@ -306,7 +307,6 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1) from None
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
-        out.parent.mkdir(parents=True, exist_ok=True)
         result.file.save(out)
         reserve = reserve_summary(result.file, price_on=price_on, safety_fraction=safety_fraction)
         if as_json:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from dcp_cli.style import fail
+from dcp_cli.style import fail, require_parent
 
 if TYPE_CHECKING:
     from costmodel.evaluate import CostModel
@@ -36,8 +36,11 @@ _SOURCE_PACKAGES = ("api", "bench", "costmodel", "dcp_cli", "executor", "ingest"
 
 
 def _check_out_dir(out_dir: Path) -> Path:
-    """``out_dir``, or exit 2 when it lies inside one of this project's source packages."""
+    """``out_dir``, or exit 2 when it lies inside one of this project's source packages or its
+    parent directory does not exist (``out_dir`` itself is created)."""
     import importlib.util
+
+    require_parent(out_dir, option="--out-dir")
 
     target = out_dir.resolve()
     for name in _SOURCE_PACKAGES:
@@ -56,7 +59,7 @@ OUT_DIR = typer.Option(DEFAULT_OUT_DIR, "--out-dir", "-o", file_okay=False, call
 
 
 def _write(out_dir: Path, name: str, data: bytes | str) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(exist_ok=True)  # (its parent exists: _check_out_dir)
     path = out_dir / name
     if isinstance(data, str):
         path.write_text(data, encoding="utf-8")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import NoReturn
 
 import typer
@@ -17,6 +18,16 @@ WIDTH = 80
 def fail(message: str) -> NoReturn:
     """Stop the command with a usage error (exit 2) that says what to change."""
     raise typer.BadParameter(message)
+
+
+def require_parent(path: Path, *, option: str) -> None:
+    """Stop (exit 2) when the directory that would hold the output ``path`` does not exist: an
+    output goes where the user made room for it, so a mistyped path never creates a tree of
+    directories (nor writes under ``/``)."""
+    parent = path.parent
+    if not parent.is_dir():
+        fail(f"{option} {path}: the directory {parent} does not exist; create it first, or give a path "
+             "in an existing directory")
 
 
 def fmt_count(value: int) -> str:

@@ -90,18 +90,32 @@ class SpeedupFormatter(ticker.Formatter):
         return f"{x:.2f}x"
 
 
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
+"""Each baseline's own marker (in order of drawing), so lines that coincide stay apart."""
+DASHES = ("-", "--", "-.", (0, (1, 1)), (0, (5, 1, 1, 1)))
+"""Each baseline's own line pattern, for the same reason (and for epochs too long for markers)."""
+
+
 def _speedup_panel(ax: Axes, ordered: Sequence[StepFigures], names: Sequence[str], *, window: int,
                    marker: str | None, title: str, colors: Iterator[str]) -> None:
+    """One line per baseline. Lines often coincide: the strongest baseline is, at every step, one of
+    the others, and two baselines can make the same plan. So the strongest is a wide grey band
+    under the rest, and every other baseline has its own colour, marker and dash pattern (a line
+    drawn exactly over another still shows its markers and the gaps of its dashes)."""
     x = [s.step for s in ordered]
+    drawn = 0
     for name in names:
         ys = rolling_mean([s.speedups().get(name, math.nan) for s in ordered], window)
         if name == STRONGEST:
-            ax.plot(x, ys, color="black", linewidth=2.2, marker=marker, markersize=4, zorder=3,
+            ax.plot(x, ys, color="#555555", alpha=0.35, linewidth=7.0, solid_capstyle="round", zorder=1,
                     label="strongest baseline (fastest but naive, per step)", gid="speedup-strongest")
         else:
-            style = ":" if name in NOT_HEADLINE else "-"
-            ax.plot(x, ys, color=next(colors, "#888888"), linewidth=1.2, linestyle=style, marker=marker,
-                    markersize=3, label=name, gid=f"speedup-{name}")
+            style = ":" if name in NOT_HEADLINE else DASHES[drawn % len(DASHES)]
+            ax.plot(x, ys, color=next(colors, "#888888"), linewidth=1.3, linestyle=style,
+                    marker=MARKERS[drawn % len(MARKERS)] if marker else None, markersize=4.5,
+                    markerfacecolor="none", markeredgewidth=1.1, zorder=2 + drawn, label=name,
+                    gid=f"speedup-{name}")
+            drawn += 1
     ax.axhline(1.0, color="#888888", linewidth=0.8, linestyle="--")
     ax.yaxis.set_major_formatter(SpeedupFormatter())
     ax.set_ylabel("speedup: baseline time\n/ plan time")

@@ -12,8 +12,10 @@ In the SVG, each panel's micro-batches are the paths of the group ``<g id="{key}
 (its group, samples, tokens and times), which a browser shows on hover.
 
 At hundreds of GPUs a 1-rank group is under a pixel tall: bands thinner than ``THIN_BAND_PX``
-lose their padding and white edges (so the colours show), and runs of equal-size groups share
-one label (``ranks 496-1023 (528 groups of SP 1)``).
+lose their padding and white edges (so the colours show) and are drawn in a checkerboard of two
+shades, neighbouring groups and consecutive micro-batches alternating (without it a 1,024-GPU
+plan was one block of compute blue), and runs of equal-size groups share one label
+(``ranks 496-1023 (528 groups of SP 1)``).
 """
 
 from __future__ import annotations
@@ -105,37 +107,56 @@ def group_ticks(groups: Sequence[tuple[int, int]]) -> tuple[list[float], list[st
     return ticks, labels
 
 
+THIN_SHADE = 0.45
+"""How much white the lighter shade of a thin band's colours has (:func:`lighter`)."""
+
 THIN_BAND_PX = 4.0
 """A group's band thinner than this many pixels (in the PNG) is drawn without the gap between
 groups and without white micro-batch edges, which would otherwise cover it (1-rank groups at
 hundreds of GPUs): its colours stay readable, and its area stays its GPU-seconds."""
 
 
-def _draw_panel(ax: Axes, panel: GanttPanel, *, px_per_rank: float) -> None:
+def lighter(color: str, amount: float = THIN_SHADE) -> str:
+    """``color`` (``#RRGGBB``) mixed with ``amount`` of white."""
+    r, g, b = (int(color[i:i + 2], 16) for i in (1, 3, 5))
+    return "#" + "".join(f"{round(c + (255 - c) * amount):02X}" for c in (r, g, b))
+
+
+def _draw_panel(ax: Axes, panel: GanttPanel, *, px_per_rank: float) -> bool:
+    """Draw one plan; True when some band was thin (drawn in the checkerboard of shades)."""
     tl = panel.timeline
     boxes: dict[str, list[list[tuple[float, float]]]] = {k: [] for k in COLORS}
+    fills: dict[str, list[str]] = {k: [] for k in COLORS}
     outlines: list[list[tuple[float, float]]] = []
     edges: list[str] = []
-    for g in tl.groups:
+    any_thin = False
+    for index, g in enumerate(tl.groups):
         thin = g.size * px_per_rank < THIN_BAND_PX
+        any_thin |= thin
         pad = 0.0 if thin else _PAD
         y0, y1 = g.first_rank + pad, g.first_rank + g.size - pad
-        for mb in g.micro_batches:
+        for m, mb in enumerate(g.micro_batches):
+            # Thin bands have no gaps or white edges: a checkerboard of shades (group by group,
+            # micro-batch by micro-batch) keeps them apart instead of one block of colour.
+            shade = thin and (index + m) % 2 == 1
             x = mb.start_s
             for kind, width in (("compute", mb.compute_s), ("recompute", mb.recompute_s),
                                 ("alltoall", mb.alltoall_s), ("ring", mb.ring_s)):
                 if width > 0:
                     boxes[kind].append(_box(x, x + width, y0, y1))
+                    fills[kind].append(lighter(COLORS[kind]) if shade else COLORS[kind])
                     x += width
             outlines.append(_box(mb.start_s, mb.end_s, y0, y1))
             edges.append("none" if thin else "white")
         if tl.idle_s(g) > 0:
             boxes["idle"].append(_box(g.busy_s, tl.compute_makespan_s, y0, y1))
+            fills["idle"].append(COLORS["idle"])
     if tl.grad_sync_s > 0:
         boxes["grad_sync"].append(_box(tl.compute_makespan_s, tl.step_time_s, _PAD, tl.num_ranks - _PAD))
+        fills["grad_sync"].append(COLORS["grad_sync"])
     for kind, polys in boxes.items():
         if polys:
-            ax.add_collection(PolyCollection(polys, facecolors=COLORS[kind], edgecolors="none",
+            ax.add_collection(PolyCollection(polys, facecolors=fills[kind], edgecolors="none",
                                              gid=f"{panel.key}-{kind}",
                                              hatch="//" if kind == "idle" else None))
     ax.add_collection(PolyCollection(outlines, facecolors="none", edgecolors=edges or "white", linewidths=0.8,
@@ -157,6 +178,7 @@ def _draw_panel(ax: Axes, panel: GanttPanel, *, px_per_rank: float) -> None:
         ax.axvline(panel.lower_bound_s, color="black", linewidth=1.0, linestyle="--")
     ax.grid(axis="x", color="#CCCCCC", linewidth=0.5)
     ax.set_axisbelow(True)
+    return any_thin
 
 
 def gantt_figure(panels: Sequence[GanttPanel], *, title: str) -> Figure:
@@ -171,8 +193,9 @@ def gantt_figure(panels: Sequence[GanttPanel], *, title: str) -> Figure:
     fig = Figure(figsize=(12.0, sum(heights) + 1.4), layout="constrained")
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False,
                         gridspec_kw={"height_ratios": heights})[:, 0]
+    thin = False
     for ax, panel, height in zip(axes, panels, heights, strict=True):
-        _draw_panel(ax, panel, px_per_rank=0.8 * height * PNG_DPI / max(panel.timeline.num_ranks, 1))
+        thin |= _draw_panel(ax, panel, px_per_rank=0.8 * height * PNG_DPI / max(panel.timeline.num_ranks, 1))
     longest = max(p.timeline.step_time_s for p in panels)
     axes[0].set_xlim(0, longest * 1.01 if longest > 0 else 1.0)
     axes[-1].set_xlabel("time from the start of the step (s)")
@@ -180,6 +203,9 @@ def gantt_figure(panels: Sequence[GanttPanel], *, title: str) -> Figure:
                for k in COLORS]
     handles.append(Patch(facecolor="none", edgecolor="black", linewidth=0.8,
                          label="white edge: micro-batch boundary"))
+    if thin:
+        handles.append(Patch(facecolor=lighter(COLORS["compute"]), edgecolor=COLORS["compute"], linewidth=0.8,
+                             label="lighter shade: every other group / micro-batch (bands too thin for edges)"))
     handles.append(Line2D([], [], color="black", linewidth=1.0, label="step time"))
     if any(p.lower_bound_s for p in panels):
         handles.append(Line2D([], [], color="black", linewidth=1.0, linestyle="--", label="lower bound"))

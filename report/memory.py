@@ -72,7 +72,8 @@ def memory_figure(groups: Sequence[GroupMemory], *, title: str, hbm_bytes: float
         rect.set_gid(f"memory-margin-{x}")
     for x, (g, _) in zip(xs, shown, strict=True):
         others = [mb.peak_bytes / GIB for mb in g.micro_batches]
-        ax.plot([x] * len(others), others, linestyle="none", marker="o", markersize=2.5, color="#333333")
+        ax.plot([x] * len(others), others, linestyle="none", marker="o", markersize=2.5, color="#333333",
+                label="peak of each micro-batch" if x == 0 else "_nolegend_")
         if g.measured_peak_bytes is not None:
             ax.plot([x - 0.38, x + 0.38], [g.measured_peak_bytes / GIB] * 2, color="black", linewidth=2.0)
     ax.axhline(cap_gib, color="#D62728", linewidth=1.2)

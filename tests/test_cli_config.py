@@ -72,6 +72,24 @@ def test_a_bad_config_file_is_an_error_naming_the_key(tmp_path: Path, text: str,
     assert not (tmp_path / "plans.sqlite").exists()
 
 
+@pytest.mark.parametrize(("text", "named"), [
+    ("[epoch]\nsamples-per-stp = 32\n", "samples-per-stp"),  # an unknown option
+    ('[epoch]\nsamples-per-step = "ten"\n', "samples-per-step = 'ten'"),  # a wrong type
+    ("[epoch]\nseed = 1.5\n", "seed = 1.5"),
+])
+def test_config_show_refuses_an_epoch_table_as_dcp_epoch_does(tmp_path: Path, text: str, named: str) -> None:
+    """``dcp config show`` checks the [epoch] table as ``dcp epoch --config`` would read it, so a
+    table it prints is one the command takes."""
+    (tmp_path / "train.jsonl").write_text('{"id": "a", "tokens": 100}\n')
+    (tmp_path / "dcp.toml").write_text(text)
+    for args in (("config", "show", "--config", "dcp.toml"),
+                 ("epoch", "train.jsonl", "--config", "dcp.toml", "--samples-per-step", "1")):
+        result = _dcp(*args, cwd=tmp_path)
+        assert result.returncode == 2 and named in result.stderr, (args, result.stderr)
+        assert "Traceback" not in result.stderr
+    assert not (tmp_path / "plans.sqlite").exists()
+
+
 def test_epoch_reads_its_table_and_flags_win(tmp_path: Path) -> None:
     manifest = tmp_path / "train.jsonl"
     manifest.write_text("".join(ROOT.joinpath("examples/manifests/train.jsonl").read_text().splitlines(True)[:96]))
@@ -105,3 +123,19 @@ def test_serve_runs_from_the_example_config(tmp_path: Path) -> None:
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
+
+
+def test_a_bad_setting_is_named_in_plain_words(tmp_path: Path) -> None:
+    """A value a setting refuses: exit 2 naming the setting, the value and why, without pydantic's
+    own text (its model name, error types, documentation link)."""
+    (tmp_path / "dcp.toml").write_text('[service]\nport = "x"\n')
+    cases = [(("config", "show"), _env(DCP_NUM_WORKERS="abc"), "setting num_workers (got 'abc')"),
+             (("config", "show", "--config", "dcp.toml"), None, "setting port (got 'x')"),
+             (("serve", "--config", "dcp.toml"), None, "setting port (got 'x')")]
+    for args, env, named in cases:
+        result = _dcp(*args, cwd=tmp_path, env=env)
+        text = " ".join(result.stderr.split())
+        assert result.returncode == 2 and named in text, (args, result.stderr)
+        for pydantic_text in ("pydantic.dev", "validation error for", "type=", "Traceback"):
+            assert pydantic_text not in text, (args, result.stderr)
+    assert not (tmp_path / "plans.sqlite").exists()

@@ -71,3 +71,17 @@ def test_cost_rejects_non_positive_shapes_plainly() -> None:
         text = " ".join(result.output.translate({ord("│"): " "}).split())  # rich boxes wrap
         assert f"shape '{args[-1]}': tokens, frames, height and width must be positive" in text
         assert "pydantic" not in text and "validation error" not in text
+
+
+def test_cost_table_shows_every_number_whole_at_80_columns() -> None:
+    """A million tokens and more: the table switches to seconds and whole numbers past 1,000
+    rather than cutting them to '...', and each shown value is the JSON's."""
+    for tokens in ("1000000", "16000000"):
+        table = runner.invoke(app, ["cost", tokens, "--cluster", "h200x64"], env={"COLUMNS": "80"})
+        assert table.exit_code == 0, table.output
+        assert "…" not in table.output and "..." not in table.output, table.output
+        assert "(times in s)" in table.output
+        rows = json.loads(runner.invoke(app, ["cost", tokens, "--cluster", "h200x64", "--json"]).output)["rows"]
+        one = next(r for r in rows if r["group_size"] == 1)
+        line = next(row for row in table.output.splitlines() if row.split()[:1] == ["1"])
+        assert f"{one['time_s_none']:,.0f}" in line.split(), (line, one["time_s_none"])

@@ -58,3 +58,50 @@ def test_offline_epoch_resumes_and_is_served(tmp_path: Path) -> None:
         assert data["digest"] == expected.digest
         assert json.loads(expected.plan_json) == data["plan"]
         assert client.get("/v1/epochs/m-s4/steps/3/ranks/5").json()["plan_digest"] == expected.digest
+
+
+def test_ctrl_c_says_the_epoch_was_interrupted_and_how_to_resume(tmp_path: Path) -> None:
+    """SIGINT (Ctrl-C) once a step is stored: exit 130 with a line naming the steps kept and how to
+    go on (it used to exit 130 with nothing said); the same command then finishes the epoch."""
+    import contextlib
+    import os
+    import signal
+    import sqlite3
+    import time
+
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(manifest_lines(4000))  # 400 steps: far more than are planned before the signal
+    out = tmp_path / "plans.sqlite"
+    options = [arg for key, value in FAST.items() if key != "time_limit_s"
+               for arg in ("--option", f"{key}={json.dumps(value)}")]
+    cmd = [sys.executable, "-m", "dcp_cli.main", "epoch", str(manifest), "--cluster", "h200x8",
+           "--cost-model", COST_MODEL, "--out", str(out), "--samples-per-step", "10", "--seed", "4",
+           "--time-limit-s", str(FAST["time_limit_s"]), "--workers", "1", "--quiet", *options]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def stored() -> int:
+        if not out.exists():
+            return 0
+        with contextlib.closing(sqlite3.connect(out, timeout=30)) as conn:
+            try:
+                return int(conn.execute("SELECT COUNT(*) FROM plans").fetchone()[0])
+            except sqlite3.OperationalError:  # the schema is not there yet
+                return 0
+
+    try:
+        while proc.poll() is None and stored() == 0:  # judged by work: the first stored step
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()
+        os.kill(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=100)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted: epoch m-s4 stopped with" in err and "/400 steps stored in" in err, err
+    assert "run the same command again to resume" in err and "Traceback" not in err, err
+    kept = stored()
+    assert 0 < kept < 400
+    resumed = subprocess.run([*cmd, "--max-steps", "2"], capture_output=True, text=True, timeout=100, check=False)
+    assert resumed.returncode == 0, resumed.stderr
+    assert stored() == kept + 2

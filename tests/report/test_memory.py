@@ -89,3 +89,10 @@ def test_many_groups_fold_into_one_bar_per_size() -> None:
     assert len(bars) == len({g.size for g in working})
     texts = " ".join("".join(t.itertext()) for t in ET.fromstring(svg).iter(f"{SVG}text"))
     assert "one bar per size" in texts
+
+
+def test_the_micro_batch_dots_are_in_the_legend(text_plan: tuple[Plan, CostModel]) -> None:
+    plan, cm = text_plan
+    svg = memory_image(plan_memory(plan, cm), title="t", hbm_bytes=cm.cluster.hardware.hbm_bytes, fmt="svg")
+    texts = " ".join("".join(t.itertext()) for t in ET.fromstring(svg).iter(f"{SVG}text"))
+    assert texts.count("peak of each micro-batch") == 1

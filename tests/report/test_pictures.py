@@ -164,3 +164,49 @@ def test_speedup_axis_labels_are_distinct_in_a_narrow_range() -> None:
     assert len(set(labels)) == len(labels), labels
     assert all(abs(float(a[:-1]) - float(b[:-1]) - (float(labels[1][:-1]) - float(labels[0][:-1]))) < 1e-9
                for a, b in zip(labels[1:], labels[:-1], strict=True)), labels  # evenly spaced values, as the ticks
+
+
+def test_baselines_drawn_over_each_other_stay_distinguishable() -> None:
+    """static-best is the strongest at every step and megatron-dyncp makes the same plan: three
+    lines on the same points. Each keeps its own look (the strongest a band under the others, the
+    two baselines their own marker and dashes), so every legend entry names a line one can see."""
+    from report.epoch_report import epoch_figure
+
+    steps = [StepFigures(step=i, predicted_step_time_s=1.0, lower_bound_s=0.98, bound_kind="area", status="HEURISTIC",
+                         baselines_s={"static-best": 1.03 + 0.01 * i, "megatron-dyncp": 1.03 + 0.01 * i})
+             for i in range(4)]
+    top = epoch_figure(steps, title="t").axes[0]
+    lines = {line.get_gid(): line for line in top.get_lines() if (line.get_gid() or "").startswith("speedup-")}
+    assert set(lines) == {"speedup-strongest", "speedup-static-best", "speedup-megatron-dyncp"}
+    assert len({tuple(line.get_ydata()) for line in lines.values()}) == 1  # all on the same points
+
+    def look(line):  # type: ignore[no-untyped-def]
+        return (line.get_color(), line.get_marker(), str(line.get_linestyle()), line.get_linewidth())
+
+    assert len({look(line) for line in lines.values()}) == 3
+    static, megatron = lines["speedup-static-best"], lines["speedup-megatron-dyncp"]
+    assert static.get_marker() != megatron.get_marker() and static.get_linestyle() != megatron.get_linestyle()
+    band = lines["speedup-strongest"]
+    assert band.get_linewidth() > 3 * static.get_linewidth() and band.get_zorder() < static.get_zorder()
+    assert {t.get_text() for t in top.get_legend().get_texts()} >= {"static-best", "megatron-dyncp"}
+
+
+def test_thin_bands_alternate_shades_instead_of_one_block() -> None:
+    """At 1,024 GPUs a 1-rank group is under a pixel tall and has no white edges: neighbouring
+    groups and consecutive micro-batches alternate two shades of each colour (it was one block of
+    compute blue), and the legend says what the lighter shade means."""
+    from report.gantt import COLORS, lighter
+
+    spec = WorkloadSpec.preset("text-longtail")
+    cluster = load_cluster("h200x1024")
+    cmf = default_cost_model_file(spec.model, cluster.hardware.name)
+    samples = sample_batch(spec, num_samples=4096, seed=1, step=0)
+    plan = plan_batch(samples, cluster=cluster, cost_model=cmf, config=PlannerConfig(use_cpsat=False))
+    assert sum(g.size == 1 for g in plan.groups) > 100  # thin bands, the case of this test
+    svg = plan_image(PlanPictureInput(plan=plan, cost_model=CostModel(file=cmf, cluster=cluster)), "svg").decode()
+    root = ET.fromstring(svg)
+    compute = next(g for g in root.iter(f"{SVG}g") if g.get("id") == "dcp-compute")
+    fills = {m.group(1).upper() for m in re.finditer(r"fill:\s*(#[0-9a-fA-F]{6})", ET.tostring(compute).decode())}
+    assert {COLORS["compute"].upper(), lighter(COLORS["compute"]).upper()} <= fills, fills
+    texts = " ".join("".join(t.itertext()) for t in root.iter(f"{SVG}text"))
+    assert "lighter shade" in texts
