@@ -1,11 +1,11 @@
 """Schemathesis against a live ``dcp serve`` on loopback, without and with a token (issue 11):
 zero failed checks (server errors, undocumented status codes, content types, headers, response
-schemas), zero 5xx counted by the server itself, no traceback in its log. Bounded to 2 x 15 s
-here, the two modes side by side (``--parallel``: each its own server); schemathesis runs about
-twice its ``--max-time`` over its phases (a 30 s budget ran 60 s, 3,264 and 3,581 requests at
-load 2.7), and the server start, the populated state and the raw-socket phase
-add ~20 s (this test: 50 s at load 2.5, 73 s with 40 s). ``bench/fuzz.py`` with its default
-budget is the long run (figures in bench/README.md)."""
+schemas), zero 5xx counted by the server itself, no traceback in its log. Bounded by work, not
+time: ``--max-examples`` test cases per API operation and phase, the two modes side by side
+(``--parallel``: each its own server), so every route is reached however loaded the machine (a
+15 s time budget once left the rank-view route unreached on a busy 2-core box). One mode at 10
+cases per operation: 3,669 requests, 48 s CPU, 306 s wall at load 17; this test runs 5.
+``bench/fuzz.py`` with its default time budget is the long run (figures in bench/README.md)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = pytest.mark.timeout(1800)  # a hang guard only: the run is bounded by work
 
 ROOT = Path(__file__).resolve().parents[2]
-FUZZ_EXAMPLES = 10
+FUZZ_EXAMPLES = 5
 
 
 def test_fuzz_live_server_no_5xx_no_schema_violation(tmp_path: Path) -> None:
