@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from provenance import provenance  # bench/ (the script's folder) is on sys.path
+from provenance import default_out, provenance  # bench/ (the script's folder) is on sys.path
 
 from costmodel.analytic import analytic_cost_model
 from costmodel.evaluate import CostModel
@@ -169,7 +169,7 @@ def compare(spec: ModelSpec, measured: float, tokens: list[int], *, transient: f
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("bench/results/executor_peak_real.json"))
+    parser.add_argument("--out", type=Path, default=default_out("executor_peak_real"))
     args = parser.parse_args()
     rows = []
     for case in (llama_case, wan_case):

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from provenance import provenance  # bench/ (the script's folder) is on sys.path
+from provenance import default_out, provenance  # bench/ (the script's folder) is on sys.path
 
 from costmodel.analytic import analytic_cost_model
 from costmodel.memory_costs import kept_bytes
@@ -84,7 +84,7 @@ def rows_for(spec: ModelSpec, *, block_kind: str | None, tokens: int, label: str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("bench/results/saved_bytes.json"))
+    parser.add_argument("--out", type=Path, default=default_out("saved_bytes"))
     parser.add_argument("--quick", action="store_true", help="Only the narrow shapes.")
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
