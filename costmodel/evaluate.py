@@ -191,8 +191,10 @@ class CostModel(RingCosts, MemoryCosts):
         hw = s / f if spatial is None else np.asarray(spatial, dtype=np.float64)
         k = np.asarray(recompute_layers, dtype=np.float64)
         c = self.file.compute
+        curves = c.attention_efficiency
         fwd, bwd = (sample_pass_s(terms, s, f, hw, attention=self.attention, group_size=float(group_size),
-                                   half_tokens=c.attention_half_tokens) for terms in (c.forward, c.backward))
+                                  half_tokens=c.attention_half_tokens, efficiency=curve)
+                    for terms, curve in ((c.forward, curves and curves.forward), (c.backward, curves and curves.backward)))
         layers = self.num_layers
         _, comm_per_token = self._alltoall_per_pass(*self._alltoall_group(group_size, num_nodes, layout))
         per_rank = s / group_size
