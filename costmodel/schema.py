@@ -266,7 +266,7 @@ class LinkFit(_Frozen):
 class P2PLinks(_Frozen):
     """Point-to-point links of a ring hop (issue 25): one inside a node, one across nodes
     (``LinkFit``s with ``group_size`` 2: a hop is one rank sending to the next). A hop of ``b``
-    bytes takes ``alpha_s + b / bytes_per_s`` (``costmodel.ring_time.p2p_time_s``)."""
+    bytes takes ``alpha_s + b / bytes_per_s`` (``costmodel.ring.timing.p2p_time_s``)."""
 
     intra: LinkFit = Field(description="A hop between two GPUs of one node.")
     inter: LinkFit | None = Field(default=None, description="A hop between nodes (None: not measured).")
@@ -283,6 +283,38 @@ class P2PLinks(_Frozen):
             raise ValueError("a ring across nodes needs an inter-node p2p link; profile it "
                              "(dcp profile-comm --ops p2p on two nodes, or --gpus-per-node to emulate)")
         return self.inter
+
+
+class RingCoefficients(_Frozen):
+    """How a ring of ``r`` runs its steps (docs/cost-model.md cites the defaults).
+
+    One ring step on one rank: the attention of its block at the block's efficiency ``c`` and the
+    p2p hop of the next block ``h`` (``alpha + bytes / bandwidth``), posted together; the step
+    takes ``max(c, h) + exposed_fraction * min(c, h) + step_overhead_s``. After the steps, one
+    log-sum-exp merge of the running output per step but the first, at the HBM bandwidth
+    (``merge_bytes_per_channel`` per query and head channel).
+    """
+
+    exposed_fraction: float = Field(
+        default=0.37, ge=0, le=1,
+        description="Share of the shorter of a step's attention and its hop that the overlap does not "
+                    "hide (0: perfect overlap, 1: one after the other); fitted from p2p records timed "
+                    "with and without concurrent compute.")
+    step_overhead_s: float = Field(
+        default=10e-6, ge=0,
+        description="Fixed seconds per ring step: the kernel launches, the p2p's post and wait, the "
+                    "synchronisation between the compute and the communication streams.")
+    block_half_tokens: float = Field(
+        default=0.0, ge=0,
+        description="Extra half-performance length of a ring step's attention over its block's tokens "
+                    "per sample (s/r), on top of the file's attention efficiency; 0 where the file has "
+                    "an attention efficiency curve (the curve is read at the block's length); fitted "
+                    "from compute records that carry a ring degree.")
+    merge_bytes_per_channel: float = Field(
+        default=12.0, gt=0,
+        description="HBM bytes of one log-sum-exp merge per query and head channel (read the running "
+                    "fp32 output and the block's, write the result).")
+    source: str = Field(default="", description="Where the values come from (defaults, or the profile fitted).")
 
 
 class CommCoefficients(_Frozen):
@@ -306,8 +338,12 @@ class CommCoefficients(_Frozen):
     p2p: P2PLinks | None = Field(default=None, description=(
         "Point-to-point links of ring attention's key/value hops (fitted by dcp fit from p2p records "
         "of dcp profile-comm --ops p2p). None: the cluster hardware's analytic links "
-        "(costmodel.ring_time.default_p2p_links). Left out of the JSON when None, so files without "
+        "(costmodel.ring.timing.default_p2p_links). Left out of the JSON when None, so files without "
         "it keep their bytes and digests."))
+    ring: RingCoefficients | None = Field(default=None, description=(
+        "How ring steps run (exposed share of a hop, per-step cost, block efficiency, merges), fitted "
+        "by dcp fit from ring records of dcp profile-comm and dcp profile. None: the published "
+        "defaults (RingCoefficients()). Left out of the JSON when None."))
 
     @model_serializer(mode="wrap")
     def _omit_default_p2p(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
@@ -315,6 +351,8 @@ class CommCoefficients(_Frozen):
         data: dict[str, object] = handler(self)
         if self.p2p is None:
             data.pop("p2p", None)
+        if self.ring is None:
+            data.pop("ring", None)
         return data
 
     def fits_for(self, kind: Literal["alltoall", "allreduce"]) -> list[LinkFit]:
