@@ -101,6 +101,9 @@ def register(app: typer.Typer) -> None:
             "wall", help="CPU timer: wall (perf_counter) or thread (CPU time of the one torch "
                          "thread; robust on a shared machine, needs --threads 1)."),
         seed: int = typer.Option(0, help="Seed of weights, inputs and packings."),
+        ring_degrees: str = typer.Option(
+            "", help="Also time a ring step's attention on its blocks for these ring degrees (e.g. 2,4): "
+                     "ring_attention records, which dcp fit turns into the ring's block efficiency and merges."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     ) -> None:
         """Profile transformer blocks: time and activation bytes per micro-batch and policy.
@@ -152,6 +155,10 @@ def register(app: typer.Typer) -> None:
                                  f"{shape.num_layers} (raise --layers)")
             torch_device = torch.device(device)
             dtype_name = dtype or ("float32" if device == "cpu" else "bfloat16")
+            degrees = _ints(ring_degrees, "ring_degrees") if ring_degrees else ()
+            if any(r < 2 or shape.num_heads % r for r in degrees):
+                raise ValueError(f"ring_degrees={list(degrees)}: each must be >= 2 and divide the profiled "
+                                 f"shape's num_heads={shape.num_heads}")
             header = make_header(model=full, profiled=shape, hardware=hardware or device,
                                  device=torch_device, dtype=dtype_name,
                                  notes=f"dcp profile {named} --device {device}; {blocks_note}",
@@ -169,7 +176,19 @@ def register(app: typer.Typer) -> None:
                                     layer_factory=factory):
                 fh.write(dump_line(record) + "\n")
                 fh.flush()
+            if degrees:
+                for ring_record in _ring_attention(shape, config, degrees, device=torch_device, dtype=dtype_name):
+                    fh.write(dump_line(ring_record) + "\n")
         typer.echo(f"wrote {out}")
+
+    def _ring_attention(shape: Any, config: Any, degrees: tuple[int, ...], *, device: Any, dtype: str) -> list[Any]:
+        from costmodel.profiling.ring_probe import measure_ring_attention
+        from costmodel.profiling.sweep import DTYPES, log_sizes
+
+        return measure_ring_attention(
+            tokens=log_sizes(config.tokens_min, config.tokens_max, config.num_sizes), ring_degrees=degrees,
+            num_heads=shape.num_heads, head_dim=shape.head_size, device=device, dtype=DTYPES[dtype],
+            warmup=config.warmup, repeats=config.repeats, clock=config.cpu_clock, seed=config.seed)
 
     @app.command("profile-comm")
     def profile_comm(
