@@ -173,7 +173,10 @@ def main(argv: list[str] | None = None) -> int:
                                            repeats=args.repeats)
         steps = []
         print("CPU: no second stream, the hop's overlap needs CUDA (or dcp profile-comm --ops ring_step)")
-    report = fit_report(attention, steps, hardware=args.hardware)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from provenance import provenance
+
+    report = {**provenance(), **fit_report(attention, steps, hardware=args.hardware)}
     report |= {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
                "dtype": str(dtype).removeprefix("torch."), "torch": torch.__version__,
                "load_average": os.getloadavg(), "heads": args.heads, "head_dim": args.head_dim}
