@@ -32,7 +32,7 @@ from api.pool import SolverPool
 from api.revisions_store import RecalibrationState, Revision, RevisionStore, split_ref
 from api.store import PlanStore
 from costmodel.evaluate import CostModel, nodes_spanned
-from costmodel.layout import GroupLayout
+from costmodel.ring.layout import GroupLayout
 from costmodel.recalibrate import TERMS, TermScales, TermSplitter, fit_scales, scale_file
 from costmodel.recalibrate_memory import MemoryFit, fit_activation_scale, step_peak_parts_bytes
 from costmodel.schema import CostModelFile

@@ -404,10 +404,10 @@ class FitRequest(BaseModel):
     """Fit a cost model to profiles made by ``dcp profile`` / ``dcp profile-comm``."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
-        "profiles_jsonl": ['{"record": "header", "format": "dcp-profile/3", ...}\n{"record": '
+        "profiles_jsonl": ['{"record": "header", "format": "dcp-profile/4", ...}\n{"record": '
                            '"compute", ...}\n'],
         "options": {"max_mape": 0.1, "model_id": "fitted-llama-7b-h200-run3"}}]})
 
     profiles_jsonl: list[str] = Field(min_length=1, max_length=16,
-                                      description="Profile files (dcp-profile/3 JSON Lines text; /1 and /2 are read).")
+                                      description="Profile files (dcp-profile/4 JSON Lines text; /1, /2 and /3 are read).")
     options: FitOptions = Field(default_factory=FitOptions, description="Fit options.")

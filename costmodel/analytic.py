@@ -27,6 +27,12 @@ Sources:
         backward throughput rises from ~110 TFLOP/s at 512 tokens per sequence to ~190 at 16k; a
         Hockney curve through those points has n_1/2 of about 400 tokens (non-causal) and more
         for causal; FlashAttention-3 (Shah et al. 2024, H100) shows the same shape. We take 512.
+  [KE] costmodel/presets/kernel_efficiency.json (docs/cost-model.md cites every point): flash
+        attention throughput by sequence length, head dim, pass and mask (FlashAttention-3, Fig. 5
+        and 6, H100) and GEMM throughput by rows (OpenXLA's matmul tables, H100 and B200). Where the
+        hardware has them, they replace the constant efficiencies and half-performance lengths
+        above: attention runs at the curve's efficiency at the sequence length of its kernel,
+        GEMMs at the Hockney form fitted to the points (costmodel.kernel_efficiency).
   [NV] NVIDIA CUDA best-practices guide: kernel launch latency of a few microseconds; every
         kernel of a layer costs at least that, which dominates layers on few tokens.
 """
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from costmodel.kernel_efficiency import KernelEfficiency, kernel_efficiency
 from costmodel.model_terms import (
     BF16_BYTES,
     FP32_BYTES,
@@ -104,6 +111,9 @@ class AnalyticConfig:
     """Fixed time per micro-batch outside the layers (data, loss, bookkeeping)."""
     fixed_working_bytes: float = 2e9
     """Allocator slack, NCCL buffers and workspaces per rank."""
+    kernel_curves: bool = True
+    """Price kernels with the published efficiency curves of the hardware where it has them [KE]
+    (H100, H200, B200); False, or a hardware without them: the constants above."""
     extra: dict[str, float] = field(default_factory=dict)
     """Free-form overrides recorded in the notes."""
 
@@ -142,10 +152,12 @@ def analytic_cost_model(
         A ``CostModelFile`` with provenance ``analytic`` and id ``analytic-<model>-<hardware>``.
     """
     cfg = config or AnalyticConfig()
-    linear_rate = hardware.bf16_dense_flops * cfg.linear_flops_efficiency
-    attn_rate = hardware.bf16_dense_flops * cfg.attention_flops_efficiency
+    curves = (kernel_efficiency(hardware.name, head_dim=model.head_size, causal=model.causal)
+              if cfg.kernel_curves else None)
+    linear_rate, attn_fwd_rate, attn_bwd_rate, linear_half, attention_half = _rates(hardware, cfg, curves)
     per_token_fwd = linear_flops_per_token_layer(model) / linear_rate
-    per_pair_fwd = attention_flops_per_pair(model) / attn_rate
+    per_pair_fwd = attention_flops_per_pair(model) / attn_fwd_rate
+    per_pair_bwd = cfg.attention_bwd_over_fwd * attention_flops_per_pair(model) / attn_bwd_rate
     row = terms(model)
     # Text keys/values (cross-attention) or the text stream and its pairs (joint attention).
     per_sample_fwd = row.per_sample_flops(model) / linear_rate
@@ -156,15 +168,16 @@ def analytic_cost_model(
     pair = dict.fromkeys(PAIR_TERMS[row.attention], per_pair_fwd)
     fwd = LayerTimeTerms(per_token=per_token_fwd, per_sample=per_sample_fwd, per_call=call_fwd, **pair)
     bwd = LayerTimeTerms(per_token=2 * per_token_fwd, per_sample=2 * per_sample_fwd, per_call=2 * call_fwd,
-                         **{k: cfg.attention_bwd_over_fwd * v for k, v in pair.items()})
+                         **dict.fromkeys(PAIR_TERMS[row.attention], per_pair_bwd))
     head_flops = row.head_flops_per_token(model)
     compute = ComputeCoefficients(
         forward=fwd,
         backward=bwd,
         head_s_per_token=head_flops / linear_rate,
         microbatch_overhead_s=cfg.microbatch_fixed_s,
-        linear_half_tokens=linear_half_tokens(hardware, cfg),
-        attention_half_tokens=cfg.attention_half_tokens,
+        linear_half_tokens=linear_half,
+        attention_half_tokens=attention_half,
+        attention_efficiency=None if curves is None else curves.attention,
     )
     none_bytes, full_bytes = activation_bytes_per_token_layer(model)
     activation = ActivationCoefficients(
@@ -204,12 +217,40 @@ def analytic_cost_model(
         compute=compute,
         activation=activation,
         comm=comm,
-        notes=(
-            "Analytic default from public specs: linear efficiency "
-            f"{cfg.linear_flops_efficiency}, attention efficiency {cfg.attention_flops_efficiency}, "
-            f"dense half-performance length {linear_half_tokens(hardware, cfg):.0f} tokens per rank, "
-            f"attention half-performance length {cfg.attention_half_tokens:.0f}, "
-            f"{cfg.min_kernel_s * 1e6:.0f} us per kernel, "
-            f"NVLink efficiency {cfg.nvlink_efficiency}, network efficiency {cfg.network_efficiency}."
-        ),
+        notes=_notes(hardware, cfg, curves, linear_rate=linear_rate, linear_half=linear_half),
     )
+
+
+def _rates(hardware: HardwareSpec, cfg: AnalyticConfig, curves: KernelEfficiency | None
+           ) -> tuple[float, float, float, float, float]:
+    """``(linear FLOP/s, attention forward FLOP/s, attention backward FLOP/s, linear_half_tokens,
+    attention_half_tokens)``: from the published curves [KE] (attention at each pass's best
+    efficiency, its fall on short inputs in the curve; GEMMs by the Hockney fit) where the hardware
+    has them, else from the constant efficiencies and half-performance lengths [W09, D23b]."""
+    if curves is None:
+        attn = hardware.bf16_dense_flops * cfg.attention_flops_efficiency
+        return (hardware.bf16_dense_flops * cfg.linear_flops_efficiency, attn, attn,
+                linear_half_tokens(hardware, cfg), cfg.attention_half_tokens)
+    peak = hardware.bf16_dense_flops  # the curves are shares of peak; the spec's peak scales them
+    return (peak * curves.gemm.peak_efficiency, peak * curves.attention.forward.max_efficiency,
+            peak * curves.attention.backward.max_efficiency, curves.gemm.half_rows, 0.0)
+
+
+def _notes(hardware: HardwareSpec, cfg: AnalyticConfig, curves: KernelEfficiency | None, *,
+           linear_rate: float, linear_half: float) -> str:
+    common = (f"{cfg.min_kernel_s * 1e6:.0f} us per kernel, NVLink efficiency {cfg.nvlink_efficiency}, "
+              f"network efficiency {cfg.network_efficiency}.")
+    if curves is None:
+        return ("Analytic default from public specs: linear efficiency "
+                f"{cfg.linear_flops_efficiency}, attention efficiency {cfg.attention_flops_efficiency}, "
+                f"dense half-performance length {linear_half:.0f} tokens per rank, "
+                f"attention half-performance length {cfg.attention_half_tokens:.0f}, " + common)
+    att = curves.attention
+    return (f"Analytic default from public specs and published kernel throughput ({hardware.name}, "
+            "costmodel/presets/kernel_efficiency.json): GEMMs "
+            f"{linear_rate / hardware.bf16_dense_flops:.3f} of peak on many rows, half of it at "
+            f"{linear_half:.0f} rows per rank (Hockney fit to the points); attention by its kernel's "
+            f"sequence length, forward {att.forward.efficiency[0]:.3f} at {att.forward.tokens[0]:.0f} "
+            f"to {att.forward.max_efficiency:.3f}, backward {att.backward.efficiency[0]:.3f} to "
+            f"{att.backward.max_efficiency:.3f}"
+            + (f" ({curves.notes})" if curves.notes else "") + "; " + common)

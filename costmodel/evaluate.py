@@ -15,11 +15,11 @@ and one out in forward, the same two in backward and again in a recompute, all t
 fits.
 
 A group that splits attention as Ulysses over ``u`` ranks x ring over ``r`` rank-sets
-(``layout``, :class:`costmodel.layout.GroupLayout`; issue 25) keeps every per-token and per-pair
+(``layout``, :class:`costmodel.ring.layout.GroupLayout`; issue 25) keeps every per-token and per-pair
 compute term at its size ``d = u r`` (the ring's steps add up to the ``s^2/d`` pairs), runs its
 all-to-alls over the ``u`` ranks of a Ulysses subgroup (bytes, latency and nodes of that
 subgroup, key/value replication past ``H_kv`` over ``u``) and adds what the ring does not hide
-(:mod:`costmodel.ring_costs`). Memory (model states, working buffers, a micro-batch's samples,
+(:mod:`costmodel.ring.costs`). Memory (model states, working buffers, a micro-batch's samples,
 the ring's key/value buffers) is :mod:`costmodel.memory_costs`; ``CostModel`` is the three parts
 bound to one file and cluster.
 """
@@ -35,12 +35,12 @@ from numpy.typing import ArrayLike, NDArray
 
 from costmodel.collectives import collective_cost, collective_time_s, wire_bytes
 from costmodel.grad_sync import SyncCalls, sync_calls
-from costmodel.layout import GroupLayout, nodes_spanned
+from costmodel.ring.layout import GroupLayout, nodes_spanned
 from costmodel.memory_costs import MemoryCosts
 from costmodel.model_terms import terms as kind_terms
 from costmodel.pass_terms import sample_pass_s
 from costmodel.policy import parse_policy, policy_name
-from costmodel.ring_costs import RingCosts
+from costmodel.ring.costs import RingCosts
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec, Sample
 
@@ -57,7 +57,7 @@ step; optimizer states replicated or sharded (ZeRO-1, e.g. torch's ZeroRedundanc
 @dataclass(frozen=True, slots=True)
 class CostModel(RingCosts, MemoryCosts):
     """A cost-model file bound to a cluster: time here, a ring's costs in
-    :class:`costmodel.ring_costs.RingCosts`, memory in :class:`costmodel.memory_costs.MemoryCosts`.
+    :class:`costmodel.ring.costs.RingCosts`, memory in :class:`costmodel.memory_costs.MemoryCosts`.
 
     Attributes:
         file: The coefficients.
@@ -191,8 +191,10 @@ class CostModel(RingCosts, MemoryCosts):
         hw = s / f if spatial is None else np.asarray(spatial, dtype=np.float64)
         k = np.asarray(recompute_layers, dtype=np.float64)
         c = self.file.compute
+        curves = c.attention_efficiency
         fwd, bwd = (sample_pass_s(terms, s, f, hw, attention=self.attention, group_size=float(group_size),
-                                   half_tokens=c.attention_half_tokens) for terms in (c.forward, c.backward))
+                                  half_tokens=c.attention_half_tokens, efficiency=curve)
+                    for terms, curve in ((c.forward, curves and curves.forward), (c.backward, curves and curves.backward)))
         layers = self.num_layers
         _, comm_per_token = self._alltoall_per_pass(*self._alltoall_group(group_size, num_nodes, layout))
         per_rank = s / group_size

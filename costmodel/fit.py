@@ -39,7 +39,8 @@ from costmodel.fit_terms import (
 from costmodel.model_terms import kv_head_bytes_per_token_layer
 from costmodel.model_terms import terms as kind_terms
 from costmodel.presets import load_hardware
-from costmodel.profiling.format import Profile, ProfileHeader
+from costmodel.profiling.format import CommRecord, Profile, ProfileHeader, RingAttentionRecord
+from costmodel.ring.fit import RingFit, fit_ring
 from costmodel.schema import (
     ActivationCoefficients,
     CommCoefficients,
@@ -137,6 +138,24 @@ def _scale_terms(t: LayerTimeTerms, *, token: float, pair: float, moved: float) 
                           per_spatial_pair=t.per_spatial_pair * pair,
                           per_temporal_pair=t.per_temporal_pair * pair, per_sample=t.per_sample,
                           per_call=t.per_call, per_token_relayout=t.per_token_relayout * moved)
+
+
+def _fit_ring(comm: Sequence[CommRecord], attention: Sequence[RingAttentionRecord], split: SplitConfig, *,
+              hardware: str, notes: list[str]) -> RingFit | None:
+    """The ring's coefficients (:func:`costmodel.ring.fit.fit_ring`), merges at the HBM bandwidth of
+    the profile's hardware preset (the analytic H200's where it has none, said in the notes)."""
+    try:
+        hbm = load_hardware(hardware).hbm_bandwidth_bytes_per_s
+    except ValueError:
+        hbm = load_hardware("h200-sxm").hbm_bandwidth_bytes_per_s
+        notes.append(f"ring merges: no hardware preset {hardware!r}, fitted against the h200-sxm HBM bandwidth")
+    ring = fit_ring([r for r in comm if r.op == "ring_step"], attention, split, hbm_bytes_per_s=hbm)
+    if ring is not None:
+        c = ring.coefficients
+        notes.append(f"ring: exposed fraction {c.exposed_fraction:.3g}, {c.step_overhead_s * 1e6:.3g} us per step, "
+                     f"block half-performance length {c.block_half_tokens:.4g} tokens, merges "
+                     f"{c.merge_bytes_per_channel:.3g} B per channel ({c.source})")
+    return ring
 
 
 def _merge_headers(profiles: Sequence[Profile]) -> tuple[ProfileHeader, ModelSpec, ModelSpec]:
@@ -272,8 +291,13 @@ def fit_profiles(profiles: Sequence[Profile], config: FitConfig | None = None) -
                    or header.hardware, notes=notes)
     if p2p is not None:
         terms["p2p"] = p2p[1]
+    ring = _fit_ring(comm, [r for p in profiles for r in p.ring_attention], split,
+                     hardware=cfg.comm_fallback_hardware or header.hardware, notes=notes)
+    if ring is not None:
+        terms.update(ring.terms)
     comm_coef = comm_coef.model_copy(update={
         "p2p": p2p[0] if p2p is not None else None,
+        "ring": ring.coefficients if ring is not None else None,
         "alltoall_bytes_per_token_layer": a2a_bytes, "alltoall_ops_per_layer": a2a_ops,
         "alltoall_kv_head_bytes_per_token_layer": kv_head_bytes_per_token_layer(model, dtype_bytes=header.dtype_bytes),
         "grad_bytes_per_param": float(header.dtype_bytes)})

@@ -1,6 +1,6 @@
 """Fitter of the collectives for ``costmodel.fit``: per op, placement, group size and node count;
 and of ring attention's p2p links (:func:`fit_p2p`, ``alpha + bytes / bandwidth`` as
-``costmodel.ring_time.p2p_time_s`` times a hop).
+``costmodel.ring.timing.p2p_time_s`` times a hop).
 
 The form is ``alpha*steps + wire/bandwidth`` (``costmodel.collectives.collective_time_s``), so a
 fitted link reproduces the records it was fitted on. numpy only: the service fits without torch.
@@ -17,7 +17,7 @@ from costmodel.collectives import latency_steps, wire_bytes
 from costmodel.fit_terms import FloatArray, SplitConfig, TermResult, fit_linear_term, mape, split_indices, timing
 from costmodel.presets import load_hardware
 from costmodel.profiling.format import CommRecord
-from costmodel.ring_time import default_p2p_links, p2p_time_s
+from costmodel.ring.timing import default_p2p_links, p2p_time_s
 from costmodel.schema import LinkFit, P2PLinks
 
 _MIN_BANDWIDTH_BYTES_PER_S = 1e-30  # floor for 1/bandwidth; keeps bytes_per_s finite
@@ -116,7 +116,7 @@ def p2p_term(records: Sequence[CommRecord], *, fallback_hardware: str, notes: li
              ) -> tuple[P2PLinks, TermResult] | None:
     """The p2p links of a fit (:func:`fit_p2p`) and their error on the records they were fitted on
     (every record, as ``p2p_time_s`` times it); None without p2p records. An unmeasured inter-node
-    link is the hardware preset's analytic one (``costmodel.ring_time.default_p2p_links``), noted.
+    link is the hardware preset's analytic one (``costmodel.ring.timing.default_p2p_links``), noted.
 
     Raises:
         ValueError: from :func:`fit_p2p` (no intra-node records of two sizes).

@@ -5,7 +5,7 @@ Memory of a micro-batch is additive over its samples: each sample's kept activat
 checkpointed sample also one rematerialised layer, see :meth:`MemoryCosts.activation_bytes`) and
 the transient working set of a layer's backward per token: the peak the executor reaches. Under a
 Ulysses x ring layout each sample adds the ring's key/value buffers
-(:func:`costmodel.ring_time.ring_kv_buffer_bytes`), token working memory linear in its tokens.
+(:func:`costmodel.ring.timing.ring_kv_buffer_bytes`), token working memory linear in its tokens.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from costmodel.grad_sync import ModelStateBytes, model_state
-from costmodel.layout import GroupLayout
+from costmodel.ring.layout import GroupLayout
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec, Sample
 
@@ -78,7 +78,7 @@ class MemoryCosts:
         Summed over a micro-batch with mixed policies this bounds the peak from above and is exact
         when they agree. Under a ring layout (``u x r``) the key/value replication is the Ulysses
         subgroup's (``kv_replicas(u)``) and each sample adds the ring's key/value buffers,
-        ``4 s/r`` tokens of this rank's key/value heads (:func:`costmodel.ring_time.ring_kv_buffer_bytes`,
+        ``4 s/r`` tokens of this rank's key/value heads (:func:`costmodel.ring.timing.ring_kv_buffer_bytes`,
         linear in the tokens, so additive as the rest). A joint-attention (MMDiT) model's sample
         adds its ``J`` text tokens, whole on every rank of the group (``executor/joint.py``):
         ``J * (max(L-k, [k>0])*none + k*full)``, per sample and not divided by ``d``; so does what
@@ -111,7 +111,7 @@ class MemoryCosts:
     def ring_buffer_bytes(self, tokens: ArrayLike, *, layout: GroupLayout | None) -> FloatArray:
         """Per sample, the ring's key/value buffers one rank holds while the sample's attention runs
         (token working memory, not kept for backward): ``4 s/r`` tokens of the key/value heads the
-        rank holds after the Ulysses swap, at :attr:`element_bytes` (= :func:`costmodel.ring_time.
+        rank holds after the Ulysses swap, at :attr:`element_bytes` (= :func:`costmodel.ring.timing.
         ring_kv_buffer_bytes` per sample); 0 for pure Ulysses (``layout`` None or ``r = 1``)."""
         s = np.asarray(tokens, dtype=np.float64)
         if layout is None or layout.ring_degree == 1:

@@ -8,16 +8,29 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from costmodel.schema import LayerTimeTerms
+from costmodel.schema import EfficiencyCurve, LayerTimeTerms
 
 FloatArray = NDArray[np.float64]
 
 
 def attention_s(terms: LayerTimeTerms, tokens: FloatArray, frames: FloatArray, spatial: FloatArray,
-                *, attention: str, group_size: float, half_tokens: float) -> FloatArray:
-    """Attention seconds of one pass on one rank: pairs/d over the efficiency ``n/(n + n_half)``
-    of the sample's ``n = s/d`` tokens per rank, i.e. ``pairs/d + n_half * pairs/s``; the pairs
-    of the kind's ``attention`` (``costmodel.model_terms.KindTerms``)."""
+                *, attention: str, group_size: float, half_tokens: float,
+                efficiency: EfficiencyCurve | None = None) -> FloatArray:
+    """Attention seconds of one pass on one rank; the pairs of the kind's ``attention``
+    (``costmodel.model_terms.KindTerms``).
+
+    With an ``efficiency`` curve: ``pairs/d`` at the curve's time multiplier for the sequence length
+    the kernel runs on (after the Ulysses all-to-all a rank attends the whole sample, ``s`` tokens;
+    the spatial pairs of a 2D model over ``h*w``, the temporal over ``f``). Without: pairs/d over
+    the efficiency ``n/(n + n_half)`` of the sample's ``n = s/d`` tokens per rank, i.e.
+    ``pairs/d + n_half * pairs/s``."""
+    if efficiency is not None:
+        if attention == "spatial_temporal":
+            pairs = (terms.per_spatial_pair * frames * spatial * spatial * efficiency.time_multiplier(spatial)
+                     + terms.per_temporal_pair * spatial * frames * frames * efficiency.time_multiplier(frames))
+        else:
+            pairs = terms.per_attn_pair * tokens * tokens * efficiency.time_multiplier(tokens)
+        return np.asarray(pairs / group_size, dtype=np.float64)
     if attention == "spatial_temporal":
         pairs = (terms.per_spatial_pair * frames * spatial * spatial
                  + terms.per_temporal_pair * spatial * frames * frames)
@@ -27,11 +40,12 @@ def attention_s(terms: LayerTimeTerms, tokens: FloatArray, frames: FloatArray, s
 
 
 def sample_pass_s(terms: LayerTimeTerms, tokens: FloatArray, frames: FloatArray, spatial: FloatArray,
-                  *, attention: str, group_size: float, half_tokens: float) -> FloatArray:
+                  *, attention: str, group_size: float, half_tokens: float,
+                  efficiency: EfficiencyCurve | None = None) -> FloatArray:
     """Part of one layer pass additive over samples (dense per token, attention, per sample, the
     Ulysses re-layout in groups of 2 or more), in seconds on one rank of a group of ``group_size``."""
     attn = attention_s(terms, tokens, frames, spatial, attention=attention, group_size=group_size,
-                       half_tokens=half_tokens)
+                       half_tokens=half_tokens, efficiency=efficiency)
     relayout = terms.per_token_relayout * tokens / group_size if group_size > 1 else 0.0
     return np.asarray(terms.per_token * tokens / group_size + attn + terms.per_sample + relayout,
                       dtype=np.float64)

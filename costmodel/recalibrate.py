@@ -33,7 +33,7 @@ from numpy.typing import NDArray
 from scipy.optimize import least_squares, nnls
 
 from costmodel.evaluate import CostModel
-from costmodel.layout import GroupLayout
+from costmodel.ring.layout import GroupLayout
 from costmodel.schema import CostModelFile, LayerTimeTerms, LinkFit
 from costmodel.specs import Sample
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.evaluate import CostModel
-from costmodel.layout import GroupLayout
+from costmodel.ring.layout import GroupLayout
 from costmodel.specs import Sample
 
 MIN_SHARE = 0.2

@@ -32,6 +32,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from costmodel.model_terms import KIND_TERMS
@@ -61,6 +62,70 @@ class LayerTimeTerms(_Frozen):
                     "only (packing the all-to-all's send buffer, reordering what it received).")
 
 
+class EfficiencyCurve(_Frozen):
+    """A kernel's achieved share of peak by its size (published or measured points), interpolated
+    log-linearly in the size.
+
+    Between two points the efficiency is linear in ``ln(size)``; above the largest point it stays
+    at the last one (the plateau); below the smallest it continues the first segment's slope,
+    never below ``efficiency[0] * size / tokens[0]`` (a kernel on fewer tokens than the smallest
+    measured is taken to run at least as fast per token as proportionally scaled work).
+    """
+
+    tokens: list[float] = Field(min_length=1, description="Sizes (tokens or rows), increasing.")
+    efficiency: list[float] = Field(min_length=1, description="Achieved share of peak at each size, in (0, 1].")
+    source: str = Field(default="", description="Where the points come from.")
+
+    @model_validator(mode="after")
+    def _check(self) -> EfficiencyCurve:
+        if len(self.tokens) != len(self.efficiency):
+            raise ValueError(f"{len(self.tokens)} sizes but {len(self.efficiency)} efficiencies")
+        if any(b <= a for a, b in zip(self.tokens, self.tokens[1:], strict=False)) or self.tokens[0] <= 0:
+            raise ValueError(f"sizes must be positive and increasing, got {self.tokens}")
+        if any(not 0 < e <= 1 for e in self.efficiency):
+            raise ValueError(f"efficiencies must be in (0, 1], got {self.efficiency}")
+        return self
+
+    @property
+    def max_efficiency(self) -> float:
+        """The best efficiency of the curve (what its kernel reaches on long inputs)."""
+        return max(self.efficiency)
+
+    def at(self, size: object) -> np.ndarray:
+        """Efficiency at ``size`` (scalar or array), interpolated as the class says.
+
+        Raises:
+            ValueError: for a size that is not positive.
+        """
+        n = np.asarray(size, dtype=np.float64)
+        if (n <= 0).any():
+            raise ValueError(f"kernel sizes must be positive, got {size!r}")
+        logs, eff = np.log(np.asarray(self.tokens)), np.asarray(self.efficiency)
+        out = np.interp(np.log(n), logs, eff)
+        if len(logs) > 1:
+            slope = (eff[1] - eff[0]) / (logs[1] - logs[0])
+            below = eff[0] + slope * (np.log(n) - logs[0])
+            floor = eff[0] * n / self.tokens[0]
+            out = np.where(n < self.tokens[0], np.maximum(below, floor), out)
+        else:
+            out = np.where(n < self.tokens[0], eff[0] * n / self.tokens[0], out)
+        return np.asarray(out, dtype=np.float64)
+
+    def time_multiplier(self, size: object) -> np.ndarray:
+        """Time of the kernel at ``size`` over its time at :attr:`max_efficiency`:
+        ``max_efficiency / at(size)`` (1 on the plateau, larger for short inputs)."""
+        return np.asarray(self.max_efficiency / self.at(size), dtype=np.float64)
+
+
+class AttentionEfficiency(_Frozen):
+    """Efficiency curves of the attention kernel over the sequence length it runs on (the whole
+    sample under Ulysses, one block under a ring step), one per pass. With them the pair
+    coefficients hold the time per pair at each curve's best efficiency."""
+
+    forward: EfficiencyCurve = Field(description="Forward kernel.")
+    backward: EfficiencyCurve = Field(description="Backward kernel.")
+
+
 class ComputeCoefficients(_Frozen):
     """Compute-time coefficients."""
 
@@ -80,6 +145,18 @@ class ComputeCoefficients(_Frozen):
         default=0.0, ge=0,
         description="Half-performance length of attention over a sample's tokens per rank.",
     )
+    attention_efficiency: AttentionEfficiency | None = Field(
+        default=None,
+        description="Attention's efficiency by the sequence length its kernel runs on (replaces "
+                    "attention_half_tokens where given; the analytic default from published kernel "
+                    "throughput, costmodel.kernel_efficiency). Left out of the JSON when None.")
+
+    @model_serializer(mode="wrap")
+    def _omit_default_curve(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
+        data: dict[str, object] = handler(self)
+        if self.attention_efficiency is None:
+            data.pop("attention_efficiency", None)
+        return data
 
 
 class ActivationCoefficients(_Frozen):
@@ -189,7 +266,7 @@ class LinkFit(_Frozen):
 class P2PLinks(_Frozen):
     """Point-to-point links of a ring hop (issue 25): one inside a node, one across nodes
     (``LinkFit``s with ``group_size`` 2: a hop is one rank sending to the next). A hop of ``b``
-    bytes takes ``alpha_s + b / bytes_per_s`` (``costmodel.ring_time.p2p_time_s``)."""
+    bytes takes ``alpha_s + b / bytes_per_s`` (``costmodel.ring.timing.p2p_time_s``)."""
 
     intra: LinkFit = Field(description="A hop between two GPUs of one node.")
     inter: LinkFit | None = Field(default=None, description="A hop between nodes (None: not measured).")
@@ -206,6 +283,38 @@ class P2PLinks(_Frozen):
             raise ValueError("a ring across nodes needs an inter-node p2p link; profile it "
                              "(dcp profile-comm --ops p2p on two nodes, or --gpus-per-node to emulate)")
         return self.inter
+
+
+class RingCoefficients(_Frozen):
+    """How a ring of ``r`` runs its steps (docs/cost-model.md cites the defaults).
+
+    One ring step on one rank: the attention of its block at the block's efficiency ``c`` and the
+    p2p hop of the next block ``h`` (``alpha + bytes / bandwidth``), posted together; the step
+    takes ``max(c, h) + exposed_fraction * min(c, h) + step_overhead_s``. After the steps, one
+    log-sum-exp merge of the running output per step but the first, at the HBM bandwidth
+    (``merge_bytes_per_channel`` per query and head channel).
+    """
+
+    exposed_fraction: float = Field(
+        default=0.37, ge=0, le=1,
+        description="Share of the shorter of a step's attention and its hop that the overlap does not "
+                    "hide (0: perfect overlap, 1: one after the other); fitted from p2p records timed "
+                    "with and without concurrent compute.")
+    step_overhead_s: float = Field(
+        default=10e-6, ge=0,
+        description="Fixed seconds per ring step: the kernel launches, the p2p's post and wait, the "
+                    "synchronisation between the compute and the communication streams.")
+    block_half_tokens: float = Field(
+        default=0.0, ge=0,
+        description="Extra half-performance length of a ring step's attention over its block's tokens "
+                    "per sample (s/r), on top of the file's attention efficiency; 0 where the file has "
+                    "an attention efficiency curve (the curve is read at the block's length); fitted "
+                    "from compute records that carry a ring degree.")
+    merge_bytes_per_channel: float = Field(
+        default=12.0, gt=0,
+        description="HBM bytes of one log-sum-exp merge per query and head channel (read the running "
+                    "fp32 output and the block's, write the result).")
+    source: str = Field(default="", description="Where the values come from (defaults, or the profile fitted).")
 
 
 class CommCoefficients(_Frozen):
@@ -229,8 +338,12 @@ class CommCoefficients(_Frozen):
     p2p: P2PLinks | None = Field(default=None, description=(
         "Point-to-point links of ring attention's key/value hops (fitted by dcp fit from p2p records "
         "of dcp profile-comm --ops p2p). None: the cluster hardware's analytic links "
-        "(costmodel.ring_time.default_p2p_links). Left out of the JSON when None, so files without "
+        "(costmodel.ring.timing.default_p2p_links). Left out of the JSON when None, so files without "
         "it keep their bytes and digests."))
+    ring: RingCoefficients | None = Field(default=None, description=(
+        "How ring steps run (exposed share of a hop, per-step cost, block efficiency, merges), fitted "
+        "by dcp fit from ring records of dcp profile-comm and dcp profile. None: the published "
+        "defaults (RingCoefficients()). Left out of the JSON when None."))
 
     @model_serializer(mode="wrap")
     def _omit_default_p2p(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
@@ -238,6 +351,8 @@ class CommCoefficients(_Frozen):
         data: dict[str, object] = handler(self)
         if self.p2p is None:
             data.pop("p2p", None)
+        if self.ring is None:
+            data.pop("ring", None)
         return data
 
     def fits_for(self, kind: Literal["alltoall", "allreduce"]) -> list[LinkFit]:

@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from costmodel.analytic import analytic_cost_model
+from costmodel.efficiency_report import kernel_efficiencies
 from costmodel.evaluate import CostModel, policy_name
 from costmodel.model_choice import check_samples_kind
 from costmodel.presets import load_cluster
@@ -69,6 +70,11 @@ def cost_rows(cost_model: CostModel, samples: list[Sample]) -> list[dict[str, An
                 row[f"activation_bytes_{name}"] = float(cost_model.activation_bytes(
                     sample.tokens, group_size=d, recompute_layers=k))
             row["fits_full"] = cost_model.fits(sample, group_size=d, recompute_layers=layers)
+            eff = kernel_efficiencies(cost_model, tokens=sample.tokens, group_size=d, frames=sample.num_frames,
+                                      spatial=sample.spatial_tokens)
+            row["gemm_efficiency"] = eff.gemm
+            row["attention_forward_efficiency"] = eff.attention_forward
+            row["attention_backward_efficiency"] = eff.attention_backward
             rows.append(row)
     return rows
 
@@ -127,6 +133,14 @@ def _whole_from_1000(fmt: Callable[[float], str], unit: float = 1.0) -> Callable
     return lambda value: f"{value / unit:,.0f}" if value / unit >= 1000 else fmt(value)
 
 
+def _efficiency_line(sample_rows: list[dict[str, Any]]) -> str:
+    """The kernel efficiencies of one sample's rows: GEMMs per group size, attention per pass."""
+    gemm = ", ".join(f"d={r['group_size']} {100 * r['gemm_efficiency']:.0f}%" for r in sample_rows)
+    att = ", ".join(sorted({f"{100 * r['attention_forward_efficiency']:.0f}%/"
+                            f"{100 * r['attention_backward_efficiency']:.0f}%" for r in sample_rows}))
+    return f"efficiency: GEMM {gemm}; attention forward/backward {att}"
+
+
 def _short_policy(name: str) -> str:
     return name.replace("selective-", "sel")
 
@@ -170,6 +184,7 @@ def print_cost_tables(cm: CostModel, rows: list[dict[str, Any]], console: Consol
                           fmt_ms(r["alltoall_time_s_per_layer"]) if r["group_size"] > 1 else "-",
                           "yes" if r["fits_full"] else "no")
         console.print(table)
+        console.print(_efficiency_line(sample_rows))
     sel = next((p for p in policies if p.startswith("selective-")), None)
     entries = [("d", "sequence-parallel group size: GPUs that share the sample (Ulysses)")]
     entries += [(f"time {_short_policy(p)}", f"predicted forward+backward time of the sample, ms (s where "
@@ -178,6 +193,9 @@ def print_cost_tables(cm: CostModel, rows: list[dict[str, Any]], console: Consol
                  + (f"; {_short_policy(sel)}: recompute {sel.split('-')[1]} of {layers} layers" if sel else ""))]
     entries += [("act P", "activation memory of the sample per GPU, GiB, with policy P"),
                 ("a2a", "all-to-all time per layer (forward), ms; - on one GPU"),
+                ("efficiency", "shares of peak FLOP/s the time is priced at: GEMMs on the sample's "
+                               "tokens / d rows per GPU, attention forward/backward at the sequence length "
+                               "its kernel runs on (docs/cost-model.md: published curves for H100, H200, B200)"),
                 ("fits", "fits the activation budget on d GPUs with full recompute")]
     entries[1] = ("time P", entries[1][1].replace(f"policy {policies[0]}", "policy P"))
     console.print(Text("Columns:", style="bold"))

@@ -66,7 +66,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("profile")
     def profile(
-        out: Path = typer.Option(..., help="Profile file to write (JSON Lines, dcp-profile/3)."),
+        out: Path = typer.Option(..., help="Profile file to write (JSON Lines, dcp-profile/4)."),
         model: str | None = model_option(help_text="Model preset the cost model is for (default llama-7b)."),
         model_config: Path | None = model_config_option(),
         device: str = typer.Option("cpu", help="cpu or cuda."),
@@ -101,6 +101,9 @@ def register(app: typer.Typer) -> None:
             "wall", help="CPU timer: wall (perf_counter) or thread (CPU time of the one torch "
                          "thread; robust on a shared machine, needs --threads 1)."),
         seed: int = typer.Option(0, help="Seed of weights, inputs and packings."),
+        ring_degrees: str = typer.Option(
+            "", help="Also time a ring step's attention on its blocks for these ring degrees (e.g. 2,4): "
+                     "ring_attention records, which dcp fit turns into the ring's block efficiency and merges."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     ) -> None:
         """Profile transformer blocks: time and activation bytes per micro-batch and policy.
@@ -152,6 +155,10 @@ def register(app: typer.Typer) -> None:
                                  f"{shape.num_layers} (raise --layers)")
             torch_device = torch.device(device)
             dtype_name = dtype or ("float32" if device == "cpu" else "bfloat16")
+            degrees = _ints(ring_degrees, "ring_degrees") if ring_degrees else ()
+            if any(r < 2 or shape.num_heads % r for r in degrees):
+                raise ValueError(f"ring_degrees={list(degrees)}: each must be >= 2 and divide the profiled "
+                                 f"shape's num_heads={shape.num_heads}")
             header = make_header(model=full, profiled=shape, hardware=hardware or device,
                                  device=torch_device, dtype=dtype_name,
                                  notes=f"dcp profile {named} --device {device}; {blocks_note}",
@@ -169,7 +176,19 @@ def register(app: typer.Typer) -> None:
                                     layer_factory=factory):
                 fh.write(dump_line(record) + "\n")
                 fh.flush()
+            if degrees:
+                for ring_record in _ring_attention(shape, config, degrees, device=torch_device, dtype=dtype_name):
+                    fh.write(dump_line(ring_record) + "\n")
         typer.echo(f"wrote {out}")
+
+    def _ring_attention(shape: Any, config: Any, degrees: tuple[int, ...], *, device: Any, dtype: str) -> list[Any]:
+        from costmodel.profiling.ring_probe import measure_ring_attention
+        from costmodel.profiling.sweep import DTYPES, log_sizes
+
+        return measure_ring_attention(
+            tokens=log_sizes(config.tokens_min, config.tokens_max, config.num_sizes), ring_degrees=degrees,
+            num_heads=shape.num_heads, head_dim=shape.head_size, device=device, dtype=DTYPES[dtype],
+            warmup=config.warmup, repeats=config.repeats, clock=config.cpu_clock, seed=config.seed)
 
     @app.command("profile-comm")
     def profile_comm(
@@ -182,7 +201,9 @@ def register(app: typer.Typer) -> None:
         group_sizes: str = typer.Option("", help="Group sizes (default: every size 2..world)."),
         gpus_per_node: int = typer.Option(0, help="Ranks per node (0 = detect from host names)."),
         ops: str = typer.Option("alltoall,allreduce", help="Operations to measure: alltoall, allreduce, p2p "
-                                "(a ring-attention hop; its links are fitted and printed)."),
+                                "(a ring-attention hop; its links are fitted and printed), ring_step (the hop "
+                                "beside a computation: the ring's exposed fraction and per-step cost are "
+                                "fitted and printed)."),
         warmup: int = typer.Option(3, help="Untimed operations per point."),
         repeats: int = typer.Option(10, help="Timed operations per point."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
@@ -238,6 +259,8 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"wrote {out} ({len(records)} records)")
                 if any(r.op == "p2p" for r in records):
                     _echo_p2p_fit(records)
+                if sum(r.op == "ring_step" for r in records) >= 3:
+                    _echo_ring_step_fit(records)
             dist.barrier()
         finally:
             dist.destroy_process_group()
@@ -251,6 +274,16 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"p2p {name}: alpha {link.alpha_s * 1e6:.1f} us, {link.bytes_per_s / 1e9:.3f} GB/s, "
                            f"MAPE on its {sum(r.op == 'p2p' and r.placement == name for r in records)} records "
                            f"{errors[name]:.1%}")
+
+    def _echo_ring_step_fit(records: list[Any]) -> None:
+        from costmodel.fit_terms import SplitConfig
+        from costmodel.ring.fit import fit_ring_steps
+
+        steps = [r for r in records if r.op == "ring_step"]
+        phi, overhead, result = fit_ring_steps(steps, SplitConfig(holdout_fraction=0.25, seed=0,
+                                                                  time_statistic="median"))
+        typer.echo(f"ring step: exposed fraction {phi:.3f}, {overhead * 1e6:.1f} us per step, held-out MAPE "
+                   f"{result.mape:.1%} on {result.num_heldout} of {len(steps)} ring_step records")
 
     @app.command("fit")
     def fit(

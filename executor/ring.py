@@ -24,7 +24,7 @@ hop is posted before compute it can overlap and waited for after it: the next bl
 this block's gradients, the gradient sum's hop before the query gradient of this block and the
 next block's gradients, the hop home before the last query gradient (as
 zhuzilin/ring-flash-attention's backward does). The forward keeps only its own keys and values
-(the block in hand and the one arriving are the ring's buffers, as ``costmodel.ring_time``'s
+(the block in hand and the one arriving are the ring's buffers, as ``costmodel.ring.timing``'s
 ``ring_kv_buffer_bytes`` charges them); on half-precision inputs the gradient sums travel and
 accumulate in fp32.
 

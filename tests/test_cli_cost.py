@@ -56,10 +56,13 @@ def test_cost_table_fits_80_columns_with_a_legend() -> None:
     lines = result.output.splitlines()
     assert max(len(line) for line in lines) <= 80
     assert "…" not in result.output  # no number cut off
-    # the d=1 time, whole: 40,757 ms plus the chunked loss's recompute of the head (2*4096*32000 FLOPs
-    # per token at 0.6 x 989 TFLOP/s: 58 ms)
-    assert "131,072 tokens" in result.output and "40,815" in result.output
-    assert _header_names(result.output) >= {"d", "time P", "act P", "a2a", "fits"}
+    # the d=1 time, whole: the layers and head at the published curves' efficiencies plus the chunked
+    # loss's recompute of the head (2*4096*32000 FLOPs per token at 783.33 TFLOP/s: 44 ms)
+    assert "131,072 tokens" in result.output and "34,058" in result.output
+    assert _header_names(result.output) >= {"d", "time P", "act P", "a2a", "fits", "efficiency"}
+    # the efficiencies the times are priced at: 131,072 tokens run attention on the FA3 plateau
+    # (616 and 561 of 989 TFLOP/s: 62% and 57%)
+    assert "attention forward/backward 62%/57%" in " ".join(result.output.split())
     header = next(line for line in lines if line.split()[:1] == ["d"])
     assert header.split() == ["d", "none", "sel16", "full", "none", "sel16", "full", "a2a", "fits"]
 

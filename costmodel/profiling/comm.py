@@ -11,7 +11,10 @@ slowest rank's median (and the slowest rank's min and max).
 ``p2p`` (op ``p2p``) is one hop of ring attention (``executor/ring.py``): every rank of a group
 sends its message to the next rank and receives as much from the previous one, in one
 ``batch_isend_irecv`` (gloo and NCCL); ``costmodel.ring.fit_p2p`` fits its intra- and inter-node
-links.
+links. ``ring_step`` is that hop as a ring step runs it: posted, a matrix product of
+``ring_compute_dims`` computed meanwhile, then waited for; each round also times the hop alone
+and the product alone, so a record carries all three (``costmodel.ring.fit`` fits the share of the
+shorter one the overlap does not hide, and the fixed cost per step).
 
 A group's placement comes from the nodes it spans: ranks are put on nodes by host name (or by
 ``gpus_per_node`` when given, e.g. to emulate several nodes on one machine).
@@ -49,7 +52,11 @@ class CommSweepConfig:
     num_sizes: int = 6
     """Log-spaced message sizes."""
     ops: tuple[str, ...] = ("alltoall", "allreduce")
-    """Operations to measure: ``alltoall``, ``allreduce``, ``p2p`` (a ring hop)."""
+    """Operations to measure: ``alltoall``, ``allreduce``, ``p2p`` (a ring hop), ``ring_step`` (a
+    hop beside a computation)."""
+    ring_compute_dims: tuple[int, ...] = (128, 256, 512)
+    """``ring_step``: sizes ``n`` of the ``n x n`` products computed beside each hop (varied, so the
+    records span hops shorter and longer than the computation)."""
     group_sizes: tuple[int, ...] = ()
     """Group sizes; empty = every size from 2 to the world size."""
     gpus_per_node: int = 0
@@ -72,9 +79,11 @@ class CommSweepConfig:
             )
         if self.clock not in ("wall", "thread"):
             raise ValueError(f"clock must be wall or thread, got {self.clock!r}")
-        unknown = set(self.ops) - {"alltoall", "allreduce", "p2p"}
+        unknown = set(self.ops) - {"alltoall", "allreduce", "p2p", "ring_step"}
         if unknown or not self.ops:
-            raise ValueError(f"ops must be among alltoall, allreduce and p2p, got {self.ops}")
+            raise ValueError(f"ops must be among alltoall, allreduce, p2p and ring_step, got {self.ops}")
+        if not self.ring_compute_dims or any(n < 1 for n in self.ring_compute_dims):
+            raise ValueError(f"ring_compute_dims must be positive sizes, got {self.ring_compute_dims}")
         if any(d < 2 for d in self.group_sizes):
             raise ValueError(f"group sizes must be >= 2, got {self.group_sizes}")
 
@@ -165,6 +174,57 @@ def _ring_hop(send: torch.Tensor, recv: torch.Tensor, group: _Group) -> None:
         req.wait()
 
 
+def _time_ring_steps(points: list[tuple[int, int]], group: _Group, *, device: torch.device,
+                     config: CommSweepConfig) -> list[tuple[float, float, float, float, float]]:
+    """``(step median, step min, step max, hop median, compute median)`` of each ``(numel, n)``
+    point: the hop of ``numel`` floats beside an ``n x n`` product, the hop alone, the product
+    alone, interleaved round by round after a group barrier."""
+    hops = [(torch.ones(numel, dtype=torch.float32, device=device),
+             torch.empty(numel, dtype=torch.float32, device=device)) for numel, _ in points]
+    mats = {n: torch.randn(n, n, dtype=torch.float32, device=device) for _, n in points}
+    me = group.ranks.index(dist.get_rank())
+
+    def post(i: int) -> list[Any]:
+        send, recv = hops[i]
+        ops = [dist.P2POp(dist.isend, send, group.ranks[(me + 1) % group.size], group.handle),
+               dist.P2POp(dist.irecv, recv, group.ranks[(me - 1) % group.size], group.handle)]
+        return list(dist.batch_isend_irecv(ops))
+
+    def hop(i: int) -> None:
+        for req in post(i):
+            req.wait()
+
+    def compute(i: int) -> None:
+        m = mats[points[i][1]]
+        torch.mm(m, m)
+
+    def step(i: int) -> None:
+        reqs = post(i)
+        compute(i)
+        for req in reqs:
+            req.wait()
+
+    kinds = (step, hop, compute)
+    for i in range(len(points)):
+        for _ in range(config.warmup):
+            for run in kinds:
+                run(i)
+    _sync(device)
+    times: list[list[list[float]]] = [[[], [], []] for _ in points]
+    now = time.thread_time if config.clock == "thread" and device.type == "cpu" else time.perf_counter
+    for _ in range(config.repeats):
+        for i in range(len(points)):
+            for j, run in enumerate(kinds):
+                dist.barrier(group=group.handle)
+                _sync(device)
+                t0 = now()
+                run(i)
+                _sync(device)
+                times[i][j].append(max(now() - t0, 1e-9))
+    return [(statistics.median(t[0]), min(t[0]), max(t[0]), statistics.median(t[1]), statistics.median(t[2]))
+            for t in times]
+
+
 def run_comm_sweep(config: CommSweepConfig, *, device: torch.device,
                    progress: Callable[[int, int, str], None] | None = None) -> list[CommRecord]:
     """Measure the sweep on this rank; returns the records on rank 0 (an empty list elsewhere).
@@ -184,14 +244,22 @@ def run_comm_sweep(config: CommSweepConfig, *, device: torch.device,
         of_size = [g for g in groups if g.size == d]
         # all-to-all splits evenly: a multiple of d elements
         points = [(op, max(d, nbytes // ELEMENT_BYTES // d * d) if op != "p2p" else max(1, nbytes // ELEMENT_BYTES))
-                  for op in config.ops for nbytes in byte_counts]
+                  for op in config.ops if op != "ring_step" for nbytes in byte_counts]
+        ring_points = [(max(1, nbytes // ELEMENT_BYTES), n) for nbytes in byte_counts
+                       for n in config.ring_compute_dims] if "ring_step" in config.ops else []
         stats = torch.zeros(len(points), len(of_size), 3, dtype=torch.float64, device=device)
+        ring_stats = torch.zeros(len(ring_points), len(of_size), 5, dtype=torch.float64, device=device)
         dist.barrier()
         for j, group in enumerate(of_size):
             if rank in group.ranks:
-                measured = _time_points(points, group, device=device, config=config)
-                stats[:, j] = torch.tensor(measured, dtype=torch.float64, device=device)
+                if points:
+                    measured = _time_points(points, group, device=device, config=config)
+                    stats[:, j] = torch.tensor(measured, dtype=torch.float64, device=device)
+                if ring_points:
+                    steps = _time_ring_steps(ring_points, group, device=device, config=config)
+                    ring_stats[:, j] = torch.tensor(steps, dtype=torch.float64, device=device)
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)  # the slowest rank of each group
+        dist.all_reduce(ring_stats, op=dist.ReduceOp.MAX)
         if progress is not None and rank == 0:
             progress(step + 1, len(sizes), f"group size {d}: {len(points)} points")
         if rank != 0:
@@ -205,5 +273,13 @@ def run_comm_sweep(config: CommSweepConfig, *, device: torch.device,
                     bytes_per_rank=float(numel * ELEMENT_BYTES), time_s=median, time_s_min=lo,
                     time_s_max=hi, num_repeats=config.repeats, backend=backend,
                 ))
+        ring_host = ring_stats.cpu()
+        for i, (numel, _) in enumerate(ring_points):
+            for j, group in enumerate(of_size):
+                median, lo, hi, hop_s, compute_s = (float(v) for v in ring_host[i, j].tolist())
+                records.append(CommRecord(
+                    op="ring_step", group_size=d, num_nodes=group.num_nodes, bytes_per_rank=float(numel * ELEMENT_BYTES),
+                    time_s=median, time_s_min=lo, time_s_max=hi, num_repeats=config.repeats, backend=backend,
+                    compute_s=compute_s, hop_s=hop_s))
     logger.info("rank %d: communication sweep of %d group sizes done", rank, len(sizes))
     return records

@@ -1,4 +1,4 @@
-"""The profile file format ``dcp-profile/3``: versioned JSON Lines, one record per line.
+"""The profile file format ``dcp-profile/4``: versioned JSON Lines, one record per line.
 
 A leaf module (pydantic only, no torch) so that profiles made anywhere (another cluster, another
 framework) can be validated and fitted by ``costmodel.fit`` without torch.
@@ -35,10 +35,23 @@ Layout of a file:
      figure, the fastest real run minus the fastest emulated one (the statistic a fit to the
      fastest repeats pairs with), so ``time_s = time_s_min = time_s_max``. A fit takes the
      latency of a group's all-to-all from its ``in_layer`` records where it has them.
+     ``ring_step`` is one ring step as ring attention runs it: the hop of ``bytes_per_rank``
+     (``p2p``) posted, a computation of ``compute_s`` alone run meanwhile, then the hop waited
+     for; ``time_s`` the step, ``hop_s`` the hop alone and ``compute_s`` the computation alone,
+     all three timed in the same rounds, so the share of the shorter one the overlap does not
+     hide is measured (``costmodel.ring.fit``).
+   * ``ring_attention``: one rank's attention of a sample of ``tokens`` as a ring of
+     ``ring_degree`` runs it (``ulysses_degree`` x ``ring_degree`` group): ``ring_degree`` block
+     steps of ``tokens / ring_degree`` queries against as many keys and values, for
+     ``num_heads`` heads of ``head_dim``, with the log-sum-exp merge of the partial outputs,
+     forward+backward, no communication (``time_s``); beside it ``ulysses_time_s``, the same
+     rank's share of the pairs as one kernel over the whole sample (what the per-sample terms
+     price), timed in the same rounds.
 
 Times are seconds and sizes bytes throughout. Unknown fields are refused, so a typo never
 passes silently. Version 1 files (no group sizes: every measurement was one whole rank) are read
-as group size 1; version 2 files (no ``context``) as ``isolated`` collectives.
+as group size 1; version 2 files (no ``context``) as ``isolated`` collectives; version 3 files
+(no ring steps, no ring attention) as they are.
 """
 
 from __future__ import annotations
@@ -52,10 +65,10 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from costmodel.specs import ModelSpec
 
-PROFILE_FORMAT: Literal["dcp-profile/3"] = "dcp-profile/3"
-PROFILE_FORMATS = ("dcp-profile/1", "dcp-profile/2", PROFILE_FORMAT)
-"""Formats this reader accepts; version 1 is upgraded (group size 1), version 2 is read as is
-(its collectives are ``isolated``)."""
+PROFILE_FORMAT: Literal["dcp-profile/4"] = "dcp-profile/4"
+PROFILE_FORMATS = ("dcp-profile/1", "dcp-profile/2", "dcp-profile/3", PROFILE_FORMAT)
+"""Formats this reader accepts; version 1 is upgraded (group size 1), versions 2 and 3 are read
+as they are (their collectives are ``isolated``; they have no ring records)."""
 
 
 class _Record(BaseModel):
@@ -82,7 +95,7 @@ class ProfileHeader(_Record):
     """First line of every profile file: what was run, where, with what."""
 
     record: Literal["header"] = "header"
-    format: Literal["dcp-profile/1", "dcp-profile/2", "dcp-profile/3"] = Field(
+    format: Literal["dcp-profile/1", "dcp-profile/2", "dcp-profile/3", "dcp-profile/4"] = Field(
         default=PROFILE_FORMAT, description="Format version.")
     hardware: str = Field(min_length=1, description="Accelerator kind the profile is for (e.g. h200-sxm).")
     device: Literal["cpu", "cuda"] = Field(description="torch device type that ran the profile.")
@@ -176,9 +189,10 @@ class CommRecord(_Timed):
     """One collective on a contiguous group of ranks."""
 
     record: Literal["comm"] = "comm"
-    op: Literal["alltoall", "allreduce", "p2p"] = Field(
-        description="all_to_all_single, all_reduce, or p2p: one ring hop (each rank sends bytes_per_rank to "
-                    "the next and receives as much from the previous, batch_isend_irecv; costmodel.ring).")
+    op: Literal["alltoall", "allreduce", "p2p", "ring_step"] = Field(
+        description="all_to_all_single, all_reduce, p2p: one ring hop (each rank sends bytes_per_rank to "
+                    "the next and receives as much from the previous, batch_isend_irecv; costmodel.ring), or "
+                    "ring_step: that hop with a computation run while it is in flight.")
     group_size: int = Field(gt=1, description="Ranks in the group.")
     num_nodes: int = Field(gt=0, description="Nodes the group spans.")
     bytes_per_rank: float = Field(gt=0, description="Bytes each rank holds (input of the collective).")
@@ -186,6 +200,18 @@ class CommRecord(_Timed):
     context: Literal["isolated", "in_layer"] = Field(
         default="isolated", description="isolated: back to back on its own; in_layer: the time a call "
                                          "adds to the model's layers on the real group (per call).")
+    compute_s: float | None = Field(default=None, gt=0, description=(
+        "ring_step only: median seconds of the computation alone, timed in the same rounds."))
+    hop_s: float | None = Field(default=None, gt=0, description=(
+        "ring_step only: median seconds of the hop alone, timed in the same rounds."))
+
+    @model_validator(mode="after")
+    def _check_ring_step(self) -> CommRecord:
+        step = self.op == "ring_step"
+        if step != (self.compute_s is not None) or step != (self.hop_s is not None):
+            raise ValueError(f"op={self.op!r}: compute_s and hop_s are given with ring_step records and only "
+                             f"with them (got compute_s={self.compute_s}, hop_s={self.hop_s})")
+        return self
 
     @property
     def placement(self) -> Literal["intra", "inter"]:
@@ -193,7 +219,29 @@ class CommRecord(_Timed):
         return "intra" if self.num_nodes == 1 else "inter"
 
 
-MeasurementRecord = Annotated[ComputeRecord | HeadRecord | CommRecord, Field(discriminator="record")]
+class RingAttentionRecord(_Timed):
+    """One rank's attention of one sample as ring steps on its blocks, and as one kernel."""
+
+    record: Literal["ring_attention"] = "ring_attention"
+    tokens: int = Field(gt=0, description="Tokens of the sample.")
+    ulysses_degree: int = Field(default=1, gt=0, description="u: the Ulysses part of the group.")
+    ring_degree: int = Field(gt=1, description="r: the ring's steps (blocks of tokens / r).")
+    num_heads: int = Field(gt=0, description="Heads the rank attends (the model's over u).")
+    head_dim: int = Field(gt=0, description="Head size.")
+    causal: bool = Field(default=False, description="Whether the blocks were masked causally.")
+    ulysses_time_s: float = Field(gt=0, description=(
+        "Median seconds of the same pairs as one kernel over the whole sample, forward+backward (the "
+        "share of a Ulysses rank of u*r: num_heads / r heads), timed in the same rounds."))
+
+    @model_validator(mode="after")
+    def _check_blocks(self) -> RingAttentionRecord:
+        if self.tokens < self.ring_degree:
+            raise ValueError(f"tokens={self.tokens} has fewer tokens than ring_degree={self.ring_degree} blocks")
+        return self
+
+
+MeasurementRecord = Annotated[ComputeRecord | HeadRecord | CommRecord | RingAttentionRecord,
+                              Field(discriminator="record")]
 _MEASUREMENT = TypeAdapter(MeasurementRecord)
 
 
@@ -206,6 +254,7 @@ class Profile(BaseModel):
     compute: list[ComputeRecord] = Field(default_factory=list)
     head: list[HeadRecord] = Field(default_factory=list)
     comm: list[CommRecord] = Field(default_factory=list)
+    ring_attention: list[RingAttentionRecord] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _check(self) -> Profile:
@@ -286,13 +335,16 @@ def parse_profile_lines(lines: Sequence[str], *, source: str = "<profile>") -> P
         header = ProfileHeader.model_validate(raw)
     except ValidationError as exc:
         raise ValueError(f"{source}:{first_no}: invalid header: {_reason(exc)}") from None
-    buckets: dict[str, list[BaseModel]] = {"compute": [], "head": [], "comm": []}
+    buckets: dict[str, list[BaseModel]] = {"compute": [], "head": [], "comm": [], "ring_attention": []}
     for no, line in body[1:]:
         try:
             data = json.loads(line)
             if version == "dcp-profile/1" and isinstance(data, dict) and data.get("record") == "compute":
                 data = _upgrade_compute_v1(data)
             rec = _MEASUREMENT.validate_python(data)
+            if version != PROFILE_FORMAT and _is_ring_record(rec):
+                raise ValueError(f"{source}:{no}: {rec.record} records{' (ring_step)' if rec.record == 'comm' else ''}"
+                                 f" are format {PROFILE_FORMAT}, not {version}")
         except json.JSONDecodeError as exc:
             raise ValueError(f"{source}:{no}: not JSON: {exc}") from None
         except ValidationError as exc:
@@ -302,6 +354,10 @@ def parse_profile_lines(lines: Sequence[str], *, source: str = "<profile>") -> P
         return Profile(header=header, **buckets)  # type: ignore[arg-type]
     except ValidationError as exc:
         raise ValueError(f"{source}: {_reason(exc)}") from None
+
+
+def _is_ring_record(rec: BaseModel) -> bool:
+    return isinstance(rec, RingAttentionRecord) or (isinstance(rec, CommRecord) and rec.op == "ring_step")
 
 
 def _upgrade_compute_v1(data: dict[str, object]) -> dict[str, object]:

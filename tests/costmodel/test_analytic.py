@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from costmodel.analytic import (
+    AnalyticConfig,
     activation_bytes_per_token_layer,
     analytic_cost_model,
     attention_flops_per_pair,
@@ -16,6 +17,9 @@ from costmodel.presets import load_cluster, load_hardware, load_model
 from costmodel.schema import CostModelFile
 
 H200_PEAK = 989e12
+CONSTANTS = AnalyticConfig(kernel_curves=False)
+"""The constant efficiencies (what a hardware without published curves gets); the curves are
+tests/costmodel/test_kernel_efficiency.py's."""
 
 
 def test_llama7b_params_and_flops_by_hand() -> None:
@@ -47,7 +51,7 @@ def test_llama7b_generic_formula_by_hand() -> None:
 
 
 def test_llama7b_times_by_hand() -> None:
-    cm = CostModel(file=analytic_cost_model(load_model("llama-7b"), load_hardware("h200-sxm")),
+    cm = CostModel(file=analytic_cost_model(load_model("llama-7b"), load_hardware("h200-sxm"), config=CONSTANTS),
                    cluster=load_cluster("h200x8"))
     s, layers = 8192, 32
     lin, attn = H200_PEAK * 0.6, H200_PEAK * 0.5
@@ -99,7 +103,7 @@ def test_stdit3_flops_and_bytes_by_hand() -> None:
 
 
 def test_stdit3_spatial_temporal_terms() -> None:
-    cm = CostModel(file=analytic_cost_model(load_model("stdit3-xl"), load_hardware("h200-sxm")),
+    cm = CostModel(file=analytic_cost_model(load_model("stdit3-xl"), load_hardware("h200-sxm"), config=CONSTANTS),
                    cluster=load_cluster("h200x8"))
     f, hw = 30, 15 * 26
     s = f * hw

@@ -1,4 +1,4 @@
-"""The dcp-profile/3 format: round trips and refusals with reasons."""
+"""The dcp-profile/4 format: round trips and refusals with reasons; older versions still load."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def test_bad_profile_is_refused_with_reason(lines: list[str], reason: str) -> No
 def test_error_names_the_line(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text("\n".join(_lines(_header(), _compute(), _compute(time_s_min=-1))) + "\n")
-    reason = r"bad.jsonl:3: invalid record \(dcp-profile/3\): compute.time_s_min: Input should be greater than 0"
+    reason = r"bad.jsonl:3: invalid record \(dcp-profile/4\): compute.time_s_min: Input should be greater than 0"
     with pytest.raises(ValueError, match=reason):
         read_profile(path)
     with pytest.raises(ValueError, match="does not exist"):
@@ -124,7 +124,52 @@ def test_collectives_say_how_they_were_measured() -> None:
     new = parse_profile_lines(_lines(_header(), _comm(), _comm(context="in_layer", time_s=3e-4, time_s_min=3e-4,
                                                                time_s_max=3e-4)), source="v3.jsonl")
     assert [r.context for r in new.comm] == ["isolated", "in_layer"]
-    assert new.header.format == "dcp-profile/3"
+    assert new.header.format == "dcp-profile/4"
     again = parse_profile_lines([json.dumps(new.header.model_dump(mode="json")),
                                  *(dump_line(r) for r in new.comm)], source="again.jsonl")
     assert again.comm == new.comm
+
+
+def _ring_step(**update: object) -> dict[str, object]:
+    return {**_comm(op="p2p"), "op": "ring_step", "time_s": 3e-3, "time_s_min": 2.9e-3, "time_s_max": 3.2e-3,
+            "compute_s": 2.5e-3, "hop_s": 1e-3, **update}
+
+
+def _ring_attention(**update: object) -> dict[str, object]:
+    return {"record": "ring_attention", "tokens": 4096, "ulysses_degree": 1, "ring_degree": 4, "num_heads": 4,
+            "head_dim": 64, "causal": False, "time_s": 2e-2, "time_s_min": 1.9e-2, "time_s_max": 2.2e-2,
+            "num_repeats": 5, "ulysses_time_s": 1.5e-2, **update}
+
+
+def test_ring_records_round_trip_in_version_4() -> None:
+    profile = parse_profile_lines(_lines(_header(), _comm(), _ring_step(), _ring_attention()), source="v4.jsonl")
+    assert [r.op for r in profile.comm] == ["alltoall", "ring_step"]
+    assert profile.comm[1].compute_s == 2.5e-3 and profile.comm[1].hop_s == 1e-3
+    assert profile.ring_attention[0].ring_degree == 4 and profile.ring_attention[0].ulysses_time_s == 1.5e-2
+    again = parse_profile_lines([json.dumps(profile.header.model_dump(mode="json")),
+                                 *(dump_line(r) for r in (*profile.comm, *profile.ring_attention))], source="again")
+    assert again == profile
+
+
+def test_version_3_profiles_still_load_and_cannot_carry_ring_records() -> None:
+    old = parse_profile_lines(_lines(_header(format="dcp-profile/3"), _compute(), _comm()), source="v3.jsonl")
+    assert old.header.format == "dcp-profile/3" and len(old.compute) == 1 and old.ring_attention == []
+    with pytest.raises(ValueError, match=r"v3.jsonl:2: ring_attention records are format dcp-profile/4"):
+        parse_profile_lines(_lines(_header(format="dcp-profile/3"), _ring_attention()), source="v3.jsonl")
+    with pytest.raises(ValueError, match=r"v3.jsonl:2: comm records \(ring_step\)"):
+        parse_profile_lines(_lines(_header(format="dcp-profile/3"), _ring_step()), source="v3.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("record", "reason"),
+    [
+        (_ring_step(compute_s=None), "compute_s and hop_s are given with ring_step records"),
+        ({**_comm(), "compute_s": 1e-3, "hop_s": 1e-3}, "compute_s and hop_s are given with ring_step records"),
+        (_ring_attention(ring_degree=1), "ring_degree"),
+        (_ring_attention(tokens=3), "fewer tokens than ring_degree"),
+        (_ring_attention(ulysses_time_s=0), "ulysses_time_s"),
+    ],
+)
+def test_bad_ring_records_are_refused_with_reason(record: dict[str, object], reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        parse_profile_lines(_lines(_header(), record), source="bad.jsonl")

@@ -1,4 +1,4 @@
-"""The ring's cost function (costmodel/ring.py) and the p2p profile it is fitted on.
+"""The ring's cost function (costmodel/ring/) and the p2p profile it is fitted on.
 
 Hand-computed step times (compute-bound and transfer-bound rings), the ring's compute adding up
 to the Ulysses pairs of the same group, p2p links recovered exactly from records made by the
@@ -11,12 +11,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from costmodel.evaluate import CostModel
 from costmodel.profiling.format import CommRecord, read_profile
 from costmodel.ring import (
     P2PLinks,
+    RingCoefficients,
+    step_s,
     default_p2p_links,
     fit_p2p,
     kv_bytes_per_token,
@@ -32,24 +35,33 @@ LINKS = P2PLinks(intra=LinkFit(placement="intra", group_size=2, num_nodes=1, alp
                  inter=LinkFit(placement="inter", group_size=2, num_nodes=2, alpha_s=3e-5, bytes_per_s=1e8))
 
 
-def _ring(tokens: list[int], *, r: int, u: int = 1, kv: float = 100.0, crosses: bool = False
-          ) -> tuple[float, float, float, float]:
+RING = RingCoefficients(exposed_fraction=0.25, step_overhead_s=5e-6)
+IDEAL = RingCoefficients(exposed_fraction=0.0, step_overhead_s=0.0)
+
+
+def _ring(tokens: list[int], *, r: int, u: int = 1, kv: float = 100.0, crosses: bool = False,
+          ring: RingCoefficients = RING, block=None) -> tuple[float, float, float, float]:  # type: ignore[no-untyped-def]
     return ring_attention_time_s(tokens, ulysses_degree=u, ring_degree=r, forward_s_per_pair=1e-9,
                                  backward_s_per_pair=2e-9, kv_bytes_per_token=kv, query_channels=64,
-                                 links=LINKS, crosses_nodes=crosses, hbm_bytes_per_s=1e12)
+                                 links=LINKS, crosses_nodes=crosses, hbm_bytes_per_s=1e12, ring=ring,
+                                 block_multipliers=block)
 
 
-def test_compute_bound_ring_hides_its_hops() -> None:
+def test_compute_bound_ring_hides_most_of_its_hops() -> None:
     # 4,096 tokens on a ring of 4: a block is 1,024 tokens, 4,096^2/16 = 1,048,576 pairs per step
     fwd, bwd, exp_f, exp_b = _ring([4096], r=4)
     block = 4096**2 / 16 * 1e-9
-    hop = 1e-5 + 1024 * 100 / 1e9
-    assert hop < block  # the hop hides under the block's attention
+    hop, hop2 = 1e-5 + 1024 * 100 / 1e9, 1e-5 + 2 * 1024 * 100 / 1e9
+    assert hop2 < block  # the hops hide under the block's attention, but for a quarter of them
     merges = 3 * 1024 * 64 * 12 / 1e12
-    assert fwd == pytest.approx(4 * block + merges, rel=1e-12)
-    assert exp_f == pytest.approx(merges, rel=1e-9)
-    assert bwd == pytest.approx(4 * 2 * block + hop, rel=1e-12)  # plus the gradients' hop home
-    assert exp_b == pytest.approx(hop, rel=1e-9)
+    # 3 steps of max(c, h) + 0.25 min(c, h) + 5 us, the last block and its 5 us, the merges
+    assert fwd == pytest.approx(3 * (block + 0.25 * hop + 5e-6) + block + 5e-6 + merges, rel=1e-12)
+    assert exp_f == pytest.approx(3 * 0.25 * hop + 4 * 5e-6 + merges, rel=1e-9)
+    assert bwd == pytest.approx(3 * (2 * block + 0.25 * hop2 + 5e-6) + 2 * block + 5e-6 + hop, rel=1e-12)
+    assert exp_b == pytest.approx(3 * 0.25 * hop2 + 4 * 5e-6 + hop, rel=1e-9)
+    # an ideal overlap (the published defaults at 0): only the merges and the hop home are exposed
+    _, _, ideal_f, ideal_b = _ring([4096], r=4, ring=IDEAL)
+    assert (ideal_f, ideal_b) == pytest.approx((merges, hop), rel=1e-9)
 
 
 def test_transfer_bound_ring_pays_its_hops_across_nodes() -> None:
@@ -57,8 +69,26 @@ def test_transfer_bound_ring_pays_its_hops_across_nodes() -> None:
     block = 4096**2 / 16 * 1e-9
     hop = 3e-5 + 1024 * 4096 / 1e8
     assert hop > block
-    assert fwd == pytest.approx(3 * hop + block + 3 * 1024 * 64 * 12 / 1e12, rel=1e-12)
+    assert fwd == pytest.approx(3 * (hop + 0.25 * block + 5e-6) + block + 5e-6 + 3 * 1024 * 64 * 12 / 1e12,
+                                rel=1e-12)
     assert exp_f > 3 * (hop - block) * 0.999
+
+
+def test_a_ring_step_runs_its_block_at_the_blocks_efficiency() -> None:
+    """Each step's kernel on a 1,024-token block at 1.5x the time per pair (a curve's multiplier)
+    where the per-sample terms charge 1.0 (the whole sample's kernel): the ring adds the 0.5."""
+    block_pairs_s = 4096**2 / 16 * 1e-9
+    slow = _ring([4096], r=4, ring=IDEAL, block=lambda s: (1.5 * np.ones_like(s), 1.5 * np.ones_like(s)))
+    fast = _ring([4096], r=4, ring=IDEAL)
+    assert slow[2] - fast[2] == pytest.approx(4 * 0.5 * block_pairs_s, rel=1e-9)
+    assert slow[3] - fast[3] == pytest.approx(4 * 0.5 * 2 * block_pairs_s, rel=1e-9)
+
+
+def test_a_step_overlaps_as_its_coefficients_say() -> None:
+    ring = RingCoefficients(exposed_fraction=0.4, step_overhead_s=1e-5)
+    c, h = np.array([3e-3, 1e-3]), np.array([1e-3, 3e-3])
+    assert step_s(c, h, ring).tolist() == pytest.approx([3e-3 + 0.4e-3 + 1e-5, 3e-3 + 0.4e-3 + 1e-5])
+    assert step_s(c, h, IDEAL).tolist() == pytest.approx([3e-3, 3e-3])
 
 
 def test_ring_compute_adds_up_to_the_ulysses_pairs() -> None:

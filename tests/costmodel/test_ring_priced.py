@@ -13,7 +13,7 @@ from costmodel.evaluate import CostModel, GroupLayout
 from costmodel.fit import fit_profiles
 from costmodel.presets import load_hardware, load_model
 from costmodel.profiling.format import CommRecord
-from costmodel.schema import CostModelFile, LinkFit, P2PLinks
+from costmodel.schema import CostModelFile, LinkFit, P2PLinks, RingCoefficients
 from costmodel.specs import Sample
 from planner.plan import GroupPlan, LossNormalizer, LowerBound, MicroBatch, Plan, PlannedSample, SolverInfo
 from planner.timeline import step_timeline
@@ -50,8 +50,10 @@ def _hand_ring(tokens: list[int], *, u: int, r: int, crosses: bool) -> tuple[flo
     f_blk, b_blk = FWD["pair"] * pairs, BWD["pair"] * pairs
     hop, hop2 = alpha + block * kv_bytes / bw, alpha + 2 * block * kv_bytes / bw
     merges = (r - 1) * block * (HEADS // u * HEAD_DIM) * 12 / HBM
-    fwd = (r - 1) * max(f_blk, hop) + f_blk + merges
-    bwd = (r - 1) * max(b_blk, hop2) + b_blk + hop
+    # a step: max(c, h) + exposed_fraction * min(c, h) + step_overhead_s (the published defaults)
+    phi, step = RingCoefficients().exposed_fraction, RingCoefficients().step_overhead_s
+    fwd = (r - 1) * (max(f_blk, hop) + phi * min(f_blk, hop) + step) + f_blk + step + merges
+    bwd = (r - 1) * (max(b_blk, hop2) + phi * min(b_blk, hop2) + step) + b_blk + step + hop
     return fwd - r * f_blk, bwd - r * b_blk
 
 

@@ -39,7 +39,7 @@ def _group_by_group(draft: Draft, arrays: BatchArrays, table: CostTable) -> Draf
 
 @pytest.mark.parametrize(("workload", "gpus", "samples", "step"),
                          [("text-millionctx", 1024, 2048, 1), ("text-longtail", 256, 2048, 0),
-                          ("video3d-longclip", 64, 256, 0), ("text-longcontext", 64, 256, 2)])
+                          ("video3d-longclip", 64, 256, 0), ("text-longtail", 64, 512, 1)])
 def test_batched_choice_is_the_group_by_group_choice(workload: str, gpus: int, samples: int, step: int) -> None:
     spec = WorkloadSpec.preset(workload)
     cluster = load_cluster("h200x64").model_copy(update={"num_gpus": gpus, "name": f"h200x{gpus}"})

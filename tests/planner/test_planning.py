@@ -27,10 +27,11 @@ def _setup(workload: str, cluster_name: str):  # type: ignore[no-untyped-def]
 
 # (cluster, workload) cells of the 96-sample preset batch below where a baseline's plan beats
 # the planner's own search, measured: at h200x8 static-best (eight single-rank groups, LPT) beats
-# the heuristic on video-balanced and video-long; the plan returned there is static-best's
-# groups polished by the local search and the intra-step policies (method
-# 'static-best+search', 0.24% and 0.06% faster than static-best).
-BASELINE_WINS = {("h200x8", "video-balanced"), ("h200x8", "video-long")}
+# the heuristic on video-balanced; the plan returned there is static-best's groups polished by
+# the local search and the intra-step policies (method 'static-best+search'). Under the analytic
+# default's published kernel-efficiency curves the heuristic's own plan wins video-long, and
+# static-best's seed wins text-longcontext at h200x32.
+BASELINE_WINS = {("h200x8", "video-balanced"), ("h200x32", "text-longcontext")}
 
 
 @pytest.mark.parametrize("workload", WORKLOADS)

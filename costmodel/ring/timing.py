@@ -1,18 +1,21 @@
-"""Time and memory of ring attention on one rank (issue 25): the pure functions, no cost model.
+"""Time and memory of ring attention on one rank: the pure functions, no cost model.
 
-The one definition of a ring's cost: :mod:`costmodel.evaluate` prices ``u x r`` groups with it,
-:mod:`costmodel.ring` fits its p2p links (and re-exports these names). On one rank, per layer and
-pass, for a micro-batch of samples of ``s_i`` tokens in a group of ``d = u x r``:
+The one definition of a ring's cost: :mod:`costmodel.evaluate` prices ``u x r`` groups with it
+(:mod:`costmodel.ring.costs`). On one rank, per layer and pass, for a micro-batch of samples of
+``s_i`` tokens in a group of ``d = u x r``:
 
 * every ring step attends the rank's queries (``sum s_i / r`` tokens, ``H/u`` heads) to one
   key/value block; with the zig-zag chunks (``executor/ring_layout.py``) every step does the same
-  share of the pairs, ``sum s_i^2 / (u r^2)`` at the cost model's ``per_attn_pair`` (the ``r``
-  steps add up to the ``s^2/d`` a Ulysses group of ``d`` computes);
+  share of the pairs, ``sum s_i^2 / (u r^2)`` (the ``r`` steps add up to the ``s^2/d`` a Ulysses
+  group of ``d`` computes), each sample's at the efficiency of its ``s_i/r``-token block (the
+  attention curve read at the block's length, or ``RingCoefficients.block_half_tokens``), where
+  the per-sample terms charge the whole sample's kernel;
 * a hop moves one block of ``sum s_i / r`` tokens' keys and values for this rank's key/value
   heads (``max(H_kv/u, 1)``: past ``H_kv`` Ulysses replicates a head, :mod:`costmodel.specs`); it
-  is posted before the step's attention, so a step takes ``max(compute, hop)``; ``r - 1`` such
-  steps, then the last block's compute alone, then ``r - 1`` log-sum-exp merges of the running
-  output (read it, read the block's, write it: 3 x fp32 per query and head channel, at the HBM
+  is posted beside the step's attention, and a step takes ``max(compute, hop) + exposed_fraction
+  * min(compute, hop) + step_overhead_s`` (:func:`step_s`, :class:`costmodel.schema.RingCoefficients`);
+  ``r - 1`` such steps, then the last block's step without a hop, then ``r - 1`` log-sum-exp merges
+  of the running output (``merge_bytes_per_channel`` per query and head channel at the HBM
   bandwidth). Backward sends keys and values and their gradients (twice the bytes) per step and
   the gradients' last hop home.
 
@@ -31,12 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.schema import LinkFit, P2PLinks
+from costmodel.schema import LinkFit, P2PLinks, RingCoefficients
 from costmodel.specs import HardwareSpec, ModelSpec
-
-MERGE_BYTES_PER_CHANNEL = 12.0
-"""HBM bytes of one log-sum-exp merge per query and head channel: read the running fp32 output,
-read the block's, write the result."""
 
 KV_ELEMENT_BYTES = 2.0
 """Bytes of one key or value element on the wire and in the ring's buffers (bf16)."""
@@ -83,26 +82,45 @@ class RingLayerTime:
     """The Ulysses all-to-alls over ``u`` of one pass (forward; backward moves the same)."""
 
 
+Multipliers = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+"""``f(tokens of each sample) -> (forward, backward)`` time multipliers of their attention kernels
+over the pair coefficients (the efficiency curve's ``max / efficiency``; ones for none)."""
+
+
+def _ones(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return np.ones_like(s), np.ones_like(s)
+
+
 def ring_attention_time_s(tokens: Sequence[int] | Sequence[float], *, ulysses_degree: int, ring_degree: int,
                           forward_s_per_pair: float, backward_s_per_pair: float, kv_bytes_per_token: float,
                           query_channels: int, links: P2PLinks, crosses_nodes: bool,
-                          hbm_bytes_per_s: float, additive_only: bool = False) -> tuple[float, float, float, float]:
+                          hbm_bytes_per_s: float, ring: RingCoefficients | None = None,
+                          block_multipliers: Multipliers | None = None,
+                          charged_multipliers: Multipliers | None = None,
+                          additive_only: bool = False) -> tuple[float, float, float, float]:
     """``(forward, backward, exposed forward, exposed backward)`` seconds of one layer's ring.
 
     Args:
         tokens: Tokens of each sample of the micro-batch (or of one layer call's samples).
         ulysses_degree: ``u``.
         ring_degree: ``r``.
-        forward_s_per_pair: Seconds per (query, key) pair of a forward on one GPU (all heads).
+        forward_s_per_pair: Seconds per (query, key) pair of a forward on one GPU (all heads), at the
+            attention kernel's best efficiency.
         backward_s_per_pair: The same for the backward.
         kv_bytes_per_token: Key and value bytes of one token for this rank's heads.
         query_channels: Heads x head size of this rank's queries (``H/u x Dh``).
         links: The p2p links.
         crosses_nodes: Whether the ring's hops cross nodes.
         hbm_bytes_per_s: Memory bandwidth (merges).
+        ring: How the steps run (default: the published defaults, ``RingCoefficients()``).
+        block_multipliers: Time multipliers of a step's kernel on each sample's block (``s/r``
+            tokens); default ones.
+        charged_multipliers: Those the per-sample terms already charge the sample's attention at (a
+            Ulysses kernel over ``s``); the exposed seconds are what the ring adds to them.
         additive_only: Expose only what is additive over samples and so bounds a sample's share
-            from below: the merges (forward) and the bytes of the gradients' hop home without its
-            latency (backward); every hop counted as hidden. For lower bounds.
+            from below: the blocks' lower efficiency and the merges (forward), the bytes of the
+            gradients' hop home without its latency (backward); every hop counted as hidden, no
+            per-step cost. For lower bounds.
 
     Raises:
         ValueError: for a degree below 1 or a non-positive sample.
@@ -111,35 +129,68 @@ def ring_attention_time_s(tokens: Sequence[int] | Sequence[float], *, ulysses_de
     s = np.asarray(tokens, dtype=np.float64)
     if u < 1 or r < 1 or (s <= 0).any():
         raise ValueError(f"need u, r >= 1 and positive tokens; got u={u}, r={r}, tokens={list(tokens)}")
-    out = ring_steps_s(np.asarray(float((s**2).sum()) / (u * r * r)), np.asarray(float(s.sum()) / r),
-                       ring_degree=r, forward_s_per_pair=forward_s_per_pair, backward_s_per_pair=backward_s_per_pair,
-                       kv_bytes_per_token=kv_bytes_per_token, query_channels=query_channels, links=links,
-                       crosses_nodes=crosses_nodes, hbm_bytes_per_s=hbm_bytes_per_s, additive_only=additive_only)
+    per_step = s**2 / (u * r * r)
+    block_f, block_b = (block_multipliers or _ones)(s)
+    charged_f, charged_b = (charged_multipliers or _ones)(s)
+    out = ring_steps_s(StepSeconds(
+        forward=np.asarray(forward_s_per_pair * float((per_step * block_f).sum())),
+        backward=np.asarray(backward_s_per_pair * float((per_step * block_b).sum())),
+        forward_charged=np.asarray(forward_s_per_pair * float((per_step * charged_f).sum())),
+        backward_charged=np.asarray(backward_s_per_pair * float((per_step * charged_b).sum()))),
+        np.asarray(float(s.sum()) / r), ring_degree=r, kv_bytes_per_token=kv_bytes_per_token,
+        query_channels=query_channels, links=links, crosses_nodes=crosses_nodes, hbm_bytes_per_s=hbm_bytes_per_s,
+        ring=ring or RingCoefficients(), additive_only=additive_only)
     return float(out[0]), float(out[1]), float(out[2]), float(out[3])
 
 
-def ring_steps_s(pairs_per_step: np.ndarray, block_tokens: np.ndarray, *, ring_degree: int,
-                 forward_s_per_pair: float, backward_s_per_pair: float, kv_bytes_per_token: float,
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepSeconds:
+    """Seconds of one ring step's attention per call (arrays, one entry per call)."""
+
+    forward: np.ndarray
+    """The forward kernel on its block, at the block's efficiency."""
+    backward: np.ndarray
+    """The backward kernel on its block."""
+    forward_charged: np.ndarray
+    """What the per-sample terms charge for a step's share of the forward (``1/r`` of the sample's
+    attention at the efficiency of a Ulysses kernel over the whole sample)."""
+    backward_charged: np.ndarray
+    """The same for the backward."""
+
+
+def step_s(compute_s: np.ndarray, hop_s: np.ndarray, ring: RingCoefficients) -> np.ndarray:
+    """One ring step of ``compute_s`` attention with a hop of ``hop_s`` posted beside it:
+    ``max(c, h) + exposed_fraction * min(c, h) + step_overhead_s``."""
+    return np.asarray(np.maximum(compute_s, hop_s) + ring.exposed_fraction * np.minimum(compute_s, hop_s)
+                      + ring.step_overhead_s, dtype=np.float64)
+
+
+def ring_steps_s(steps: StepSeconds, block_tokens: np.ndarray, *, ring_degree: int, kv_bytes_per_token: float,
                  query_channels: int, links: P2PLinks, crosses_nodes: bool, hbm_bytes_per_s: float,
-                 additive_only: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`ring_attention_time_s` from each call's pairs per step and block tokens (arrays: one
-    entry per call, e.g. every sample alone), the one formula of a ring's steps."""
+                 ring: RingCoefficients, additive_only: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`ring_attention_time_s` from each call's step seconds and block tokens (arrays: one
+    entry per call, e.g. every sample alone), the one formula of a ring's steps: ``r - 1`` steps
+    with a hop (:func:`step_s`; backward hops carry keys, values and their gradients, twice the
+    bytes), the last block's step without one, ``r - 1`` merges (forward) and the gradients' hop
+    home (backward)."""
     r = ring_degree
-    fwd_block, bwd_block = forward_s_per_pair * pairs_per_step, backward_s_per_pair * pairs_per_step
+    fwd_charged, bwd_charged = r * steps.forward_charged, r * steps.backward_charged
     if r == 1:
-        zero = np.zeros_like(fwd_block)
-        return fwd_block, bwd_block, zero, zero
+        zero = np.zeros_like(fwd_charged)
+        return fwd_charged, bwd_charged, zero, zero
     link = links.link(crosses_nodes=crosses_nodes)
     block_bytes = block_tokens * kv_bytes_per_token
-    merges = (r - 1) * block_tokens * query_channels * MERGE_BYTES_PER_CHANNEL / hbm_bytes_per_s
-    if additive_only:  # every hop hidden; the last one's bytes without its latency
-        forward = r * fwd_block + merges
-        backward = r * bwd_block + block_bytes / link.bytes_per_s
+    merges = (r - 1) * block_tokens * query_channels * ring.merge_bytes_per_channel / hbm_bytes_per_s
+    if additive_only:  # every hop hidden, no per-step cost; the last hop's bytes without its latency
+        forward = r * steps.forward + merges
+        backward = r * steps.backward + block_bytes / link.bytes_per_s
     else:
         hop, hop2 = link.alpha_s + block_bytes / link.bytes_per_s, link.alpha_s + 2 * block_bytes / link.bytes_per_s
-        forward = (r - 1) * np.maximum(fwd_block, hop) + fwd_block + merges
-        backward = (r - 1) * np.maximum(bwd_block, hop2) + bwd_block + hop
-    return forward, backward, forward - r * fwd_block, backward - r * bwd_block
+        last = ring.step_overhead_s
+        forward = (r - 1) * step_s(steps.forward, hop, ring) + steps.forward + last + merges
+        backward = (r - 1) * step_s(steps.backward, hop2, ring) + steps.backward + last + hop
+    return forward, backward, forward - fwd_charged, backward - bwd_charged
 
 
 def ring_kv_buffer_bytes(tokens: Sequence[int] | Sequence[float], model: ModelSpec, *, ulysses_degree: int,
@@ -187,57 +238,56 @@ def calls_exposed_s(tokens: Sequence[float], recompute_layers: Sequence[int], *,
     return total
 
 
-def microbatches_exposed_s(tokens: np.ndarray, recompute_layers: np.ndarray, starts: np.ndarray, *, num_layers: int,
-                           exposed: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+def microbatches_exposed_s(columns: np.ndarray, recompute_layers: np.ndarray, starts: np.ndarray, *,
+                           num_layers: int, exposed: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+                           ) -> np.ndarray:
     """:func:`calls_exposed_s` of many micro-batches at once, the same sums in the same order.
 
     Args:
-        tokens: Tokens of every sample, the micro-batches one after another.
+        columns: Per sample (rows; the micro-batches one after another) the quantities a ring's
+            exposed time depends on, additive over a call's samples (its tokens, and its pairs
+            weighted by the kernels' time multipliers: :func:`ring_attention_time_s`).
         recompute_layers: Policy ``k`` of every sample.
         starts: Offset of each micro-batch's first sample (increasing, ``starts[0] == 0``; every
             micro-batch non-empty).
         num_layers: ``L``.
-        exposed: ``exposed(sum of tokens, sum of squared tokens)`` -> ``(forward, backward)`` seconds
-            of one layer's ring for calls with those sums (arrays, one entry per call): a ring's
-            exposed time depends on its samples only through these two sums
-            (:func:`ring_attention_time_s`).
+        exposed: ``exposed(column sums of each call)`` -> ``(forward, backward)`` seconds of one
+            layer's ring for those calls (arrays, one entry per call).
 
     Returns:
         Seconds each micro-batch's rings add (one entry per micro-batch).
     """
-    s = np.asarray(tokens, dtype=np.float64)
+    cols = np.asarray(columns, dtype=np.float64)
     k = np.clip(np.asarray(recompute_layers, dtype=np.int64), 0, num_layers)
     starts = np.asarray(starts, dtype=np.int64)
     if len(starts) == 0:
         return np.zeros(0)
-    sums, squares = np.add.reduceat(s, starts), np.add.reduceat(s**2, starts)
+    sums = np.add.reduceat(cols, starts, axis=0)
     k_hi, k_lo = np.maximum.reduceat(k, starts), np.minimum.reduceat(k, starts)
     # One policy per micro-batch (the common case): one call per layer, the first k recomputed.
-    f, b = exposed(sums, squares)
+    f, b = exposed(sums)
     kf = k_hi.astype(np.float64)
     out = kf * (2 * f + b) + (num_layers - kf) * (f + b)
     mixed = np.flatnonzero(k_hi != k_lo).tolist()
     if mixed:  # calls_exposed_s's segments, their calls' sums gathered into one exposed() call
-        ends = [*starts[1:].tolist(), len(s)]
+        ends = [*starts[1:].tolist(), len(cols)]
         start_list = starts.tolist()
         calls: list[tuple[int, int, int, int]] = []  # (micro-batch, layers, kept call or -1, plain call or -1)
-        call_sums: list[float] = []
-        call_squares: list[float] = []
+        call_sums: list[np.ndarray] = []
         for m in mixed:
             a, e = start_list[m], ends[m]
-            seg_s, seg_k = s[a:e], k[a:e]
+            seg_c, seg_k = cols[a:e], k[a:e]
             cuts = sorted({0, num_layers, *seg_k.tolist()})
             for lo, hi in itertools.pairwise(cuts):
                 ids = []
-                for part in (seg_s[seg_k > lo], seg_s[seg_k <= lo]):
+                for part in (seg_c[seg_k > lo], seg_c[seg_k <= lo]):
                     if len(part):
                         ids.append(len(call_sums))
-                        call_sums.append(float(part.sum()))
-                        call_squares.append(float((part**2).sum()))
+                        call_sums.append(part.sum(axis=0))
                     else:
                         ids.append(-1)
                 calls.append((m, hi - lo, ids[0], ids[1]))
-        cf, cb = exposed(np.array(call_sums), np.array(call_squares))
+        cf, cb = exposed(np.array(call_sums))
         cf_list, cb_list = cf.tolist(), cb.tolist()
         totals = dict.fromkeys(mixed, 0.0)
         for m, layers, kept, plain in calls:
