@@ -73,12 +73,13 @@ coefficients() {
       *B200*) hardware=b200 ;;
       *) hardware=h100-sxm ;;
     esac
+    mkdir -p bench-out
     timeout "$LIMIT_S" "$PY" bench/ring_coefficients.py --device cuda --hardware "${HARDWARE:-$hardware}" \
       --heads "$HEADS" --head-dim "$HEAD_DIM" --repeats "$REPEATS" \
-      --out "${COEF_OUT:-bench/results/ring_coefficients_cuda.json}"
+      --out "${COEF_OUT:-bench-out/ring_coefficients_cuda.json}"
     if [[ "$WORLD" -ge 2 ]]; then
       timeout "$LIMIT_S" "$PY" -m torch.distributed.run --standalone --nproc-per-node=2 -m dcp_cli.main profile-comm \
-        --out "${COMM_OUT:-bench/results/ring_steps_nccl.jsonl}" --ops p2p,ring_step --bytes-min 1048576 \
+        --out "${COMM_OUT:-bench-out/ring_steps_nccl.jsonl}" --ops p2p,ring_step --bytes-min 1048576 \
         --bytes-max 67108864 --num-sizes 4 --repeats "$REPEATS" --quiet
     fi
   else
