@@ -35,12 +35,12 @@ from numpy.typing import ArrayLike, NDArray
 
 from costmodel.collectives import collective_cost, collective_time_s, wire_bytes
 from costmodel.grad_sync import SyncCalls, sync_calls
-from costmodel.ring.layout import GroupLayout, nodes_spanned
 from costmodel.memory_costs import MemoryCosts
 from costmodel.model_terms import terms as kind_terms
 from costmodel.pass_terms import sample_pass_s
 from costmodel.policy import parse_policy, policy_name
 from costmodel.ring.costs import RingCosts
+from costmodel.ring.layout import GroupLayout, nodes_spanned
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec, Sample
 
@@ -194,7 +194,8 @@ class CostModel(RingCosts, MemoryCosts):
         curves = c.attention_efficiency
         fwd, bwd = (sample_pass_s(terms, s, f, hw, attention=self.attention, group_size=float(group_size),
                                   half_tokens=c.attention_half_tokens, efficiency=curve)
-                    for terms, curve in ((c.forward, curves and curves.forward), (c.backward, curves and curves.backward)))
+                    for terms, curve in ((c.forward, curves.forward if curves else None),
+                                         (c.backward, curves.backward if curves else None)))
         layers = self.num_layers
         _, comm_per_token = self._alltoall_per_pass(*self._alltoall_group(group_size, num_nodes, layout))
         per_rank = s / group_size
