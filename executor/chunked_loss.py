@@ -85,6 +85,8 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             lse[start:end] = chunk_lse
             losses[start:end] = torch.where(valid[start:end], chunk_lse - target_logit, 0.0)
         ctx.chunk_tokens = chunk_tokens
+        device = hidden.device.type  # backward projects again under forward's autocast, if any
+        ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
         ctx.save_for_backward(hidden, weight, bias, safe, valid, lse)
         return losses
 
@@ -94,14 +96,16 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         hidden, weight, bias, safe, valid, lse = ctx.saved_tensors
         chunk_tokens: int = ctx.chunk_tokens
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        grad_h = torch.empty_like(hidden) if need_h else None
+        device, autocast_on, autocast_dtype = ctx.autocast
+        grad_h = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if need_h else None
         grad_w = torch.zeros_like(weight) if need_w else None
         grad_b = torch.zeros_like(bias) if need_b and bias is not None else None
         scale = torch.where(valid, grad_losses, 0.0).to(lse.dtype)
         for start in range(0, hidden.shape[0], chunk_tokens):
             end = min(start + chunk_tokens, hidden.shape[0])
             h = hidden[start:end]
-            p = _chunk_logits(h, weight, bias)
+            with torch.autocast(device, dtype=autocast_dtype, enabled=autocast_on):
+                p = _chunk_logits(h, weight, bias)
             p.sub_(lse[start:end, None]).exp_()  # softmax, in place
             rows = torch.arange(end - start, device=p.device)
             p[rows, safe[start:end]] -= 1.0
