@@ -279,9 +279,10 @@ def register(app: typer.Typer) -> None:
                                summary["mean_speedup_vs_bucket"])
         typer.echo(f"epoch {final.id}: {final.state}, {final.steps_done}/{final.steps_total} steps in {out}"
                    + (f"; mean gap to the lower bound {fmt_pct(gap)}" if gap is not None else "")
-                   + (f", mean predicted speedup over the strongest baseline {fmt_x(strong)}"
-                      if strong is not None else "")
-                   + (f" (over bucket-sp4, the DCP paper's baseline: {fmt_x(bucket)})" if bucket is not None else ""))
+                   + (f", mean predicted speedup over the strongest baseline {fmt_x(strong)} in "
+                      f"{summary['steps_vs_strongest']} of {final.steps_done} steps" if strong is not None else "")
+                   + (f" (over bucket-sp4, the DCP paper's baseline: {fmt_x(bucket)} in "
+                      f"{summary['steps_vs_bucket']} of {final.steps_done} steps)" if bucket is not None else ""))
         if final.state == "failed" or (final.state == "queued" and (final.error or "").startswith("interrupted")):
             # A passing fault (a lost Ray node, a busy store): the stored steps are kept and the same
             # command resumes from them; say so, as the abrupt-exit path does (ray_supervisor).
