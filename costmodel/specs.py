@@ -123,8 +123,9 @@ class ModelSpec(_Frozen):
     vocab: int = Field(default=0, ge=0, description="Vocabulary size (1D only; 0 for video).")
     tied_embeddings: bool = Field(default=False, description="Input and output embeddings shared (1D).")
     causal: bool = Field(default=True, description="Causal self-attention (halves attention FLOPs).")
-    mlp: Literal["swiglu", "gelu"] | None = Field(
-        default=None, description="MLP kind; default swiglu for 1d, gelu for video."
+    mlp: Literal["swiglu", "gelu", "swiglu_clamped"] | None = Field(
+        default=None, description="MLP kind; default swiglu for 1d, gelu for video; swiglu_clamped is "
+        "gpt-oss' gated MLP (3 matrices as SwiGLU; clamped gate and up keep more values for backward)."
     )
     cross_attention_tokens: int = Field(
         default=0, ge=0, description="Text tokens each block cross-attends to (2D; 3D Wan style)."
@@ -359,8 +360,18 @@ class ClusterSpec(_Frozen):
         "keeps the bucket buffers as a second copy of the gradients.",
     )
 
+    expert_parallel_size: int = Field(
+        default=1, gt=0, exclude_if=_at_default(1),
+        description="Ranks one mixture-of-experts layer's experts are split over (expert "
+        "parallelism, contiguous ranks): each holds num_experts / size of them and every MoE layer "
+        "pass dispatches and combines its tokens by two all-to-alls over them. Costed by the "
+        "planner, not run by the executor. 1: every rank holds every expert.")
+
     @model_validator(mode="after")
     def _check(self) -> ClusterSpec:
+        if self.num_gpus % self.expert_parallel_size != 0:
+            raise ValueError(f"expert_parallel_size={self.expert_parallel_size} does not divide "
+                             f"num_gpus={self.num_gpus}")
         if self.num_gpus % self.gpus_per_node != 0:
             raise ValueError(
                 f"num_gpus={self.num_gpus} is not a multiple of gpus_per_node={self.gpus_per_node}"

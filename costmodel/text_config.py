@@ -148,4 +148,5 @@ def text_spec(data: Mapping[str, Any], family: str, name: str, source: str) -> M
                      tied_embeddings=f.flag("tie_word_embeddings", False), causal=True,
                      layer_types=None if types is None else tuple(types),  # type: ignore[arg-type]
                      sliding_window=window if types is not None else None,
-                     attention_sinks=family == "gpt_oss", family=family, **_experts(f, family, num_layers, ffn))
+                     attention_sinks=family == "gpt_oss", mlp="swiglu_clamped" if family == "gpt_oss" else None,
+                     family=family, **_experts(f, family, num_layers, ffn))
