@@ -7,6 +7,7 @@ name the field and the offending value (pydantic's ``ValidationError`` is a ``Va
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -96,7 +97,7 @@ LayerType = Literal["full_attention", "sliding_attention"]
 sample, or causal over the last ``sliding_window`` keys of each query."""
 
 
-def _at_default(default: object) -> object:
+def _at_default(default: object) -> Callable[[object], bool]:
     """``exclude_if`` for a field added after the schema's first models: left out of a dump at
     its default, so a dense full-attention model serialises (and digests) as it did before."""
     return lambda value: value == default

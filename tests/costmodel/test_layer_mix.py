@@ -9,6 +9,7 @@ import re
 import pytest
 
 from costmodel.analytic import (
+    AnalyticConfig,
     activation_bytes_per_token_layer,
     analytic_cost_model,
     linear_flops_per_token_layer,
@@ -20,11 +21,18 @@ from costmodel.presets import load_cluster, load_hardware, load_model
 from costmodel.specs import ModelSpec
 
 H200_PEAK = 989e12
+CONSTANTS = AnalyticConfig(kernel_curves=False)
+"""The constant efficiencies (attention ``pairs/d + 512 pairs/s``), so that times count by hand."""
 
 
-def _cost_model(name: str, cluster: str = "h200x8", **overrides: object) -> CostModel:
-    model = load_model(name)
-    return CostModel(file=analytic_cost_model(model, load_hardware("h200-sxm")),
+def _cost_model(name: str, cluster: str = "h200x8", config: AnalyticConfig | None = None,
+                **overrides: object) -> CostModel:
+    return _bind(load_model(name), cluster, config, **overrides)
+
+
+def _bind(model: ModelSpec, cluster: str = "h200x8", config: AnalyticConfig | None = None,
+          **overrides: object) -> CostModel:
+    return CostModel(file=analytic_cost_model(model, load_hardware("h200-sxm"), config=config),
                      cluster=load_cluster(cluster, **overrides))
 
 
@@ -81,7 +89,7 @@ def test_window_pairs_by_hand() -> None:
 
 
 def test_windowed_time_by_hand() -> None:
-    cm = _cost_model("gemma-3-27b")
+    cm = _cost_model("gemma-3-27b", config=CONSTANTS)
     m = cm.file.model
     s, d, layers = 32768.0, 2, 62
     attn_rate, lin_rate = H200_PEAK * 0.5, H200_PEAK * 0.6
@@ -94,13 +102,23 @@ def test_windowed_time_by_hand() -> None:
         layers * (3 * linear + 3.5 * per_pair * attention) + head)
     # What is left is the Ulysses all-to-alls: the same as for a full-attention twin.
     full = ModelSpec(**{**m.model_dump(), "layer_types": None, "sliding_window": None})
-    twin = CostModel(file=analytic_cost_model(full, load_hardware("h200-sxm")), cluster=load_cluster("h200x8"))
+    twin = _bind(full, config=CONSTANTS)
     twin_attention = s * s / d + 512 * s
     twin_a2a = float(twin.sample_time_s(s, group_size=d)) - (
         layers * (3 * linear + 3.5 * per_pair * twin_attention) + head)
     assert a2a == pytest.approx(twin_a2a, rel=1e-6)
     assert a2a > 0
     assert float(cm.sample_time_s(s, group_size=d)) < 0.8 * float(twin.sample_time_s(s, group_size=d))
+    # With the published kernel curves (the default) the windowed layers save as much attention
+    # time: the curve multiplies the pairs of either by the same factor at s tokens.
+    curved, curved_twin = _cost_model("gemma-3-27b"), _bind(full)
+    saved = float(curved_twin.sample_time_s(s, group_size=d)) - float(curved.sample_time_s(s, group_size=d))
+    curves = curved.file.compute.attention_efficiency
+    assert curves is not None
+    c = curved.file.compute
+    per_pair = (c.forward.per_attn_pair * float(curves.forward.time_multiplier(s))
+                + c.backward.per_attn_pair * float(curves.backward.time_multiplier(s)))
+    assert saved == pytest.approx(layers * per_pair * (s * s - pairs) / d, rel=1e-9)
 
 
 def test_all_experts_in_the_model_states() -> None:
