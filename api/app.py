@@ -163,7 +163,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                            allow_methods=["GET", "POST", "DELETE"], allow_headers=["Authorization", "Content-Type"])
     app.add_middleware(RequestGuardMiddleware, max_body_bytes=settings.max_body_bytes,
                        body_read_timeout_s=settings.body_read_timeout_s, tokens=settings.tokens,
-                       max_bodies_per_client=settings.max_bodies_per_client)
+                       max_bodies_per_client=settings.max_bodies_per_client,
+                       max_body_bytes_in_flight=settings.max_body_bytes_in_flight)
     install_error_handlers(app)
     app.add_middleware(LatencyMiddleware, metrics=app.state.metrics)
     return app

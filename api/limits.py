@@ -15,6 +15,10 @@ In this order, before any framework work:
    ``max_bodies_per_client`` requests with a body in the service at once (429 after), so a few
    large bodies, not 64, bound its memory; the body itself is counted before it is parsed
    (``api.strictjson.MAX_BODY_VALUES``).
+   Service-wide, whoever sends them, the bodies received and held at once total at most
+   ``max_body_bytes_in_flight`` bytes (counted from ``Content-Length`` before anything is read,
+   or as a chunked body arrives, until the request ends): past it, 503 with ``Retry-After``, so
+   many large bodies from many addresses cannot take the service's memory.
 4. Anything the app raises becomes a JSON error (``api.errors.error_response``: 503 for a
    busy, full or read-only store, 500 otherwise) with ``Connection: close``.
 
@@ -59,9 +63,13 @@ class RequestGuardMiddleware:
     """Auth before body, body size and read deadline, and no unhandled exception on the wire."""
 
     def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_read_timeout_s: float,
-                 tokens: Tokens, max_bodies_per_client: int = 8) -> None:
+                 tokens: Tokens, max_bodies_per_client: int = 8,
+                 max_body_bytes_in_flight: int | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.max_body_bytes_in_flight = max_body_bytes_in_flight or 4 * max_body_bytes
+        self.body_bytes_in_flight = 0
+        """Bytes of bodies being received or held by requests not ended yet (all clients)."""
         self.body_read_timeout_s = body_read_timeout_s
         self.tokens = tokens
         self.max_bodies_per_client = max_bodies_per_client
@@ -99,8 +107,9 @@ class RequestGuardMiddleware:
                                 close=True, headers=[(b"retry-after", b"1")])
                 return
             self._bodies[client] = self._bodies.get(client, 0) + 1
+        held = [0]  # this request's bytes in ``body_bytes_in_flight``
         try:
-            replay = await self._admit(scope, receive, send)
+            replay = await self._admit(scope, receive, send, held)
             if replay is not None:
                 await self.app(scope, replay, tracking_send)
         except Exception as exc:
@@ -111,6 +120,7 @@ class RequestGuardMiddleware:
                 raise
             await send_json(send, status, detail, close=True, headers=headers)
         finally:
+            self.body_bytes_in_flight -= held[0]
             if client is not None:
                 left = self._bodies[client] - 1
                 if left:
@@ -129,8 +139,26 @@ class RequestGuardMiddleware:
         client = scope.get("client")
         return str(client[0]) if client else "unknown"
 
-    async def _admit(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
-        """Check auth and read the body; the replaying receive, or None when answered here."""
+    def _hold(self, held: list[int], size: int) -> bool:
+        """Count ``size`` more bytes of this request's body in flight; False (nothing counted) when
+        that would pass ``max_body_bytes_in_flight``."""
+        more = size - held[0]
+        if more <= 0:
+            return True
+        if self.body_bytes_in_flight + more > self.max_body_bytes_in_flight:
+            return False
+        self.body_bytes_in_flight += more
+        held[0] = size
+        return True
+
+    async def _busy(self, send: Send) -> None:
+        await send_json(send, 503, f"the service holds {self.body_bytes_in_flight} bytes of request bodies "
+                        f"already (DCP_MAX_BODY_BYTES_IN_FLIGHT={self.max_body_bytes_in_flight}); retry",
+                        close=True, headers=[(b"retry-after", b"1")])
+
+    async def _admit(self, scope: Scope, receive: Receive, send: Send, held: list[int]) -> Receive | None:
+        """Check auth and read the body (its bytes counted in ``held``); the replaying receive,
+        or None when answered here."""
         method = scope["method"]
         declared_raw = _header(scope, b"content-length")
         chunked = b"chunked" in (_header(scope, b"transfer-encoding") or b"").lower()
@@ -146,6 +174,9 @@ class RequestGuardMiddleware:
                 return None
             if declared > self.max_body_bytes:
                 await send_json(send, 413, self._too_large(), close=True)
+                return None
+            if has_body and not self._hold(held, declared):
+                await self._busy(send)
                 return None
         if not has_body:
             return receive
@@ -164,6 +195,9 @@ class RequestGuardMiddleware:
                 return None
             body = message.get("body", b"")
             size += len(body)
+            if size <= self.max_body_bytes and not self._hold(held, size):  # chunked, or longer than declared
+                await self._busy(send)
+                return None
             if size > self.max_body_bytes:
                 if message.get("more_body", False):
                     await self._drain(receive, deadline)

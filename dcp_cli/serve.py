@@ -58,4 +58,5 @@ def register(app: typer.Typer) -> None:
         uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level,
                     timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
                     **server_options(head_timeout_s=settings.request_head_timeout_s,
-                                     max_connections=settings.max_connections))
+                                     max_connections=settings.max_connections,
+                                     max_connections_per_client=settings.max_connections_per_client))
