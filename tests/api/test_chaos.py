@@ -95,3 +95,15 @@ def test_random_worker_kills_and_a_server_kill_lose_and_duplicate_nothing(server
         assert _digests(again, epoch_id, STEPS) == reference, epoch_id
     listed = again.request("GET", "/v1/epochs/chaos/steps", params={"start": 0, "stop": STEPS}).json()
     assert [r["step"] for r in listed] == list(range(STEPS))  # each step once
+
+
+def test_sigterm_stops_the_service_even_when_its_workers_never_answer(server_factory: Any) -> None:
+    server = server_factory(workers=2).start()
+    assert server.request("POST", "/v1/epochs", json=_epoch("e", steps=200)).status_code == 202
+    _wait(server, "e", until=1, timeout_s=300)
+    for pid in workers_of(server):
+        os.kill(pid, signal.SIGSTOP)  # alive, holding their steps, never answering
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=120) in (0, -signal.SIGTERM), server.log.read_text()[-3000:]
+    assert "planner service stopped" in server.log.read_text()
