@@ -180,3 +180,22 @@ def test_shutdown_with_kill_running_fails_running_tasks_and_returns() -> None:
     with pytest.raises(BrokenProcessPool):
         running.result(timeout=30)
     assert not pool.worker_pids()
+
+
+def test_health_reports_a_task_past_its_deadline_until_its_worker_is_replaced() -> None:
+    pool = SolverPool(1, grace_s=3.0)
+    try:
+        assert pool.submit(_noop, 1).result(timeout=120) == 1
+        stuck = pool.submit_with_deadline(0.2, _ignores_alarm, 60.0)
+        deadline = time.monotonic() + 60
+        while not any("past its" in p for p in pool.health().problems):
+            assert time.monotonic() < deadline, pool.health()
+            time.sleep(0.02)
+        with pytest.raises(WorkerDiedError, match="deadline"):
+            stuck.result(timeout=120)  # the backstop killed its worker
+        deadline = time.monotonic() + 120
+        while not pool.health().ok:
+            assert time.monotonic() < deadline, pool.health()
+            time.sleep(0.05)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
