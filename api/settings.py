@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from api.auth import Tokens
+from api.limits import body_bytes_in_flight_cap
 from planner.limits import DEFAULT_MAX_SAMPLES_PER_BATCH, MAX_MANIFEST_SAMPLES, MAX_SAMPLES_PER_REQUEST
 
 
@@ -97,12 +98,14 @@ class Settings(BaseSettings):
                     "At the cap a new connection from it closes its oldest one that has sent no "
                     "request yet, or is answered 429 with Retry-After: idle connections from one "
                     "address cannot lock the ranks out.")
-    max_body_bytes_in_flight: int = Field(
-        default=128 * 1024 * 1024, gt=0,
-        description="Bytes of request bodies the service receives and holds at once, all clients "
-                    "together (token or not; counted from Content-Length up front, or as a chunked "
-                    "body arrives, until its request ends). Past it: 503 with Retry-After. Bounds "
-                    "the memory that many large bodies from many addresses take.")
+    max_body_bytes_in_flight: int | None = Field(
+        default=None, gt=0,
+        description="Request bodies the service receives and holds at once, all clients together "
+                    "(token or not), each counted at 3x its size (what it takes while read, joined "
+                    "and parsed; api/limits.py), from Content-Length up front or as a chunked body "
+                    "arrives, until its request ends. Past it: 503 with Retry-After. Bounds the "
+                    "memory that many large bodies from many addresses take. Unset: 128 MiB, or "
+                    "3 x max_body_bytes when larger; at least 3 x max_body_bytes.")
     store_busy_timeout_s: float = Field(
         default=5.0, gt=0,
         description="Longest wait for a store locked by another process; then 503 (requests) "
@@ -136,9 +139,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _body_caps_agree(self) -> Settings:
-        if self.max_body_bytes_in_flight < self.max_body_bytes:
-            raise ValueError(f"max_body_bytes_in_flight ({self.max_body_bytes_in_flight}) is below "
-                             f"max_body_bytes ({self.max_body_bytes}): the largest body could never be taken")
+        body_bytes_in_flight_cap(max_body_bytes=self.max_body_bytes, configured=self.max_body_bytes_in_flight)
         return self
 
     @model_validator(mode="after")

@@ -58,9 +58,10 @@ def _closed_by_server(sock: socket.socket) -> bool:
 
 
 def test_body_bytes_in_flight_are_capped_across_addresses(server_factory: Any) -> None:
-    server = server_factory(token=None, env={"DCP_MAX_BODY_BYTES_IN_FLIGHT": "2500000"}).start()
+    # Bodies count at 3x their size: 2 x 900 kB (5.4 MB counted) fit in 6 MB, a third does not.
+    server = server_factory(token=None, env={"DCP_MAX_BODY_BYTES_IN_FLIGHT": "6000000"}).start()
     with _held([_slow_body(server.port, f"127.0.0.{3 + i}", length=900_000) for i in range(2)]):
-        time.sleep(0.5)  # both admitted: 1.8 MB of 2.5 MB held
+        time.sleep(0.5)  # both admitted
         late = _slow_body(server.port, "127.0.0.5", length=900_000)
         with _held([late]):
             late.settimeout(30)
