@@ -45,7 +45,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--seed", type=int, default=34)
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=Path("bench-out/freeze_crash.json"),
+                        help="Where the JSON goes (default bench-out/freeze_crash.json).")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -74,12 +75,11 @@ def main() -> int:
     server.stop()
     held = sum(r["held"] for r in rounds)
     print(f"fetched step frozen after kill -9 + restart: {held} of {len(rounds)}")
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({**provenance(), "rounds": len(rounds), "held": held,
-                                        "loadavg_before": [round(x, 2) for x in load_before],
-                                        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
-                                        "details": rounds}, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({**provenance(), "rounds": len(rounds), "held": held,
+                                    "loadavg_before": [round(x, 2) for x in load_before],
+                                    "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+                                    "details": rounds}, indent=2) + "\n")
     return 0 if held == len(rounds) else 1
 
 

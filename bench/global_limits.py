@@ -159,7 +159,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--idle", type=int, default=2500)
     parser.add_argument("--body-tries", type=int, default=30)
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=Path("bench-out/global_limits.json"),
+                        help="Where the JSON goes (default bench-out/global_limits.json).")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -171,12 +172,11 @@ def main() -> int:
     print(json.dumps(bodies, indent=1))
     conns = connections_case(base, idle=args.idle)
     print(json.dumps(conns, indent=1))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({**provenance(), "bodies": bodies, "connections": conns,
-                                        "loadavg_before": [round(x, 2) for x in load_before],
-                                        "loadavg_after": [round(x, 2) for x in os.getloadavg()]},
-                                       indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({**provenance(), "bodies": bodies, "connections": conns,
+                                    "loadavg_before": [round(x, 2) for x in load_before],
+                                    "loadavg_after": [round(x, 2) for x in os.getloadavg()]},
+                                   indent=2) + "\n")
     return 0
 
 

@@ -187,7 +187,8 @@ def main() -> int:
     parser.add_argument("--server-kill-every", type=int, default=17,
                         help="Every Nth kill is a SIGKILL of the server (0: never).")
     parser.add_argument("--seed", type=int, default=34)
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=Path("bench-out/pool_chaos.json"),
+                        help="Where the JSON goes (default bench-out/pool_chaos.json).")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -201,9 +202,8 @@ def main() -> int:
                 "sigterm_exit_with_stopped_workers_s"):
         print(f"{key:<30} {result[key]}")
     print(f"{'hangs':<30} {len(result['hangs'])} {result['hangs'][:3]}")
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
     return 0 if not result["hangs"] and result["jobs_identical_to_reference"] == result["jobs"] else 1
 
 
