@@ -23,9 +23,11 @@ plain PyTorch autograd function (runs on any device; no extra dependency).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import nn
 
 IGNORE_INDEX = -100
 """Targets equal to this contribute no loss and no gradient (``F.cross_entropy``'s default)."""
@@ -163,3 +165,39 @@ def chunk_peak_bytes(*, chunk_tokens: int, vocab: int, dtype_bytes: int) -> int:
     softmax_bytes = max(dtype_bytes, 4)
     logit_bytes = dtype_bytes if dtype_bytes < 4 else 0
     return chunk_tokens * vocab * (logit_bytes + softmax_bytes)
+
+
+def head_chunked_losses(run_model: Callable[[], object], head: nn.Module, targets: torch.Tensor, *,
+                        chunk_tokens: int) -> torch.Tensor:
+    """The per-token loss of a model whose output head is ``head``, without the whole logits.
+
+    ``run_model()`` runs the model's forward once. A forward pre-hook on ``head`` takes the final
+    hidden states ``(1, tokens[+pad], hidden)`` it is called with, computes
+    :func:`chunked_token_losses` of the first ``len(targets)`` tokens with the head's weight and
+    bias, and hands the head zero tokens, so the whole logits never exist. The hook runs inside
+    the model's own forward: a DDP or FSDP2 wrapper sees an ordinary call, and FSDP2's unsharded
+    head weight is the one the loss uses and saves.
+
+    Raises:
+        ValueError: when ``head`` is not a linear layer, or the forward calls it other than once.
+    """
+    if not isinstance(head, nn.Linear):
+        raise ValueError(f"the output head is a {type(head).__name__}, not a linear layer: use "
+                         f"{LOSS_CHUNK_OPTION}=0")
+    found: list[torch.Tensor] = []
+
+    def take_hidden(module: nn.Linear, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        hidden = args[0]
+        found.append(chunked_token_losses(hidden[0, :targets.shape[0]], module.weight, targets,
+                                          chunk_tokens=chunk_tokens, bias=module.bias))
+        return (hidden[:, :0], *args[1:])
+
+    handle = head.register_forward_pre_hook(take_hidden)
+    try:
+        run_model()
+    finally:
+        handle.remove()
+    if len(found) != 1:
+        raise ValueError(f"the output head ran {len(found)} times in one forward (expected once): use "
+                         f"{LOSS_CHUNK_OPTION}=0")
+    return found[0]
