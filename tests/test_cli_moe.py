@@ -1,5 +1,5 @@
 """``dcp plan`` / ``dcp epoch`` on the mixture-of-experts and sliding-window configs in
-``costmodel/presets/model_configs`` (gpt-oss-20b, Qwen3-30B-A3B, Gemma-3-27B), ``--expert-parallel``,
+``costmodel/presets/model_configs`` (gpt-oss-20b, Qwen3-30B-A3B, Gemma-3-27B on a B200 cluster), ``--expert-parallel``,
 and bad configs refused naming the field with nothing written."""
 
 from __future__ import annotations
@@ -47,11 +47,16 @@ def test_qwen3_moe_plans_with_its_experts_split() -> None:
     assert code == 2 and "expert_parallel_size=3 does not divide num_gpus=64" in output, output
 
 
-def test_gemma3_27b_model_states_do_not_fit_an_h200_under_zero1() -> None:
+def test_gemma3_27b_plans_on_b200_not_on_h200() -> None:
     # 27.0B parameters: 108 GB of bf16 parameters and gradients before any activation; the
     # executor's state shardings (replicated, ZeRO-1, FSDP2 as it runs it) all keep them whole.
     code, output = _plan("gemma-3-27b")
     assert code == 2 and "over the memory cap 105 GiB" in output, output
+    code, output = _run("plan", "--model-config", str(CONFIGS / "gemma-3-27b.json"), "-w", "text-longtail",
+                        "-c", "b200x64", "-k", "1", "-b", "64", "--json", "-q")
+    assert code == 0, output
+    step = json.loads(output)["steps"][0]
+    assert sum(step["group_sizes"]) == 64 and step["peak_mem_bytes"] <= step["memory_cap_bytes"]
 
 
 @pytest.mark.parametrize(("change", "message"), [
