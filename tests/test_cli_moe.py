@@ -77,3 +77,11 @@ def test_bad_configs_are_refused_with_nothing_written(tmp_path: Path, change: di
     assert not out.exists()
     code, output = _run("plan", "--model-config", str(config), "-w", "text-longtail", "-c", "h200x64", "-q")
     assert code == 2 and message in output, output
+
+
+def test_profiling_refuses_experts_and_windows(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    code, output = _run("profile", "--model-config", str(CONFIGS / "gpt-oss-20b.json"), "--out",
+                        str(tmp_path / "p.jsonl"), "--layers", "1", "-q")
+    assert code == 2 and "has experts or sliding-window layers" in output, output
+    assert not (tmp_path / "p.jsonl").exists()
