@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import itertools
 import logging
-import os
 from collections.abc import AsyncIterator
 from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -51,16 +49,12 @@ logger = logging.getLogger(__name__)
 
 API_VERSION = "1"
 
+JOB_STOP_S = 3.0
+"""At shutdown, how long the epoch jobs get to record that they stopped (after the pool's workers
+were killed, their threads wake at once; a store locked by another process can hold them)."""
+
 STORE_THREADS = 64
 """Threads of the event loop's default executor (store reads and writes, large-body parsing)."""
-
-
-def warm_worker() -> int:
-    """Import everything a plan needs in a pool worker (so the first plan does not pay for it)."""
-    from api.pool import preload
-
-    preload()
-    return os.getpid()
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -97,22 +91,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.service = state
 
         async def warm() -> None:
-            loop = asyncio.get_running_loop()
-            for attempt in itertools.count(1):
-                try:
-                    pids = await asyncio.gather(*(loop.run_in_executor(executor, warm_worker)
-                                                  for _ in range(settings.num_workers)))
-                    break
-                except Exception as exc:  # a worker killed while starting: the pool is replaced
-                    logger.warning("solver pool failed to warm up (attempt %d: %s: %s); starting again", attempt,
-                                   type(exc).__name__, exc)
-                    await asyncio.sleep(min(0.2 * attempt, 2.0))
+            # Ready once every worker has imported the planner (a worker killed while starting is
+            # replaced by the pool; readiness waits for its successor).
+            while not executor.health().ok:
+                await asyncio.sleep(0.05)
             state.ready = True
             # Long-lived start-up objects leave the collector's view: shorter GC pauses on the
             # request path.
             gc.collect()
             gc.freeze()
-            logger.info("solver pool ready: %d worker(s) %s", len(set(pids)), sorted(set(pids)))
+            logger.info("solver pool ready: %d worker(s) %s", settings.num_workers, sorted(executor.worker_pids()))
 
         warm_task = asyncio.create_task(warm())
         if settings.resume_jobs:
@@ -125,12 +113,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             warm_task.cancel()
-            await asyncio.to_thread(jobs.shutdown)
+            # Bounded whatever the workers do: the jobs are told to stop, the pool's workers are
+            # killed (nothing awaits what they run: the requests have ended, and a job's
+            # unfinished steps are planned again when it resumes), then the job threads, which
+            # wake on their failed futures, record the shutdown.
+            jobs.request_shutdown()
+            await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True, kill_running=True)
+            await asyncio.to_thread(jobs.shutdown, timeout_s=JOB_STOP_S)
             if job_executor is not executor:
                 await asyncio.to_thread(job_executor.shutdown)
             await asyncio.to_thread(recalibrator.shutdown)
-            # Requests and jobs have ended: nothing awaits what the workers still run.
-            await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True, kill_running=True)
             store.close()
             if lease is not None:
                 lease.release()
@@ -171,7 +163,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                            allow_methods=["GET", "POST", "DELETE"], allow_headers=["Authorization", "Content-Type"])
     app.add_middleware(RequestGuardMiddleware, max_body_bytes=settings.max_body_bytes,
                        body_read_timeout_s=settings.body_read_timeout_s, tokens=settings.tokens,
-                       max_bodies_per_client=settings.max_bodies_per_client)
+                       max_bodies_per_client=settings.max_bodies_per_client,
+                       max_body_bytes_in_flight=settings.max_body_bytes_in_flight)
     install_error_handlers(app)
     app.add_middleware(LatencyMiddleware, metrics=app.state.metrics)
     return app
@@ -179,7 +172,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 def _document_public_routes(app: FastAPI) -> None:
     """The app-wide token dependency puts the bearer scheme on every operation of the OpenAPI
-    document; the public routes (``api.auth.PUBLIC_PATHS``: health, readiness, metrics, the
+    document; the public routes (``api.auth.PUBLIC_PATHS``: health, readiness, the
     dashboard's static page) take no token, and their operations say so with an empty security
     requirement (schemathesis' ``ignored_auth`` flagged them as auth declared but not enforced)."""
     build = app.openapi

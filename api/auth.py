@@ -1,8 +1,10 @@
 """Who may do what: the service's two bearer tokens.
 
 * No token configured (``DCP_AUTH_TOKEN`` unset): everything is open (a loopback service).
-* ``DCP_AUTH_TOKEN`` set: every route but :data:`PUBLIC_PATHS` (health, readiness, metrics and
-  the dashboard's page, script and style, which hold no data) needs a token. Writes need the
+* ``DCP_AUTH_TOKEN`` set: every route but :data:`PUBLIC_PATHS` (health, readiness and the
+  dashboard's page, script and style, which hold no data) needs a token. ``/metrics`` is a read
+  like the others: its series name epoch ids (a Prometheus scraper sends the read token as its
+  ``authorization`` credentials). Writes need the
   write token ``DCP_AUTH_TOKEN``; reads (``GET``, ``HEAD``) take it or the read token
   ``DCP_READ_TOKEN`` (for ranks and dashboards: they can fetch plans, never change anything).
   ``/docs``, ``/redoc`` and ``/openapi.json`` are reads like any other.
@@ -19,7 +21,7 @@ import binascii
 import hmac
 from dataclasses import dataclass
 
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/dashboard", "/dashboard/dashboard.js",
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/dashboard", "/dashboard/dashboard.js",
                           "/dashboard/dashboard.css"})
 """Paths open without a token (no data behind them)."""
 

@@ -18,6 +18,10 @@ class StoreLockedError(RuntimeError):
     """Another server holds the store's writer lease."""
 
 
+class PoolShutDownError(BrokenProcessPool):
+    """The solver pool was shut down (the service is stopping) while the task waited or ran."""
+
+
 class ClusterUnavailableError(ConnectionError):
     """The cluster that plans epoch steps (Ray) cannot be reached, or was lost mid-job."""
 
@@ -27,7 +31,7 @@ class Fault:
     """What went wrong, for an HTTP answer or a job's error field."""
 
     kind: str
-    """``store-busy``, ``store-full``, ``store-read-only``, ``store-io``, ``pool-broken``,
+    """``store-busy``, ``store-full``, ``store-read-only``, ``store-io``, ``pool-broken``, ``pool-stopped``,
     ``cluster-unavailable`` or ``internal``."""
     message: str
     """The cause in plain words."""
@@ -69,7 +73,9 @@ def classify(exc: BaseException) -> Fault:
     if type(exc).__name__ == "DeadlineExceededError":  # api.pool's (no import: pool imports faults' users)
         return Fault(kind="deadline", message=f"a step ran past its deadline ({exc}); a loaded host? retried "
                      "with a larger margin", transient=True)
+    if isinstance(exc, PoolShutDownError):
+        return Fault(kind="pool-stopped", message="the solver pool shut down", transient=True)
     if isinstance(exc, BrokenProcessPool):
-        return Fault(kind="pool-broken", message="a solver worker died (killed or out of memory); "
-                     "the pool was replaced", transient=True)
+        how = f": {str(exc)[:300]}" if str(exc) else " (killed or out of memory)"
+        return Fault(kind="pool-broken", message=f"a solver worker died{how}; it was replaced", transient=True)
     return Fault(kind="internal", message=f"{type(exc).__name__}: {exc}"[:500], transient=False)

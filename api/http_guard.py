@@ -1,5 +1,5 @@
-"""Connection-level limits uvicorn does not have: a deadline on each request head, and a cap on
-open connections.
+"""Connection-level limits uvicorn does not have: a deadline on each request head, and caps on
+open connections, in all and per client address (:class:`ConnectionTable`).
 
 uvicorn (0.55) arms no timer on a new connection and disarms its keep-alive timer on every byte
 received, so a client that sends a request head a byte at a time, or nothing at all, holds its
@@ -34,6 +34,7 @@ head then body leaves in one segment; a streamed response's parts still leave as
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any, cast
 
@@ -102,7 +103,8 @@ EVENT_LOOP = "asyncio"
 connections in one iteration (module docstring; uvloop's libuv accepts one per iteration)."""
 
 
-def server_options(*, head_timeout_s: float, max_connections: int) -> dict[str, Any]:
+def server_options(*, head_timeout_s: float, max_connections: int,
+                   max_connections_per_client: int | None = None) -> dict[str, Any]:
     """uvicorn's connection settings for ``dcp serve`` (``uvicorn.run(app, **server_options(...))``
     or ``uvicorn.Config``): the guarded protocol, a listen backlog of ``max_connections`` (at most
     2,048), and the asyncio event loop (:data:`EVENT_LOOP`).
@@ -110,23 +112,104 @@ def server_options(*, head_timeout_s: float, max_connections: int) -> dict[str, 
     Args:
         head_timeout_s: Seconds a request head may take to arrive (:func:`guarded_protocol`).
         max_connections: Open connections at most (:func:`guarded_protocol`).
+        max_connections_per_client: Open connections of one client address at most (None: half
+            of ``max_connections``).
 
     Raises:
         ValueError: for a non-positive timeout or cap.
     """
-    return {"http": guarded_protocol(head_timeout_s=head_timeout_s, max_connections=max_connections),
+    return {"http": guarded_protocol(head_timeout_s=head_timeout_s, max_connections=max_connections,
+                                     max_connections_per_client=max_connections_per_client),
             "backlog": min(max_connections, 2048), "loop": EVENT_LOOP}
 
 
-def guarded_protocol(*, head_timeout_s: float, max_connections: int) -> type[Any]:
+def refusal(status: int, reason: str) -> bytes:
+    """A whole HTTP response refusing a connection: JSON ``{"detail": reason}``, ``Retry-After: 1``,
+    ``Connection: close``."""
+    phrase = {429: "Too Many Requests", 503: "Service Unavailable"}[status]
+    body = json.dumps({"detail": reason}).encode()
+    head = (f"HTTP/1.1 {status} {phrase}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}"
+            "\r\nretry-after: 1\r\nconnection: close\r\n\r\n")
+    return head.encode() + body
+
+
+class ConnectionTable:
+    """Open connections by client address, and which of them have not sent a request head yet
+    (the only ones that may be closed to make room: they cost the client nothing to open again,
+    and an attacker's idle connections are all of this kind)."""
+
+    def __init__(self, *, max_connections: int, max_per_client: int) -> None:
+        self.max_connections = max_connections
+        self.max_per_client = max_per_client
+        self.total = 0
+        self.by_client: dict[str, int] = {}
+        self.fresh: dict[str, dict[Any, None]] = {}
+        """Per client, its connections without a request head yet, oldest first."""
+
+    def admit(self, client: str, conn: Any) -> tuple[int, str] | None:
+        """Count ``conn`` in, closing the oldest fresh connection of ``client`` (or of the client
+        with the most) when a cap is reached; the refusal ``(status, reason)`` when none can go."""
+        if self.by_client.get(client, 0) >= self.max_per_client and not self._evict(client):
+            return 429, (f"more than {self.max_per_client} open connections from this address "
+                         "(DCP_MAX_CONNECTIONS_PER_CLIENT)")
+        if self.total >= self.max_connections and not self._evict(None):
+            return 503, f"{self.max_connections} connections open already (DCP_MAX_CONNECTIONS)"
+        self.total += 1
+        self.by_client[client] = self.by_client.get(client, 0) + 1
+        self.fresh.setdefault(client, {})[conn] = None
+        return None
+
+    def head_arrived(self, client: str, conn: Any) -> None:
+        """``conn`` sent a request head: it is never closed to make room."""
+        queue = self.fresh.get(client)
+        if queue is not None:
+            queue.pop(conn, None)
+            if not queue:
+                del self.fresh[client]
+
+    def release(self, client: str, conn: Any) -> None:
+        """``conn`` is gone (closed by either side, or evicted)."""
+        self.head_arrived(client, conn)
+        self.total -= 1
+        left = self.by_client[client] - 1
+        if left:
+            self.by_client[client] = left
+        else:
+            del self.by_client[client]
+
+    def _evict(self, client: str | None) -> bool:
+        if client is None:
+            if not self.fresh:
+                return False
+            client = max(self.fresh, key=lambda c: len(self.fresh[c]))
+        queue = self.fresh.get(client)
+        if not queue:
+            return False
+        victim = next(iter(queue))
+        self.release(client, victim)
+        victim.evict()
+        return True
+
+
+def guarded_protocol(*, head_timeout_s: float, max_connections: int,
+                     max_connections_per_client: int | None = None) -> type[Any]:
     """A uvicorn HTTP protocol class (pass it as ``uvicorn.run(..., http=...)``) with a request
-    head deadline, a cap on open connections, and one socket write per response
-    (:class:`CoalescingTransport`).
+    head deadline, caps on open connections (in all and per client address), and one socket write
+    per response (:class:`CoalescingTransport`).
+
+    At a cap, a new connection makes room by closing the oldest connection that has not sent a
+    request head yet (of its own address at the per-address cap, else of the address with the
+    most): 2,500 connections from one address that send nothing take at most its share of the
+    slots, and a rank that connects and asks for its plan is served. When no such connection is
+    left, the new one is answered 429 (its address's cap) or 503 (the service's), both with
+    ``Retry-After``, and closed.
 
     Args:
         head_timeout_s: Seconds a request head may take to arrive, from the connection's start or
             the end of its previous response.
-        max_connections: Open connections at most; one more is closed as soon as it is accepted.
+        max_connections: Open connections at most.
+        max_connections_per_client: Open connections of one client address at most (None: half
+            of ``max_connections``).
 
     Raises:
         ValueError: for a non-positive timeout or cap.
@@ -135,26 +218,49 @@ def guarded_protocol(*, head_timeout_s: float, max_connections: int) -> type[Any
         raise ValueError(f"head_timeout_s must be positive, got {head_timeout_s}")
     if max_connections < 1:
         raise ValueError(f"max_connections must be at least 1, got {max_connections}")
+    per_client = max_connections_per_client or max(1, max_connections // 2)
+    if per_client < 1:
+        raise ValueError(f"max_connections_per_client must be at least 1, got {per_client}")
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # httptools: a dependency
 
+    table = ConnectionTable(max_connections=max_connections, max_per_client=per_client)
+
     class GuardedProtocol(HttpToolsProtocol):  # type: ignore[misc]
-        """uvicorn's protocol with a head deadline and a connection cap (module docstring)."""
+        """uvicorn's protocol with a head deadline and connection caps (module docstring)."""
 
         _head_timer: asyncio.TimerHandle | None = None
+        _client_key: str | None = None
+        connection_table = table
 
         def connection_made(self, transport: Any) -> None:
-            if len(self.connections) >= max_connections:
-                logger.warning("connection refused: %d open already (DCP_MAX_CONNECTIONS)", len(self.connections))
-                transport.abort()
+            peer = transport.get_extra_info("peername")
+            client = str(peer[0]) if peer else "unknown"
+            refused = table.admit(client, self)
+            if refused is not None:
+                status, reason = refused
+                logger.warning("connection from %s refused: %s", client, reason)
+                transport.write(refusal(status, reason))
+                transport.close()
                 return
+            self._client_key = client
             # duck-typed: it has every method uvicorn's protocol calls on a transport
             super().connection_made(cast(asyncio.Transport, CoalescingTransport(transport, self.loop)))
             self._arm_head_timer()
+
+        def evict(self) -> None:
+            """Closed to make room (it sent no request head): already uncounted."""
+            logger.info("closing an idle connection from %s to make room", self._client_key)
+            self._client_key = None
+            self._disarm_head_timer()
+            self.transport.abort()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm_head_timer()
             if getattr(self, "transport", None) is None:  # refused in connection_made
                 return
+            if self._client_key is not None:
+                table.release(self._client_key, self)
+                self._client_key = None
             super().connection_lost(exc)
 
         def _arm_head_timer(self) -> None:
@@ -174,6 +280,8 @@ def guarded_protocol(*, head_timeout_s: float, max_connections: int) -> type[Any
 
         def on_headers_complete(self) -> None:
             self._disarm_head_timer()
+            if self._client_key is not None:
+                table.head_arrived(self._client_key, self)
             super().on_headers_complete()
 
         def on_response_complete(self) -> None:

@@ -3,7 +3,8 @@
 Failures are told apart by cause (``api.faults.classify``): a job that hits a passing fault
 (a killed solver worker, a full disk, a store locked by another process) goes back to
 ``queued`` with the cause in ``error`` and is retried with exponential backoff (its stored
-steps kept, only the missing ones re-planned); after ``max_transient_retries`` retries it is
+steps kept, only the missing ones re-planned); after ``max_transient_retries`` retries in a row
+without a step stored between them it is
 ``failed`` with ``transient`` set, and it is retried again at the next start or by
 ``POST /v1/epochs/{id}/resume``. Any other failure (a sample that fits nowhere, a step past
 its deadline) fails the job at once.
@@ -19,10 +20,11 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 from api.faults import classify
-from api.jobs import record_state, run_epoch_job
+from api.jobs import planner_wall_cap_s, record_state, run_epoch_job
 from api.metrics import Metrics
 from api.store import ACTIVE_STATES, EpochRecord, PlanStore
 from costmodel.schema import CostModelFile
+from costmodel.specs import ClusterSpec
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +48,8 @@ class _Run:
     """``time.monotonic()`` of the next retry while ``fault`` is set."""
     attempts: int = 0
     """Transient failures of this run."""
+    progress_at: float = 0.0
+    """``time.monotonic()`` of the last step stored (or of the attempt's start)."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -73,11 +77,16 @@ class RetryPolicy:
     """Retries before the job is left ``failed`` (until the next start or a resume)."""
     deadline_margin_s: float | None = 1.0
     """Each step stops at the job's ``time_limit_s`` plus this (None: no deadline)."""
+    stall_floor_s: float = 120.0
+    """The shortest time a running job may store no step before it is stopped and retried as a
+    transient failure (``JobManager._stall_s``)."""
 
     def margin_s(self, attempt: int) -> float | None:
         """The deadline margin of retry ``attempt`` (0: the first run): doubled after each transient
-        failure, so a host too loaded for a step's deadline gets more room, not the same failure."""
-        return None if self.deadline_margin_s is None else self.deadline_margin_s * 2 ** min(attempt, 6)
+        failure without progress, with no cap, so a host too loaded for a step's deadline gets
+        more room, not the same failure; ``max_transient_retries`` bounds the doubling (the job
+        then fails, naming the cause and the retries)."""
+        return None if self.deadline_margin_s is None else self.deadline_margin_s * 2.0 ** attempt
 
     def backoff_s(self, attempt: int) -> float:
         """Wait before retry number ``attempt`` (1-based)."""
@@ -145,6 +154,7 @@ class JobManager:
 
         def on_written(new: int) -> None:
             run.steps_done += new
+            run.progress_at = time.monotonic()
             run.fault = None  # the store takes writes again
             if self.metrics is not None:
                 record = self.store.get_epoch(epoch_id)
@@ -156,24 +166,46 @@ class JobManager:
         def stopping() -> bool:
             return cancel.is_set() or self._shutdown.is_set()
 
-        attempt = 0
+        stall: list[str] = []  # why the current attempt was stopped for want of progress
+
+        def stopping_or_stalled() -> bool:
+            if stopping():
+                return True
+            quiet_s = time.monotonic() - run.progress_at
+            if quiet_s > stall_s and not stall:
+                stall.append(f"no step stored for {quiet_s:.0f} s (over {stall_s:.0f} s: the steps' "
+                             f"deadline x {self.retry.max_transient_retries} retries); restarted")
+            return bool(stall)
+
+        def stop_state() -> str:
+            return "queued" if stall or (self._shutdown.is_set() and not cancel.is_set()) else "cancelled"
+
+        def stop_error() -> str | None:
+            if cancel.is_set():
+                return None
+            return SHUTDOWN_ERROR if self._shutdown.is_set() else (stall[0] if stall else None)
+
+        attempt = 0  # transient failures in a row without a step stored between them
+        steps_at_failure = run.steps_done
         while True:
+            stall.clear()
+            stall_s = self._stall_s(epoch_id, attempt)
+            run.progress_at = time.monotonic()
             try:
                 final = run_epoch_job(
                     self.store, epoch_id, get_cost_model=self.get_cost_model, executor=self.executor,
                     num_workers=self.num_workers, write_batch_steps=self.write_batch_steps,
-                    should_stop=stopping,
-                    stop_state=lambda: "queued" if self._shutdown.is_set() and not cancel.is_set()
-                    else "cancelled",
-                    stop_error=lambda: SHUTDOWN_ERROR if self._shutdown.is_set() and not cancel.is_set()
-                    else None,
+                    should_stop=stopping_or_stalled, stop_state=stop_state, stop_error=stop_error,
                     on_written=on_written, metrics=self.metrics,
                     deadline_margin_s=self.retry.margin_s(attempt), requeue_transient=True)
                 cause = final.error or "its end state could not be recorded"
-                # Queued after a passing fault, or still active in the store because recording the
-                # outcome failed too (a locked or full store): run again; a finished job returns
-                # at once with its state recorded.
-                retry = final.state in ("queued", "running") and (final.transient or final.state == "running")
+                # Queued after a passing fault or a stall, or still active in the store because
+                # recording the outcome failed too (a locked or full store): run again; a finished
+                # job returns at once with its state recorded.
+                retry = final.state in ("queued", "running") and (
+                    final.transient or final.state == "running" or bool(stall))
+                if stall:
+                    logger.warning("epoch %s: %s", epoch_id, stall[0])
             except Exception as exc:  # the store itself failed (set_state, get_epoch)
                 fault = classify(exc)
                 if not fault.transient:
@@ -184,6 +216,9 @@ class JobManager:
                 if retry and cancel.is_set():
                     record_state(self.store, epoch_id, "cancelled")
                 break
+            if run.steps_done > steps_at_failure:  # progress since the last failure: a new count
+                attempt = 0
+            steps_at_failure = run.steps_done
             attempt += 1
             if attempt > self.retry.max_transient_retries:
                 logger.warning("epoch %s: giving up after %d retries: %s", epoch_id, attempt - 1, cause)
@@ -279,6 +314,26 @@ class JobManager:
             logger.info("resuming epoch %s", epoch_id)
             self.start(epoch_id)
         return resumed
+
+    def _stall_s(self, epoch_id: str, attempt: int) -> float:
+        """How long attempt ``attempt`` of a job may store no step before it is stopped and
+        retried: its steps' deadline times ``max_transient_retries``, at least
+        ``stall_floor_s`` (a pool cannot hold a step longer: it kills a worker past a step's
+        deadline and replaces dead ones, so this catches what nothing else does)."""
+        margin_s = self.retry.margin_s(attempt)
+        record = self.store.get_epoch(epoch_id)
+        if margin_s is None or record is None:
+            return self.retry.stall_floor_s
+        try:
+            num_gpus = ClusterSpec.model_validate(record.spec["cluster"]).num_gpus
+            deadline_s = planner_wall_cap_s(record.spec["options"], num_gpus=num_gpus) + margin_s
+        except (KeyError, ValueError):
+            return self.retry.stall_floor_s
+        return max(self.retry.stall_floor_s, deadline_s * max(self.retry.max_transient_retries, 1))
+
+    def request_shutdown(self) -> None:
+        """Tell every job to stop (they stop at their next look, or when their steps fail)."""
+        self._shutdown.set()
 
     def shutdown(self, *, timeout_s: float = 30.0) -> None:
         """Stop every job after its finished steps are written; they resume at next start."""

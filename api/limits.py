@@ -15,6 +15,11 @@ In this order, before any framework work:
    ``max_bodies_per_client`` requests with a body in the service at once (429 after), so a few
    large bodies, not 64, bound its memory; the body itself is counted before it is parsed
    (``api.strictjson.MAX_BODY_VALUES``).
+   Service-wide, whoever sends them, the bodies received and held at once count at most
+   ``max_body_bytes_in_flight`` bytes, each at :data:`BODY_MEMORY_FACTOR` times its size (what it
+   takes while read, joined and parsed), from ``Content-Length`` before anything is read, or as
+   a chunked body arrives, until the request ends: past it, 503 with ``Retry-After``, so many
+   large bodies from many addresses cannot take the service's memory.
 4. Anything the app raises becomes a JSON error (``api.errors.error_response``: 503 for a
    busy, full or read-only store, 500 otherwise) with ``Connection: close``.
 
@@ -35,6 +40,34 @@ from api.auth import DOC_PREFIXES, Tokens
 from api.errors import error_response
 
 logger = logging.getLogger(__name__)
+
+BODY_MEMORY_FACTOR = 3
+"""A body is counted against ``max_body_bytes_in_flight`` at this many times its size: what it
+takes in memory while it is received (the chunks), joined, and parsed (its decoded text and
+values). With 32 concurrent 31 MB bodies from 4 addresses and the cap at 128 MiB, counting the
+bytes alone let four bodies in at once and the service peaked at 484 MB (147 MB idle);
+``bench/global_limits.py`` measures it."""
+
+DEFAULT_BODY_BYTES_IN_FLIGHT = 128 * 1024 * 1024
+"""The cap on counted body bytes in flight, unless the settings set another (at least
+``BODY_MEMORY_FACTOR`` times the largest body)."""
+
+
+def body_bytes_in_flight_cap(*, max_body_bytes: int, configured: int | None) -> int:
+    """The cap on counted body bytes in flight: ``configured``, or the default raised to take at
+    least one body of ``max_body_bytes``.
+
+    Raises:
+        ValueError: when ``configured`` is below one largest body's count.
+    """
+    smallest = BODY_MEMORY_FACTOR * max_body_bytes
+    if configured is None:
+        return max(DEFAULT_BODY_BYTES_IN_FLIGHT, smallest)
+    if configured < smallest:
+        raise ValueError(f"max_body_bytes_in_flight ({configured}) is below {BODY_MEMORY_FACTOR} x max_body_bytes "
+                         f"({smallest}): the largest body (counted at {BODY_MEMORY_FACTOR}x its size) could never "
+                         "be taken")
+    return configured
 
 async def send_json(send: Send, status: int, detail: object, *, close: bool = False,
                     headers: list[tuple[bytes, bytes]] | None = None) -> None:
@@ -59,9 +92,15 @@ class RequestGuardMiddleware:
     """Auth before body, body size and read deadline, and no unhandled exception on the wire."""
 
     def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_read_timeout_s: float,
-                 tokens: Tokens, max_bodies_per_client: int = 8) -> None:
+                 tokens: Tokens, max_bodies_per_client: int = 8,
+                 max_body_bytes_in_flight: int | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.max_body_bytes_in_flight = body_bytes_in_flight_cap(max_body_bytes=max_body_bytes,
+                                                                 configured=max_body_bytes_in_flight)
+        self.body_bytes_in_flight = 0
+        """Counted bytes (``BODY_MEMORY_FACTOR`` x size) of the bodies being received or held by
+        requests not ended yet (all clients)."""
         self.body_read_timeout_s = body_read_timeout_s
         self.tokens = tokens
         self.max_bodies_per_client = max_bodies_per_client
@@ -99,8 +138,9 @@ class RequestGuardMiddleware:
                                 close=True, headers=[(b"retry-after", b"1")])
                 return
             self._bodies[client] = self._bodies.get(client, 0) + 1
+        held = [0]  # this request's bytes in ``body_bytes_in_flight``
         try:
-            replay = await self._admit(scope, receive, send)
+            replay = await self._admit(scope, receive, send, held)
             if replay is not None:
                 await self.app(scope, replay, tracking_send)
         except Exception as exc:
@@ -111,6 +151,7 @@ class RequestGuardMiddleware:
                 raise
             await send_json(send, status, detail, close=True, headers=headers)
         finally:
+            self.body_bytes_in_flight -= held[0]
             if client is not None:
                 left = self._bodies[client] - 1
                 if left:
@@ -129,8 +170,27 @@ class RequestGuardMiddleware:
         client = scope.get("client")
         return str(client[0]) if client else "unknown"
 
-    async def _admit(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
-        """Check auth and read the body; the replaying receive, or None when answered here."""
+    def _hold(self, held: list[int], size: int) -> bool:
+        """Count this request's body at ``size`` bytes (``BODY_MEMORY_FACTOR`` x that in flight);
+        False (nothing more counted) when that would pass ``max_body_bytes_in_flight``."""
+        more = BODY_MEMORY_FACTOR * size - held[0]
+        if more <= 0:
+            return True
+        if self.body_bytes_in_flight + more > self.max_body_bytes_in_flight:
+            return False
+        self.body_bytes_in_flight += more
+        held[0] += more
+        return True
+
+    async def _busy(self, send: Send) -> None:
+        await send_json(send, 503, f"the service holds request bodies counted at {self.body_bytes_in_flight} "
+                        f"bytes already (DCP_MAX_BODY_BYTES_IN_FLIGHT={self.max_body_bytes_in_flight}, each "
+                        f"body counted at {BODY_MEMORY_FACTOR}x its size); retry",
+                        close=True, headers=[(b"retry-after", b"1")])
+
+    async def _admit(self, scope: Scope, receive: Receive, send: Send, held: list[int]) -> Receive | None:
+        """Check auth and read the body (its bytes counted in ``held``); the replaying receive,
+        or None when answered here."""
         method = scope["method"]
         declared_raw = _header(scope, b"content-length")
         chunked = b"chunked" in (_header(scope, b"transfer-encoding") or b"").lower()
@@ -146,6 +206,9 @@ class RequestGuardMiddleware:
                 return None
             if declared > self.max_body_bytes:
                 await send_json(send, 413, self._too_large(), close=True)
+                return None
+            if has_body and not self._hold(held, declared):
+                await self._busy(send)
                 return None
         if not has_body:
             return receive
@@ -164,6 +227,9 @@ class RequestGuardMiddleware:
                 return None
             body = message.get("body", b"")
             size += len(body)
+            if size <= self.max_body_bytes and not self._hold(held, size):  # chunked, or longer than declared
+                await self._busy(send)
+                return None
             if size > self.max_body_bytes:
                 if message.get("more_body", False):
                     await self._drain(receive, deadline)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from api.schemas import MAX_SAMPLE_TOKENS
 from costmodel.specs import Sample
-from planner.workload import parse_manifest_lines
+from planner.workload import bounded_lines, parse_manifest_lines
 
 
 class PathEscapeError(ValueError):
@@ -60,7 +60,7 @@ def load_manifest(*, text: str | None, path: Path | None, max_samples: int) -> l
     else:
         assert path is not None
         with path.open() as fh:
-            for sample in parse_manifest_lines(fh, source=path.name):
+            for sample in parse_manifest_lines(bounded_lines(fh, source=path.name), source=path.name):
                 samples.append(sample)
                 if len(samples) > max_samples:
                     raise ValueError(f"manifest holds more than {max_samples} samples")

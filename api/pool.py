@@ -1,32 +1,35 @@
-"""The solver process pool: replaced when broken, every task under a wall-clock deadline.
+"""The solver process pool: no read of a worker's result can block, dead workers are replaced.
 
-A ``ProcessPoolExecutor`` whose worker dies is unusable for good; ``SolverPool`` swaps in a
-fresh one on the next submission, so one lost worker costs the requests in flight (a 503, or
-an epoch job that retries its steps), not the service.
+``SolverPool`` is an ``Executor`` over spawned worker processes (``api.pool_worker``), each with
+its own socket pair to the service and nothing shared between workers. One dispatcher thread
+owns every worker: it waits (``poll``) on their sockets and their process sentinels, reads
+results without ever blocking (``api.pool_channel``: a partial frame stays in a buffer), hands
+queued tasks to idle workers, and starts a new worker for each one that exits.
 
-Deadlines (``submit_with_deadline``) are enforced twice:
+Why not ``concurrent.futures.ProcessPoolExecutor`` (Python 3.11): its workers share one result
+pipe under one lock, and its manager thread, once the pipe is readable, reads a whole message
+with a blocking ``recv``. A worker killed halfway through writing an ~80 KB result (the kernel's
+out-of-memory killer, or ``kill -9``) left that ``recv`` waiting for bytes that never come (the
+pipe's write end stays open in the other processes): every later result, the detection of dead
+workers, their replacement and the service's shutdown waited with it, for good. A worker killed
+while holding the pipe's lock blocked every other worker's result. ``multiprocessing.Pool`` has
+the same shared queues and does not even notice a worker lost mid-task.
 
-* in the worker, cooperatively: a ``SIGALRM`` timer interrupts the planner's Python code at
-  the deadline (every search loop of the planner is Python, so it stops within milliseconds)
-  and the task fails with :class:`DeadlineExceededError`;
-* in the service, as a backstop for code that never returns to Python (a native solver call
-  past its own limit): ``grace_s`` after the deadline, the pool's workers are killed and the
-  pool is replaced.
+What the pool guarantees:
 
-Workers also watch their parent: when the service dies (kill -9 included) they exit within
-about ``PARENT_POLL_S`` instead of living on as orphans. They ignore SIGINT and SIGTERM: a
-terminal's Ctrl-C and a service manager's stop (systemd, ``docker stop``) signal the whole process
-group, and a worker that died of it first made the service's shutdown look like "a solver worker
-died" (Ctrl-C also printed each worker's ``KeyboardInterrupt`` and could hang the shutdown); the
-service stops its jobs, then its pool, and the workers leave with it. A SIGTERM still ends a
-worker, ``TERM_GRACE_S`` later (``ProcessPoolExecutor`` terminates the other workers of a broken
-pool and waits for them), unless the service stopped it first.
-
-Workers report when they start a deadline task over one pipe shared by every worker of every
-pool the service makes, written without a lock: each report is one ``os.write`` of
-``_START_RECORD.size`` bytes, which POSIX makes atomic on a pipe (at most ``PIPE_BUF``). A lock
-would not survive a worker killed while holding it: every later report would wait on it for
-good, and with them every task (a ``multiprocessing`` queue's lock did exactly that).
+* A worker that exits (killed, out of memory, its imports broken) is seen at once by its
+  sentinel, reaped and replaced. Its task is run again once on another worker (``max_reruns``)
+  and then fails with :class:`WorkerDiedError`, whose message names the worker and how it died.
+* A result frame that stops halfway for ``result_timeout_s`` gets its worker killed (and the
+  task failed, naming why).
+* Deadlines (``submit_with_deadline``) count from when a worker is handed the task: the worker
+  stops the task itself at the deadline (``api.pool_worker.run_with_deadline``); one still
+  running ``grace_s`` later (native code that never returns to Python) has its worker killed and
+  fails with :class:`WorkerDiedError` naming the deadline.
+* :meth:`SolverPool.health` says what readiness needs: workers ready of those configured, tasks
+  past their deadline, a dispatcher that stopped running.
+* ``shutdown(kill_running=True)`` kills the workers and fails what they ran; it returns within
+  a bound whatever the workers do.
 """
 
 from __future__ import annotations
@@ -36,261 +39,462 @@ import itertools
 import logging
 import multiprocessing
 import os
+import pickle
 import select
 import signal
-import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures import Executor, Future, InvalidStateError
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
 from typing import Any, ParamSpec, TypeVar
+
+from api.faults import PoolShutDownError
+from api.pool_channel import Channel
+from api.pool_worker import (
+    PARENT_POLL_S,
+    READY,
+    TERM_GRACE_S,
+    WORKER_MODULES,
+    DeadlineExceededError,
+    preload,
+    run_with_deadline,
+    worker_main,
+)
+
+__all__ = ["PARENT_POLL_S", "TERM_GRACE_S", "WORKER_MODULES", "DeadlineExceededError", "PoolHealth",
+           "SolverPool", "WorkerDiedError", "make_executor", "preload", "run_with_deadline"]
 
 logger = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
-PARENT_POLL_S = 0.5
-"""How often a worker checks that the service that started it is alive."""
+POLL_S = 0.1
+"""Longest sleep of the dispatcher between two looks at its timers."""
+
+STALL_S = 5.0
+"""A dispatcher that has not run for this long makes the pool unhealthy."""
+
+EXIT_WAIT_S = 3.0
+"""At shutdown, how long idle workers get to leave after their socket is closed before they
+are killed."""
 
 
-class DeadlineExceededError(Exception):
-    """A task ran past its wall-clock deadline and was stopped."""
+class WorkerDiedError(BrokenProcessPool):
+    """The worker running the task exited (or was killed by the pool); the message says how."""
 
 
-class _Alarm(BaseException):
-    """Raised in the worker by the SIGALRM handler (BaseException: no ``except Exception`` in
-    the planner can swallow it)."""
+@dataclass(kw_only=True, frozen=True, slots=True)
+class PoolHealth:
+    """What the pool can do now (``/readyz``)."""
+
+    num_workers: int
+    """Workers configured."""
+    num_ready: int
+    """Workers alive with their imports done."""
+    problems: tuple[str, ...]
+    """Why the pool is not fully able to plan, in plain words (empty: it is)."""
+
+    @property
+    def ok(self) -> bool:
+        """Every worker ready, no task past its deadline, the dispatcher running."""
+        return not self.problems
 
 
-_STARTS: Any = None
-"""In a worker: the pipe's write end (a ``multiprocessing`` connection, which owns the
-descriptor), on which each deadline task reports when it starts."""
-
-_START_RECORD = struct.Struct("<qd")
-"""One start report: the task's token and its start as unix time (16 bytes, atomic on a pipe)."""
-
-
-TERM_GRACE_S = 5.0
-"""How long a worker outlives a SIGTERM (module docstring): time for the service, signalled with
-it, to stop its jobs first."""
-
-
-def _watch_parent(parent_pid: int) -> None:
-    while True:
-        time.sleep(PARENT_POLL_S)
-        if os.getppid() != parent_pid:
-            os._exit(0)
+@dataclass(slots=True)
+class _Task:
+    id: int
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    deadline_s: float | None
+    future: Future[Any]
+    running: bool = False
+    reruns: int = 0
+    started: float | None = None
+    """``time.monotonic()`` when a worker was handed it (None: queued)."""
 
 
-def _on_sigterm(signum: int, frame: object) -> None:
-    """End this worker :data:`TERM_GRACE_S` after a SIGTERM (the task it runs goes on meanwhile)."""
-    timer = threading.Timer(TERM_GRACE_S, os._exit, args=(128 + signal.SIGTERM,))
-    timer.daemon = True
-    timer.start()
+@dataclass(slots=True)
+class _Worker:
+    process: BaseProcess
+    channel: Channel
+    started: float
+    ready: bool = False
+    task: _Task | None = None
+    killed_for: str | None = None
+    """Why the pool killed it (its task fails with this)."""
+    closed_at: float | None = None
+    """When its socket was closed at shutdown."""
+    eof_at: float | None = None
+    """When its socket was first seen closed from the worker's side."""
 
 
-def init_worker(parent_pid: int, starts: Any = None, nice: int = 0) -> None:
-    """Pool-worker initializer: exit when the parent dies; leave SIGINT and SIGTERM to the parent;
-    lower the priority by ``nice``; import the planner up front.
-
-    Args:
-        parent_pid: The service's pid.
-        starts: The write end (a ``multiprocessing`` connection) of the pipe on which deadline
-            tasks report their start, or None.
-        nice: Steps below the parent's priority.
-    """
-    global _STARTS
-    _STARTS = starts
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the service stops its workers (module docstring)
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    if nice > 0 and hasattr(os, "nice"):
-        os.nice(nice)
-    threading.Thread(target=_watch_parent, args=(parent_pid,), name="parent-watch", daemon=True).start()
-    preload()
-
-
-WORKER_MODULES = ("planner.planning", "planner.epoch", "planner.bounds.lp", "planner.search.cpsat",
-                  "planner.search.lns", "scipy.optimize", "ortools.sat.python.cp_model")
-"""What a worker imports before its first task: everything the planner imports lazily (OR-Tools,
-SciPy's MILP and what they pull in). A deadline alarm that lands inside a C extension's import
-leaves it half-initialised in ``sys.modules`` and breaks that worker for every later task
-(issue 24); imported here, before any alarm is armed, no task imports anything heavy."""
-
-
-def preload() -> None:
-    """Import :data:`WORKER_MODULES` (idempotent)."""
-    import importlib
-
-    for name in WORKER_MODULES:
-        importlib.import_module(name)
-
-
-def _exit_soon(delay_s: float = 0.05) -> None:
-    """Leave this worker shortly after the current task's error is sent back: the pool breaks and
-    the service replaces it (``SolverPool``) instead of keeping a worker whose imports broke."""
-    threading.Timer(delay_s, os._exit, args=(70,)).start()
-
-
-def run_with_deadline(token: int, deadline_s: float, fn: Callable[..., T], /, *args: Any,
-                      **kwargs: Any) -> T:
-    """Run ``fn`` in this (worker) process, interrupting it after ``deadline_s`` seconds.
-
-    Raises:
-        DeadlineExceededError: when the deadline passed first.
-    """
-
-    def on_alarm(signum: int, frame: object) -> None:
-        raise _Alarm()
-
-    if _STARTS is not None:
-        os.write(_STARTS.fileno(), _START_RECORD.pack(token, time.time()))  # atomic: no lock to die holding
-    try:
-        previous = signal.signal(signal.SIGALRM, on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, deadline_s)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
-    except _Alarm:
-        raise DeadlineExceededError(f"stopped after its deadline of {deadline_s:.3g} s") from None
-    except ImportError:
-        logger.error("an import failed inside a solver task: this worker is replaced")
-        _exit_soon()
-        raise
-
-
-def make_executor(num_workers: int, *, starts: Any = None, nice: int = 0) -> ProcessPoolExecutor:
-    """A pool of spawned processes (safe next to the server's threads) that exit with their
-    parent, each ``nice`` steps below the parent's priority."""
-    if not 0 <= nice <= 19:
-        raise ValueError(f"nice must be in [0, 19], got {nice}")
-    return ProcessPoolExecutor(max_workers=num_workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=init_worker, initargs=(os.getpid(), starts, nice))
+def _how_it_ended(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "exit status unknown"
+    if exitcode < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-exitcode).name}"
+        return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
 
 
 class SolverPool(Executor):
-    """An executor over a process pool that is recreated after it breaks."""
+    """Spawned solver workers behind one non-blocking dispatcher (module docstring)."""
 
-    def __init__(self, num_workers: int, *, grace_s: float = 2.0, nice: int = 0) -> None:
+    def __init__(self, num_workers: int, *, grace_s: float = 2.0, nice: int = 0,
+                 result_timeout_s: float = 30.0, start_timeout_s: float = 120.0, max_reruns: int = 1) -> None:
+        """
+        Args:
+            num_workers: Worker processes kept alive.
+            grace_s: Time past a task's deadline before its worker is killed.
+            nice: Steps below the service's priority for every worker (0 to 19).
+            result_timeout_s: Longest time a result frame may stay incomplete.
+            start_timeout_s: Longest time a new worker may take to import the planner.
+            max_reruns: Times a task whose worker died is run again before it fails.
+        """
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+        if not 0 <= nice <= 19:
+            raise ValueError(f"nice must be in [0, 19], got {nice}")
         self.num_workers = num_workers
         self.nice = nice
         self.grace_s = grace_s
-        self._lock = threading.RLock()
-        self._starts_read, self._starts_write = multiprocessing.get_context("spawn").Pipe(duplex=False)
-        self._executor = make_executor(num_workers, starts=self._starts_write, nice=nice)
+        self.result_timeout_s = result_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.max_reruns = max_reruns
         self.num_replacements = 0
+        """Workers started to replace one that exited."""
         self.num_deadline_kills = 0
-        self._tokens = itertools.count()
-        self._started: dict[int, float] = {}
-        self._watched: dict[int, tuple[Future[Any], float, ProcessPoolExecutor]] = {}
-        self._closed = threading.Event()
-        threading.Thread(target=self._read_starts, name="pool-starts", daemon=True).start()
-        threading.Thread(target=self._watchdog, name="pool-watchdog", daemon=True).start()
+        """Workers killed because their task ran past its deadline and grace."""
+        self.num_reruns = 0
+        """Tasks run again after their worker died."""
+        self.deaths: deque[str] = deque(maxlen=64)
+        """The latest workers' ends, in words."""
+        self._ctx = multiprocessing.get_context("spawn")
+        self._lock = threading.RLock()
+        self._queue: deque[_Task] = deque()
+        self._workers: list[_Worker] = []
+        self._ids = itertools.count()
+        self._closing = False
+        self._kill_running = False
+        self._startup_failures = 0
+        self._next_start_at = 0.0
+        self._heartbeat = time.monotonic()
+        self._ended = False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._thread = threading.Thread(target=self._run, name="solver-pool", daemon=True)
+        self._thread.start()
 
+    # ------------------------------------------------------------------ API
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
-        """Submit to the current pool, replacing it first when it is broken."""
-        with self._lock:
-            executor = self._executor
-        try:
-            return executor.submit(fn, *args, **kwargs)
-        except BrokenProcessPool:
-            with self._lock:
-                if self._executor is executor:
-                    logger.warning("solver pool broken (a worker died); starting a new one")
-                    _kill_workers(executor)  # doomed (the pool terminates them): no SIGTERM grace
-                    executor.shutdown(wait=False, cancel_futures=True)
-                    self._executor = make_executor(self.num_workers, starts=self._starts_write,
-                                                   nice=self.nice)
-                    self.num_replacements += 1
-                executor = self._executor
-            return executor.submit(fn, *args, **kwargs)
+        """Queue ``fn(*args, **kwargs)`` for the next idle worker."""
+        return self._submit(None, fn, args, kwargs)
 
     def submit_with_deadline(self, deadline_s: float, fn: Callable[..., T], /, *args: Any,
                              **kwargs: Any) -> Future[T]:
-        """Submit ``fn`` to run under a wall-clock deadline counted from when a worker starts it.
+        """Queue ``fn`` under a wall-clock deadline counted from when a worker is handed it.
 
         The future fails with :class:`DeadlineExceededError` at the deadline, or with
-        ``BrokenProcessPool`` when the backstop had to kill the workers ``grace_s`` later.
+        :class:`WorkerDiedError` when the worker had to be killed ``grace_s`` later.
         """
-        token = next(self._tokens)
-        with self._lock:  # registered before the start report can be read (the reader waits)
-            future: Future[T] = self.submit(run_with_deadline, token, deadline_s, fn, *args, **kwargs)
-            self._watched[token] = (future, deadline_s, self._executor)
+        return self._submit(deadline_s, fn, args, kwargs)
+
+    def _submit(self, deadline_s: float | None, fn: Callable[..., T], args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Future[T]:
+        future: Future[T] = Future()
+        with self._lock:
+            if self._closing:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self._queue.append(_Task(id=next(self._ids), fn=fn, args=args, kwargs=kwargs,
+                                     deadline_s=deadline_s, future=future))
+        self._wake()
         return future
 
-    def _read_starts(self) -> None:
-        """The reader of the start pipe (it owns the read end and closes it when it stops)."""
-        with self._starts_read:
-            fd = self._starts_read.fileno()
-            pending = b""
-            while not self._closed.is_set():
-                try:
-                    ready, _, _ = select.select([fd], [], [], 0.2)
-                    if not ready:
-                        continue
-                    data = os.read(fd, 4096)
-                except (OSError, ValueError):
-                    return
-                if not data:
-                    return
-                pending += data
-                whole = len(pending) - len(pending) % _START_RECORD.size
-                with self._lock:
-                    for token, started in _START_RECORD.iter_unpack(pending[:whole]):
-                        if token in self._watched:
-                            self._started[token] = started
-                pending = pending[whole:]
-
-    def _watchdog(self) -> None:
-        while not self._closed.wait(0.2):
-            now = time.time()
-            overdue: list[tuple[float, ProcessPoolExecutor]] = []
-            with self._lock:
-                for token, (future, deadline_s, executor) in list(self._watched.items()):
-                    if future.done():
-                        del self._watched[token]
-                        self._started.pop(token, None)
-                    elif token in self._started and now > self._started[token] + deadline_s + self.grace_s:
-                        overdue.append((deadline_s, executor))
-                        del self._watched[token]
-                        self._started.pop(token, None)
-            for deadline_s, executor in overdue:
-                logger.warning("a solver task is %.1f s past its %.3g s deadline and did not stop; "
-                               "killing the pool's workers (the pool is replaced)", self.grace_s, deadline_s)
-                self.num_deadline_kills += 1
-                _kill_workers(executor)
+    def health(self) -> PoolHealth:
+        """Workers ready, tasks past their deadline, and whether the dispatcher runs."""
+        now = time.monotonic()
+        problems: list[str] = []
+        with self._lock:
+            num_ready = sum(1 for w in self._workers if w.ready and w.killed_for is None)
+            for w in self._workers:
+                t = w.task
+                if t is not None and t.deadline_s is not None and t.started is not None \
+                        and now > t.started + t.deadline_s:
+                    problems.append(f"a solver task has run {now - t.started:.1f} s, past its "
+                                    f"{t.deadline_s:.3g} s deadline (worker {w.process.pid})")
+            heartbeat = self._heartbeat
+            closing = self._closing
+        if closing:
+            problems.insert(0, "the solver pool is shut down")
+        if num_ready < self.num_workers:
+            problems.insert(0, f"{num_ready} of {self.num_workers} solver worker(s) ready")
+        if now - heartbeat > STALL_S and self._thread.is_alive():
+            problems.append(f"the solver pool's dispatcher has not run for {now - heartbeat:.1f} s")
+        if not self._thread.is_alive() and not closing:
+            problems.append("the solver pool's dispatcher stopped")
+        return PoolHealth(num_workers=self.num_workers, num_ready=num_ready, problems=tuple(problems))
 
     def worker_pids(self) -> list[int]:
-        """Pids of the current pool's live workers."""
-        processes: dict[int, Any] = getattr(self._executor, "_processes", None) or {}
-        return [p.pid for p in processes.values() if p.is_alive()]
+        """Pids of the pool's worker processes (starting ones included)."""
+        with self._lock:
+            return [w.process.pid for w in self._workers if w.process.pid is not None]
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False, kill_running: bool = False) -> None:
-        """Shut the current pool down.
+        """Stop the pool.
 
         Args:
-            wait: Wait for the workers to exit.
-            cancel_futures: Cancel the tasks not started yet.
-            kill_running: Kill the workers first, so that tasks still running end now with
-                ``BrokenProcessPool`` instead of being waited for: for a caller that awaits none
-                of them (the service at shutdown, after its requests and jobs have ended, when
-                what is left is a worker's warm-up import, ~1 s, or a plan whose client left).
+            wait: Wait until the workers have exited (always bounded with ``kill_running``).
+            cancel_futures: Cancel the tasks no worker was handed yet.
+            kill_running: Kill the workers now: the tasks they run fail with ``BrokenProcessPool``
+                (for a caller that awaits none of them: the service at its shutdown).
         """
-        self._closed.set()
         with self._lock:
-            if kill_running:
-                _kill_workers(self._executor)
-            self._executor.shutdown(wait=wait, cancel_futures=cancel_futures)
-        self._starts_write.close()
+            self._closing = True
+            self._kill_running = self._kill_running or kill_running
+            if cancel_futures or kill_running:
+                while self._queue:
+                    self._fail(self._queue.popleft(), PoolShutDownError("the solver pool shut down"))
+        self._wake()
+        if wait:
+            self._thread.join(timeout=None if not kill_running else 2 * EXIT_WAIT_S + 5.0)
+
+    # ------------------------------------------------------------ dispatcher
+    def _wake(self) -> None:
+        with self._lock, contextlib.suppress(BlockingIOError, OSError):
+            if not self._ended:
+                os.write(self._wake_w, b"x")
+
+    def _run(self) -> None:
+        try:
+            while self._step():
+                pass
+        except BaseException:
+            logger.exception("the solver pool's dispatcher crashed")
+        finally:
+            self._close_all()
+
+    def _step(self) -> bool:
+        """One round: start, hand out, wait, read, enforce; False when the pool has ended."""
+        self._heartbeat = time.monotonic()
+        with self._lock:
+            if self._closing:
+                if not self._wind_down():
+                    return False
+            else:
+                self._start_missing()
+            self._hand_out()
+            polled = self._poll_targets()
+        events = self._poll(polled)
+        with self._lock:
+            for fd, mask in events:
+                target = polled.get(fd)
+                if target is None or target[0] not in self._workers:
+                    continue
+                worker, kind = target
+                if kind == "sentinel":
+                    self._read(worker)
+                    self._on_exit(worker)
+                    continue
+                if mask & (select.POLLIN | select.POLLHUP | select.POLLERR):
+                    self._read(worker)  # the end of the socket sets channel.eof; the sentinel follows
+                if mask & select.POLLOUT and not worker.channel.eof:
+                    worker.channel.write_some()
+            self._enforce_timers()
+        return True
+
+    def _poll_targets(self) -> dict[int, tuple[_Worker, str]]:
+        targets: dict[int, tuple[_Worker, str]] = {}
+        for w in self._workers:
+            targets[w.process.sentinel] = (w, "sentinel")
+            if w.closed_at is None and not w.channel.eof:
+                targets[w.channel.fd] = (w, "socket")
+        return targets
+
+    def _poll(self, targets: dict[int, tuple[_Worker, str]]) -> list[tuple[int, int]]:
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        for fd, (worker, kind) in targets.items():
+            mask = select.POLLIN
+            if kind == "socket" and worker.channel.wants_write:
+                mask |= select.POLLOUT
+            poller.register(fd, mask)
+        events = poller.poll(POLL_S * 1000)
+        with contextlib.suppress(BlockingIOError, OSError):
+            while os.read(self._wake_r, 4096):
+                pass
+        return [(fd, mask) for fd, mask in events if fd != self._wake_r]
+
+    def _start_missing(self) -> None:
+        now = time.monotonic()
+        while len(self._workers) < self.num_workers and now >= self._next_start_at:
+            parent, child = self._ctx.Pipe(duplex=True)
+            process = self._ctx.Process(target=worker_main, args=(child, os.getpid(), self.nice),
+                                        name="dcp-solver", daemon=True)
+            try:
+                process.start()
+            except OSError as exc:  # out of processes or memory: try again later
+                logger.warning("could not start a solver worker: %s", exc)
+                parent.close()
+                child.close()
+                self._next_start_at = now + 1.0
+                return
+            child.close()  # the worker's end lives in the worker only: its death is our EOF
+            self._workers.append(_Worker(process=process, channel=Channel(parent), started=now))
+
+    def _hand_out(self) -> None:
+        for worker in self._workers:
+            if not self._queue:
+                return
+            if not worker.ready or worker.task is not None or worker.killed_for or worker.closed_at:
+                continue
+            while self._queue:
+                task = self._queue.popleft()
+                if not task.running and not task.future.set_running_or_notify_cancel():
+                    continue  # cancelled while queued
+                task.running = True
+                try:
+                    payload = pickle.dumps((task.id, task.deadline_s, task.fn, task.args, task.kwargs),
+                                           protocol=pickle.HIGHEST_PROTOCOL)
+                except Exception as exc:
+                    self._fail(task, exc)
+                    continue
+                task.started = time.monotonic()
+                worker.task = task
+                worker.channel.queue(payload)
+                worker.channel.write_some()
+                break
+
+    def _read(self, worker: _Worker) -> None:
+        if worker.closed_at is not None:
+            return
+        for data in worker.channel.read_frames():
+            try:
+                message = pickle.loads(data)
+            except Exception as exc:
+                message = (worker.task.id if worker.task else -1, False,
+                           RuntimeError(f"a solver result could not be read: {type(exc).__name__}: {exc}"))
+            if message[0] == READY:
+                worker.ready = True
+                self._startup_failures = 0
+                continue
+            task_id, ok, value = message
+            task = worker.task
+            if task is None or task.id != task_id:
+                continue
+            worker.task = None
+            if ok:
+                with contextlib.suppress(InvalidStateError):
+                    task.future.set_result(value)
+            else:
+                self._fail(task, value)
+
+    def _on_exit(self, worker: _Worker) -> None:
+        if worker not in self._workers:
+            return
+        worker.process.join(timeout=1.0)  # its sentinel fired: reaped at once
+        how = worker.killed_for or _how_it_ended(worker.process.exitcode)
+        self._workers.remove(worker)
+        worker.channel.close()
+        task = worker.task
+        if self._closing:
+            if task is not None:
+                self._fail(task, PoolShutDownError("the solver pool shut down"))
+            return
+        self.deaths.append(f"worker {worker.process.pid}: {how}")
+        self.num_replacements += 1
+        if not worker.ready:
+            self._startup_failures += 1
+            self._next_start_at = time.monotonic() + min(0.1 * 2 ** self._startup_failures, 5.0)
+        logger.warning("solver worker %s died (%s)%s; starting a new one", worker.process.pid, how,
+                       "" if task is None else " while running a task")
+        if task is None:
+            return
+        if worker.killed_for is None and task.reruns < self.max_reruns:
+            task.reruns += 1
+            task.started = None
+            self.num_reruns += 1
+            self._queue.appendleft(task)
+            return
+        runs = "" if worker.killed_for else f" (run {task.reruns + 1} time(s))"
+        self._fail(task, WorkerDiedError(f"solver worker {worker.process.pid} ended while running this "
+                                         f"task: {how}{runs}"))
+
+    def _enforce_timers(self) -> None:
+        now = time.monotonic()
+        for w in self._workers:
+            if w.killed_for is not None or w.closed_at is not None:
+                continue
+            t = w.task
+            if w.channel.eof and w.eof_at is None:
+                w.eof_at = now
+            if w.channel.partial_since is not None and now - w.channel.partial_since > self.result_timeout_s:
+                self._kill(w, f"its result stopped arriving halfway for over {self.result_timeout_s:g} s")
+            elif (t is not None and t.deadline_s is not None and t.started is not None
+                  and w.channel.partial_since is None and now > t.started + t.deadline_s + self.grace_s):
+                self.num_deadline_kills += 1
+                self._kill(w, f"the task ran {self.grace_s:g} s past its {t.deadline_s:.3g} s deadline "
+                              "without stopping; its worker was killed")
+            elif w.channel.eof and now - (w.eof_at or now) > 1.0:
+                self._kill(w, "it closed its socket but did not exit")
+            elif not w.ready and now - w.started > self.start_timeout_s:
+                self._kill(w, f"it did not finish starting within {self.start_timeout_s:g} s")
+
+    def _kill(self, worker: _Worker, why: str) -> None:
+        logger.log(logging.INFO if self._closing else logging.WARNING, "killing solver worker %s: %s",
+                   worker.process.pid, why)
+        worker.killed_for = why
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            worker.process.kill()
+
+    def _fail(self, task: _Task, error: BaseException) -> None:
+        if not task.running and not task.future.set_running_or_notify_cancel():
+            return
+        task.running = True
+        with contextlib.suppress(InvalidStateError):
+            task.future.set_exception(error)
+
+    def _wind_down(self) -> bool:
+        """Shutdown: kill or drain the workers; False once none is left."""
+        now = time.monotonic()
+        for w in self._workers:
+            if self._kill_running and w.killed_for is None:
+                self._kill(w, "the solver pool shut down")
+            elif w.task is None and not self._queue and w.closed_at is None:
+                w.closed_at = now
+                w.channel.close()  # the worker reads the end and exits
+            elif w.closed_at is not None and now - w.closed_at > EXIT_WAIT_S and w.killed_for is None:
+                self._kill(w, "it did not exit at shutdown")
+        return bool(self._workers)
+
+    def _close_all(self) -> None:
+        with self._lock:
+            self._closing = True
+            for w in list(self._workers):
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    w.process.kill()
+                w.process.join(timeout=2.0)
+                if w.closed_at is None:
+                    w.channel.close()
+                if w.task is not None:
+                    self._fail(w.task, PoolShutDownError("the solver pool shut down"))
+            self._workers.clear()
+            while self._queue:
+                self._fail(self._queue.popleft(), PoolShutDownError("the solver pool shut down"))
+            self._ended = True
+            for fd in (self._wake_r, self._wake_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
 
-def _kill_workers(executor: ProcessPoolExecutor) -> None:
-    processes: dict[int, Any] = getattr(executor, "_processes", None) or {}
-    for process in list(processes.values()):
-        with contextlib.suppress(OSError, ValueError):
-            process.kill()
+def make_executor(num_workers: int, *, nice: int = 0) -> SolverPool:
+    """A solver pool of ``num_workers`` spawned processes (safe next to the server's threads) that
+    exit with their parent, each ``nice`` steps below the parent's priority."""
+    return SolverPool(num_workers, nice=nice)

@@ -50,7 +50,7 @@ def plan_step_batch(shared: SharedInputs, steps: Sequence[tuple[int, str]]) -> l
         try:
             if use_alarm:
                 assert shared.deadline_s is not None
-                out.append(run_with_deadline(step, shared.deadline_s, plan_step, task))
+                out.append(run_with_deadline(shared.deadline_s, plan_step, task))
             else:
                 out.append(plan_step(task))
         except Exception as exc:

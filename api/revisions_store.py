@@ -3,15 +3,18 @@
 * A revision ``id@rev`` (``rev >= 1``; ``id@0`` is the uploaded or embedded file) is written
   once and never changed, with the factors it applied to ``id@0`` and its fit quality.
 * Freezing: the first fetch of a step's rank view raises the epoch's ``frozen_through`` to that
-  step *in this process* (the writer lease makes it the only writer of the store) before the
-  view is served; a re-plan checks it under the same lock and commits holding it
-  (:meth:`RevisionStore.replace_unfrozen`), so a step any rank has fetched never changes. A fetch
-  writes nothing: a thread persists ``frozen_through`` every ``FLUSH_S`` (and at close), so a
-  locked or read-only store still serves stored steps, and a restart keeps what was flushed (a
-  kill -9 within ``FLUSH_S`` of a first fetch can let that step be re-planned after the restart;
-  the ranks' digest check then stops a rank holding the old plan). Steps at or below a fetched
-  one are frozen too (ranks fetch in order). With an auth token set, only a fetch that carries
-  it freezes (an anonymous read cannot block recalibration).
+  step and writes it to the store before the view is served (one small commit per newly fetched
+  step, none for the fetches after it), so a step a rank has received stays frozen across a
+  crash of the service (``kill -9``) and a restart. A re-plan checks it under the same lock and
+  commits holding it (:meth:`RevisionStore.replace_unfrozen`), so a step any rank has fetched
+  never changes. The write waits at most ``FREEZE_BUSY_S`` for a store locked by another
+  process; past that (or on a read-only store) the step is frozen in this process (the writer
+  lease makes it the store's only writer) and served, and a thread writes it every ``FLUSH_S``
+  until it lands: a locked store still serves stored steps, and only a crash inside that
+  window can let such a step be re-planned after a restart (the ranks' digest check then stops a
+  rank holding the old plan). Steps at or below a fetched one are frozen too (ranks fetch in
+  order). With an auth token set, only a fetch that carries it freezes (an anonymous read cannot
+  block recalibration).
 """
 
 from __future__ import annotations
@@ -33,7 +36,11 @@ from planner.epoch import StepResult
 logger = logging.getLogger(__name__)
 
 FLUSH_S = 0.5
-"""How often the steps frozen by fetches are written to the store (and at close)."""
+"""How often the freezes a fetch could not write (a locked or read-only store) are written."""
+
+FREEZE_BUSY_S = 0.2
+"""Longest wait of a fetch (on a worker thread) to write its freeze to a store locked by another
+writer; the event loop's fast path does not wait (the route retries on a thread)."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -133,18 +140,31 @@ class RevisionStore:
                          "current_rev=excluded.current_rev", (epoch_id, steps_at_fit, rev))
 
     # --------------------------------------------------------------- freezing
-    def _freeze_conn(self, *, fast: bool) -> sqlite3.Connection:
+    def _freeze_conn(self, *, fast: bool, busy_timeout_s: float | None = None) -> sqlite3.Connection:
         """A connection of this thread for freezing: ``synchronous=NORMAL`` (a commit is in the
         WAL, safe from a crash of the service, and synced by the next FULL commit of any
         connection), no WAL checkpoint (that syncs the file: left to the store's writers), no busy
-        wait on the event loop's fast path."""
+        wait on the event loop's fast path, ``busy_timeout_s`` (default: the store's) elsewhere."""
+        wait_s = 0.0 if fast else (self.store.busy_timeout_s if busy_timeout_s is None else busy_timeout_s)
+
         def open_conn() -> sqlite3.Connection:
-            conn = connect(self.store.path, busy_timeout_s=0.0 if fast else self.store.busy_timeout_s)
+            conn = connect(self.store.path, busy_timeout_s=wait_s)
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints run on the store's writers
             return conn
 
-        return self._conns.get("fast" if fast else "slow", open_conn)
+        return self._conns.get(f"freeze-{wait_s:g}", open_conn)
+
+    def _write_frozen(self, conn: sqlite3.Connection, frozen: dict[str, int]) -> None:
+        with transaction(conn):
+            for epoch_id, step in frozen.items():
+                conn.execute("INSERT INTO epoch_recalibration(epoch_id, frozen_through) VALUES (?, ?) "
+                             "ON CONFLICT(epoch_id) DO UPDATE SET frozen_through="
+                             "max(frozen_through, excluded.frozen_through)", (epoch_id, step))
+
+    def _note_persisted(self, frozen: dict[str, int]) -> None:
+        for epoch_id, step in frozen.items():
+            self._persisted[epoch_id] = max(self._persisted.get(epoch_id, -1), step)
 
     def close(self) -> None:
         """Persist what was frozen and close the connections."""
@@ -161,20 +181,13 @@ class RevisionStore:
                 logger.debug("frozen steps not persisted yet: %s", exc)
 
     def flush(self) -> None:
-        """Write every epoch's ``frozen_through`` that moved since the last flush."""
+        """Write every epoch's ``frozen_through`` that moved since the last write."""
         with self._lock:
             moved = {e: f for e, f in self._frozen.items() if f > self._persisted.get(e, -1)}
-        if not moved:
-            return
-        conn = self._freeze_conn(fast=False)
-        with transaction(conn):
-            for epoch_id, frozen in moved.items():
-                conn.execute("INSERT INTO epoch_recalibration(epoch_id, frozen_through) VALUES (?, ?) "
-                             "ON CONFLICT(epoch_id) DO UPDATE SET frozen_through="
-                             "max(frozen_through, excluded.frozen_through)", (epoch_id, frozen))
-        with self._lock:
-            for epoch_id, frozen in moved.items():
-                self._persisted[epoch_id] = max(self._persisted.get(epoch_id, -1), frozen)
+        if moved:  # written without the lock: fetches and re-plans go on meanwhile
+            self._write_frozen(self._freeze_conn(fast=False), moved)
+            with self._lock:
+                self._note_persisted(moved)
 
     def _stored_frozen(self, epoch_id: str, *, fast: bool) -> int:
         row = self._freeze_conn(fast=fast).execute(
@@ -210,13 +223,31 @@ class RevisionStore:
             raise sqlite3.OperationalError("a re-plan holds the freezing lock; retry on a thread")
         try:
             before = max(self._frozen.get(epoch_id, -1), stored)
-            self._frozen[epoch_id] = max(before, step)
+            if step > before:
+                self._freeze_durably(epoch_id, step, fast=fast)
         finally:
             self._lock.release()
         if step <= before:
             return view
         # First fetch of this step: read again, now that no re-plan of it can commit.
         return self.store.get_rank_view(epoch_id, step, rank, fast=fast)
+
+    def _freeze_durably(self, epoch_id: str, step: int, *, fast: bool) -> None:
+        """Freeze through ``step`` and write it (module docstring), holding ``_lock``.
+
+        Raises:
+            sqlite3.Error: on the fast path, when the store is locked (the route retries on a
+                thread, which waits up to ``FREEZE_BUSY_S`` and then freezes in memory).
+        """
+        try:
+            self._write_frozen(self._freeze_conn(fast=fast, busy_timeout_s=FREEZE_BUSY_S), {epoch_id: step})
+            self._note_persisted({epoch_id: step})
+        except sqlite3.Error as exc:
+            if fast:
+                raise
+            logger.warning("epoch %s: step %d frozen in memory only for now (%s); written when the "
+                           "store takes it", epoch_id, step, exc)
+        self._frozen[epoch_id] = step
 
     def replace_unfrozen(self, epoch_id: str, results: Sequence[StepResult], *, rev: int
                          ) -> tuple[list[int], list[int]]:

@@ -313,6 +313,10 @@ class EpochSummary(BaseModel):
         description="Mean bucket-sp4 time / plan time (the DCP paper's comparison, not the headline).")
     mean_gap: float | None = Field(description="Mean predicted / lower bound - 1.")
     mean_predicted_step_time_s: float | None = Field(description="Mean predicted step time.")
+    steps_vs_strongest: int = Field(default=0, description="Steps the strongest-baseline mean is over "
+                                    "(those where some baseline could plan).")
+    steps_vs_bucket: int = Field(default=0, description="Steps the bucket-sp4 mean is over (those where "
+                                 "bucket-sp4 could hold the batch).")
 
 
 class EpochStatus(BaseModel):

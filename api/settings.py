@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from api.auth import Tokens
+from api.limits import body_bytes_in_flight_cap
 from planner.limits import DEFAULT_MAX_SAMPLES_PER_BATCH, MAX_MANIFEST_SAMPLES, MAX_SAMPLES_PER_REQUEST
 
 
@@ -51,7 +52,7 @@ class Settings(BaseSettings):
                                       description="Most samples in one epoch manifest.")
     auth_token: str | None = Field(
         default=None,
-        description="The write token. When set, every route but /healthz, /readyz, /metrics and the "
+        description="The write token. When set, every route but /healthz, /readyz and the "
                     "dashboard's static page needs 'Authorization: Bearer <token>' (this one, or "
                     "read_token for reads); /docs also takes it as a Basic password (api/auth.py).")
     read_token: str | None = Field(
@@ -88,7 +89,23 @@ class Settings(BaseSettings):
                     "(api/http_guard.py).")
     max_connections: int = Field(
         default=2048, ge=1,
-        description="Open connections at most; one more is closed as soon as it is accepted.")
+        description="Open connections at most. At the cap a new connection closes the oldest one "
+                    "that has sent no request yet, or is answered 503 with Retry-After "
+                    "(api/http_guard.py).")
+    max_connections_per_client: int = Field(
+        default=1024, ge=1,
+        description="Open connections of one client address at most, service-wide (token or not). "
+                    "At the cap a new connection from it closes its oldest one that has sent no "
+                    "request yet, or is answered 429 with Retry-After: idle connections from one "
+                    "address cannot lock the ranks out.")
+    max_body_bytes_in_flight: int | None = Field(
+        default=None, gt=0,
+        description="Request bodies the service receives and holds at once, all clients together "
+                    "(token or not), each counted at 3x its size (what it takes while read, joined "
+                    "and parsed; api/limits.py), from Content-Length up front or as a chunked body "
+                    "arrives, until its request ends. Past it: 503 with Retry-After. Bounds the "
+                    "memory that many large bodies from many addresses take. Unset: 128 MiB, or "
+                    "3 x max_body_bytes when larger; at least 3 x max_body_bytes.")
     store_busy_timeout_s: float = Field(
         default=5.0, gt=0,
         description="Longest wait for a store locked by another process; then 503 (requests) "
@@ -119,6 +136,11 @@ class Settings(BaseSettings):
         if value is not None and not value.strip():
             return None
         return value
+
+    @model_validator(mode="after")
+    def _body_caps_agree(self) -> Settings:
+        body_bytes_in_flight_cap(max_body_bytes=self.max_body_bytes, configured=self.max_body_bytes_in_flight)
+        return self
 
     @model_validator(mode="after")
     def _read_token_needs_a_write_token(self) -> Settings:

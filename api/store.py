@@ -320,21 +320,25 @@ class PlanStore:
 
     def summary(self, epoch_id: str) -> dict[str, float | None]:
         """Mean gap, mean predicted speedup over the strongest baseline (the headline) and over
-        bucket-sp4 (the paper's), and mean predicted step time (None before the first step; from
-        running sums, no scan of the plans)."""
+        bucket-sp4 (the paper's), each over the steps that baseline planned (``steps_vs_*``: how
+        many), and mean predicted step time (None before the first step; from running sums, no
+        scan of the plans)."""
         row = self._conn().execute(
             "SELECT steps_done, sum_gap, sum_step_time_s, sum_speedup, num_speedup, sum_speedup_strongest, "
             "num_speedup_strongest FROM epochs WHERE id=?", (epoch_id,)).fetchone()
         if row is None or row["steps_done"] == 0:
             return {"mean_gap": None, "mean_speedup_vs_strongest": None, "mean_speedup_vs_bucket": None,
-                    "mean_predicted_step_time_s": None}
+                    "mean_predicted_step_time_s": None, "steps_vs_strongest": 0, "steps_vs_bucket": 0}
         done = row["steps_done"]
         return {"mean_gap": row["sum_gap"] / done,
                 "mean_speedup_vs_strongest": (row["sum_speedup_strongest"] / row["num_speedup_strongest"]
                                               if row["num_speedup_strongest"] else None),
                 "mean_speedup_vs_bucket": (row["sum_speedup"] / row["num_speedup"]
                                            if row["num_speedup"] else None),
-                "mean_predicted_step_time_s": row["sum_step_time_s"] / done}
+                "mean_predicted_step_time_s": row["sum_step_time_s"] / done,
+                # the speedup means are over the steps where the baseline could plan: how many
+                "steps_vs_strongest": int(row["num_speedup_strongest"] or 0),
+                "steps_vs_bucket": int(row["num_speedup"] or 0)}
 
     def num_plans(self) -> int:
         """Plans stored over all epochs."""

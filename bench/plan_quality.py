@@ -23,6 +23,13 @@ Run from the repository root::
     .venv/bin/python bench/plan_quality.py --workloads video3d-wan text-longtail@llama-3.1-8b \
         text-longcontext@llama-3.1-8b --clusters h200x32 h200x64 --batches 256 --steps 5 \
         --budgets --ablation-batch 0 --out bench/results/plan_quality_modern.json   # modern models
+    .venv/bin/python bench/plan_quality.py --workloads text-longtail@gpt-oss-20b \
+        text-longtail@gpt-oss-120b text-longtail@qwen3-30b-a3b --clusters h200x64 --batches 64 256 \
+        --steps 5 --budgets --ablation-batch 0 --expert-parallel 8 \
+        --out bench/results/plan_quality_moe.json   # mixture-of-experts and windowed models
+
+(Gemma-3-27B is left out: its bf16 parameters and gradients alone, 108 GB, are over an H200's cap
+under the state shardings the executor runs.)
 
 It prints tables and writes ``--out`` (default ``bench-out/plan_quality[_quick].json``).
 ``--layouts`` runs the attention-layout comparison of issue 25 instead
@@ -53,7 +60,7 @@ if str(ROOT) not in sys.path:
 
 from provenance import default_out, provenance  # noqa: E402  (bench/, the script's folder, is on sys.path)
 
-from costmodel.presets import default_cost_model_file, load_cluster, workload_names  # noqa: E402
+from costmodel.presets import default_cost_model_file, load_cluster, load_model, workload_names  # noqa: E402
 from dcp_cli.progress import make_progress  # noqa: E402
 from planner.baselines import strongest  # noqa: E402
 from planner.bounds.lp import partition_lp_bound  # noqa: E402
@@ -84,14 +91,18 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def run_cell(workload: str, cluster_name: str, num_samples: int, steps: int,
-             config: PlannerConfig, seed: int = 0, lp_bound: bool = True) -> dict[str, Any]:
+             config: PlannerConfig, seed: int = 0, lp_bound: bool = True,
+             expert_parallel_size: int = 1) -> dict[str, Any]:
     """Plan ``steps`` batches of one cell; summary and per-step rows. ``workload`` is a preset
-    name, or ``NAME@MODEL`` for its samples under another model preset (``text-longtail@llama-3.1-8b``)."""
+    name, or ``NAME@MODEL`` for its samples under another model preset (``text-longtail@llama-3.1-8b``).
+    ``expert_parallel_size`` splits a mixture-of-experts model's experts (dense models ignore it)."""
     name, _, model = workload.partition("@")
     spec = WorkloadSpec.preset(name)
     if model:
         spec = spec.model_copy(update={"model": model})
-    cluster = load_cluster(cluster_name)
+    experts = load_model(spec.model).num_experts
+    cluster = load_cluster(cluster_name, **({"expert_parallel_size": expert_parallel_size}
+                                            if experts and expert_parallel_size > 1 else {}))
     cmf = default_cost_model_file(spec.model, cluster.hardware.name)
     rows = []
     for step in range(steps):
@@ -329,6 +340,9 @@ def main() -> None:
     parser.add_argument("--skip-grid", action="store_true")
     parser.add_argument("--ablation-batch", type=int, default=256,
                         help="Batch size of the DCP-intra ablation (0: skip it).")
+    parser.add_argument("--expert-parallel", type=int, default=1,
+                        help="Ranks a mixture-of-experts model's experts are split over (costed expert "
+                             "parallelism, ClusterSpec.expert_parallel_size); dense models ignore it.")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--quiet", "-q", action="store_true",
                         help="No progress bar or per-cell lines: the tables only.")
@@ -345,6 +359,7 @@ def main() -> None:
                     "loadavg_at_start": os.getloadavg()},
         "default_config": "PlannerConfig() (50 ms budget)",
         "batches": batches, "steps": steps, "clusters": args.clusters, "workloads": workloads,
+        "expert_parallel_size": args.expert_parallel,
     }
     cells = []
     num_cells = 0 if args.skip_grid else len(workloads) * len(args.clusters) * len(batches)
@@ -357,7 +372,7 @@ def main() -> None:
             for cluster_name in args.clusters:
                 for num_samples in batches:
                     cells.append(run_cell(workload, cluster_name, num_samples, steps,
-                                          PlannerConfig()))
+                                          PlannerConfig(), expert_parallel_size=args.expert_parallel))
                     bar.advance(task)
                     s = cells[-1]["summary"]
                     if not args.quiet:
@@ -374,7 +389,8 @@ def main() -> None:
     budgets = []
     for budget in args.budgets:
         for workload in workloads:
-            cell = run_cell(workload, "h200x32", 256, steps, PlannerConfig.for_budget(budget))
+            cell = run_cell(workload, "h200x32", 256, steps, PlannerConfig.for_budget(budget),
+                            expert_parallel_size=args.expert_parallel)
             cell["summary"]["budget_s"] = budget
             budgets.append(cell["summary"])
             bar.advance(task)

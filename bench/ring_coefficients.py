@@ -32,11 +32,12 @@ import logging
 import os
 import platform
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
+from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from costmodel.fit_terms import SplitConfig
 from costmodel.kernel_efficiency import kernel_efficiency
@@ -62,7 +63,7 @@ def sdpa_ring_records(*, tokens: list[int], degrees: list[int], heads: int, head
         return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
 
     cases = [(s, r) for s in tokens for r in degrees if s % r == 0 and heads % r == 0]
-    steps = []
+    steps: list[Callable[[], None]] = []
     for s, r in cases:
         qb, kb, vb = (t(1, heads, s // r, head_dim) for _ in range(3))
         qu, ku, vu = (t(1, heads // r, s, head_dim) for _ in range(3))
@@ -71,10 +72,10 @@ def sdpa_ring_records(*, tokens: list[int], degrees: list[int], heads: int, head
         lse, part_lse = (torch.randn(1, heads, s // r, device=device, dtype=torch.float32) for _ in range(2))
 
         def block(q=qb, k=kb, v=vb) -> None:  # type: ignore[no-untyped-def]
-            F.scaled_dot_product_attention(q, k, v).float().sum().backward()
+            sdpa(q, k, v).float().sum().backward()
 
         def one(q=qu, k=ku, v=vu) -> None:  # type: ignore[no-untyped-def]
-            F.scaled_dot_product_attention(q, k, v).float().sum().backward()
+            sdpa(q, k, v).float().sum().backward()
 
         def merge(out=out, part=part, lse=lse, part_lse=part_lse) -> None:  # type: ignore[no-untyped-def]
             new = torch.logaddexp(lse, part_lse)
@@ -108,10 +109,12 @@ def fit_report(attention: list[RingAttentionRecord], steps: list[CommRecord], *,
         ring = pairs_channels * FWD_BWD_FLOPS_PER_PAIR_CHANNEL / (rec.time_s * hw.bf16_dense_flops)
         curves = kernel_efficiency(hardware, head_dim=rec.head_dim, causal=False)
         published = None if curves is None else {
-            "forward": float(curves.attention.forward.at(block)), "backward": float(curves.attention.backward.at(block)),
+            "forward": float(curves.attention.forward.at(block)),
+            "backward": float(curves.attention.backward.at(block)),
             "forward_whole": float(curves.attention.forward.at(rec.tokens))}
         rows.append({"tokens": rec.tokens, "ring_degree": rec.ring_degree, "block_tokens": block,
-                     "ring_s": rec.time_s, "one_kernel_s": rec.ulysses_time_s, "ring_over_one": rec.time_s / rec.ulysses_time_s,
+                     "ring_s": rec.time_s, "one_kernel_s": rec.ulysses_time_s,
+                     "ring_over_one": rec.time_s / rec.ulysses_time_s,
                      "efficiency_ring": ring, "efficiency_one_kernel": one, "published_efficiency": published})
     coefficients = None if fit is None else fit.coefficients.model_dump(mode="json")
     errors = {} if fit is None else {name: {"mape": t.mape, "num_points": t.num_points, "num_heldout": t.num_heldout}

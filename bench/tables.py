@@ -342,6 +342,16 @@ TABLES: dict[str, TableSpec] = {
         ("**peak per rank GiB**", lambda r: f"**{r['peak_bytes'] / 2**30:.2f}**"),
         ("cap GiB", lambda r: f"{r['memory_cap_bytes'] / 2**30:.2f}"), ("fits", lambda r: "yes" if r["fits"] else "no"),
         ("sample s", lambda r: f"{r['time_s']:.1f}")])),
+    "saved-bytes": TableSpec(json_name="saved_bytes.json", render=_columns(_named("rows"), [
+        ("model", "{model}"), ("block", "{block}"), ("tokens", "{tokens:,}"), ("policy", "{policy}"),
+        ("counted bytes", "{counted_bytes:,}"), ("predicted bytes", "{predicted_bytes:,.0f}"),
+        ("ratio", "{ratio:.4f}"), ("formula of the kind", "{generic_ratio:.3f}")])),
+    "executor-peak-real": TableSpec(json_name="executor_peak_real.json", render=_columns(_named("rows"), [
+        ("model", "{model}"), ("tokens", lambda r: ", ".join(f"{t:,}" for t in r["tokens"])),
+        ("policies", lambda r: ", ".join(str(k) for k in r["policies"])),
+        ("measured peak MiB", lambda r: f"{r['measured_peak_bytes'] / 2**20:.2f}"),
+        ("predicted MiB", lambda r: f"{r['predicted_peak_bytes'] / 2**20:.2f}"), ("ratio", "{ratio:.4f}"),
+        ("formula of the kind", "{generic_ratio:.4f}")])),
     "profile-fit": TableSpec(json_name="profile_fit.json", render=_columns(_named("rows"), [
         ("model shape", "{model}"), ("timing", "{timing}"),
         *[(f"{term.replace('_', ' ')} (mean over splits)",

@@ -49,8 +49,8 @@ def kernel_efficiencies(cost_model: CostModel, *, tokens: int, group_size: int, 
     flops = attention_flops_per_pair(file.model) * float(pairs) / group_size
     curves = c.attention_efficiency
     out = []
-    for terms, curve, scale in ((c.forward, curves and curves.forward, 1.0),
-                                (c.backward, curves and curves.backward, BACKWARD_FLOPS_OVER_FORWARD)):
+    for terms, curve, scale in ((c.forward, curves.forward if curves else None, 1.0),
+                                (c.backward, curves.backward if curves else None, BACKWARD_FLOPS_OVER_FORWARD)):
         time_s = float(attention_s(terms, s, f, hw, attention=cost_model.attention, group_size=float(group_size),
                                    half_tokens=c.attention_half_tokens, efficiency=curve))
         out.append(scale * flops / (time_s * peak) if time_s > 0 else 0.0)

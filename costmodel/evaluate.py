@@ -34,13 +34,15 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from costmodel.collectives import collective_cost, collective_time_s, wire_bytes
+from costmodel.expert_costs import check_expert_parallel, expert_alltoall_per_pass
 from costmodel.grad_sync import SyncCalls, sync_calls
-from costmodel.ring.layout import GroupLayout, nodes_spanned
+from costmodel.layer_mix import attention_pairs
 from costmodel.memory_costs import MemoryCosts
 from costmodel.model_terms import terms as kind_terms
 from costmodel.pass_terms import sample_pass_s
 from costmodel.policy import parse_policy, policy_name
 from costmodel.ring.costs import RingCosts
+from costmodel.ring.layout import GroupLayout, nodes_spanned
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec, Sample
 
@@ -86,6 +88,7 @@ class CostModel(RingCosts, MemoryCosts):
                 "keeps full gradients over the micro-batches and sums them with one all-reduce per "
                 f"step; use one of {list(SUPPORTED_STATE_SHARDING)} (zero1 = optimizer states "
                 "sharded, e.g. torch ZeroRedundancyOptimizer)")
+        check_expert_parallel(self.file, self.cluster)
 
     @property
     def num_layers(self) -> int:
@@ -192,11 +195,15 @@ class CostModel(RingCosts, MemoryCosts):
         k = np.asarray(recompute_layers, dtype=np.float64)
         c = self.file.compute
         curves = c.attention_efficiency
+        # windowed layers: fewer pairs than s^2 (None keeps the dense s*s)
+        pairs = attention_pairs(self.file.model, s) if self.file.model.num_sliding_layers else None
         fwd, bwd = (sample_pass_s(terms, s, f, hw, attention=self.attention, group_size=float(group_size),
-                                  half_tokens=c.attention_half_tokens, efficiency=curve)
-                    for terms, curve in ((c.forward, curves and curves.forward), (c.backward, curves and curves.backward)))
+                                  half_tokens=c.attention_half_tokens, efficiency=curve, whole_pairs=pairs)
+                    for terms, curve in ((c.forward, curves.forward if curves else None),
+                                         (c.backward, curves.backward if curves else None)))
         layers = self.num_layers
         _, comm_per_token = self._alltoall_per_pass(*self._alltoall_group(group_size, num_nodes, layout))
+        comm_per_token += expert_alltoall_per_pass(self.file, self.cluster)[1]
         per_rank = s / group_size
         total = (layers * (fwd + bwd) + k * fwd + c.head_s_per_token * per_rank
                  + (2 * layers + k) * comm_per_token * per_rank)
@@ -211,6 +218,7 @@ class CostModel(RingCosts, MemoryCosts):
         """
         c = self.file.compute
         alpha, _ = self._alltoall_per_pass(*self._alltoall_group(group_size, num_nodes, layout))
+        alpha += expert_alltoall_per_pass(self.file, self.cluster)[0]
         fwd = c.forward.per_call + c.forward.per_token * c.linear_half_tokens + alpha
         bwd = c.backward.per_call + c.backward.per_token * c.linear_half_tokens + alpha
         return fwd, bwd

@@ -64,7 +64,24 @@ def _tensors_1d(model: ModelSpec) -> list[int]:
     h, f = model.hidden, model.ffn_hidden
     layer = [f * h, h * f, h * f, h, inner(model) * h, h * (inner(model) + 2 * kv_inner(model)), h]
     head = [] if model.tied_embeddings else [model.vocab * h]
+    if model.num_experts or model.attention_sinks:
+        layers = [t for i in reversed(range(model.num_layers)) for t in _layer_tensors_mixed(model, i)]
+        return [*head, h, *layers, model.vocab * h]
     return [*head, h, *layer * model.num_layers, model.vocab * h]
+
+
+def _layer_tensors_mixed(model: ModelSpec, layer: int) -> list[int]:
+    """One 1D layer of a MoE or sink model as transformers 5.24 holds it: a MoE layer's experts as
+    two stacked tensors (``down E*h*f_e``, ``gate_up E*2f_e*h``), shared experts likewise, the router
+    ``h*E``; a dense layer's three MLP matrices; the sinks ``heads``; then attention and norms."""
+    h, f = model.hidden, model.ffn_hidden
+    if model.num_experts and layer not in model.dense_mlp_layers:
+        f_e, e, shared = model.expert_ffn_hidden or 0, model.num_experts, model.num_shared_experts
+        mlp = [e * h * f_e, e * 2 * f_e * h, *([shared * h * f_e, shared * 2 * f_e * h] if shared else []), h * e]
+    else:
+        mlp = [f * h, h * f, h * f]
+    sinks = [model.num_heads] if model.attention_sinks else []
+    return [*mlp, h, *sinks, inner(model) * h, h * (inner(model) + 2 * kv_inner(model)), h]
 
 
 def _tensors_2d(model: ModelSpec) -> list[int]:

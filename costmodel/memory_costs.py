@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from costmodel.expert_costs import expert_model_state
 from costmodel.grad_sync import ModelStateBytes, model_state
 from costmodel.ring.layout import GroupLayout
 from costmodel.schema import CostModelFile
@@ -53,6 +54,8 @@ class MemoryCosts:
 
     def model_state(self) -> ModelStateBytes:
         """Model states per rank by kind (:func:`costmodel.grad_sync.model_state`)."""
+        if self.cluster.expert_parallel_size > 1:
+            return expert_model_state(self.file, self.cluster)
         return model_state(self.cluster, num_params=self.file.num_params)
 
     def model_state_bytes(self) -> float:

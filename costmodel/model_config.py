@@ -2,12 +2,9 @@
 
 Only the JSON is read (no transformers or diffusers import). Two kinds of files:
 
-- A transformers ``config.json`` of the Llama, Qwen2, Qwen3 or Mistral families (``model_type``
-  or ``architectures``): ``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``,
-  ``num_key_value_heads`` (default: the query heads), ``head_dim`` (default
-  ``hidden_size // num_attention_heads``), ``intermediate_size``, ``vocab_size`` and
-  ``tie_word_embeddings`` (default false, as in these families' config classes) give a kind
-  ``1d``, causal, gated (SwiGLU) decoder.
+- A transformers ``config.json`` of a text decoder (``model_type`` or ``architectures``): Llama,
+  Qwen2, Qwen3, Mistral, Mixtral, Qwen3-MoE, gpt-oss, Gemma 3 (``costmodel.text_config``: the
+  dense shape, experts, each layer's attention, sinks) gives a kind ``1d`` causal decoder.
 - A diffusers transformer ``config.json`` (``_class_name``):
 
   - ``WanTransformer3DModel`` (Wan 2.x): ``num_layers``, ``num_attention_heads``,
@@ -40,15 +37,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from costmodel.config_fields import ConfigFields
 from costmodel.specs import ModelSpec
-
-TEXT_FAMILIES: dict[str, str] = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "mistral": "MistralForCausalLM",
-}
-"""transformers ``model_type`` -> its causal-LM class in ``architectures``."""
+from costmodel.text_config import MULTIMODAL_TEXT, TEXT_FAMILIES, text_spec
 
 WAN_TEXT_TOKENS = 512
 """Text tokens a Wan 2.x block cross-attends to (umT5, ``max_sequence_length=512``)."""
@@ -62,81 +53,7 @@ VIDEO_VAE_STRIDE = (4, 8, 8)
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-class _Fields:
-    """Typed access to a config's fields, every error naming the source and the field."""
-
-    def __init__(self, data: Mapping[str, Any], source: str) -> None:
-        self.data = data
-        self.source = source
-
-    def error(self, message: str) -> ValueError:
-        return ValueError(f"{self.source}: {message}")
-
-    def integer(self, key: str, default: int | None = None) -> int:
-        value = self.data.get(key, default)
-        if value is None:
-            raise self.error(f"missing field {key!r}")
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise self.error(f"field {key!r} must be a positive integer, got {value!r}")
-        return value
-
-    def optional_int(self, key: str) -> int | None:
-        return None if self.data.get(key) is None else self.integer(key)
-
-    def number(self, key: str, default: float | None = None) -> float:
-        value = self.data.get(key, default)
-        if value is None:
-            raise self.error(f"missing field {key!r}")
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise self.error(f"field {key!r} must be a positive number, got {value!r}")
-        return float(value)
-
-    def flag(self, key: str, default: bool) -> bool:
-        value = self.data.get(key, default)
-        if not isinstance(value, bool):
-            raise self.error(f"field {key!r} must be true or false, got {value!r}")
-        return value
-
-    def triple(self, key: str) -> tuple[int, int, int]:
-        value = self.data.get(key)
-        if value is None:
-            raise self.error(f"missing field {key!r}")
-        if (not isinstance(value, list | tuple) or len(value) != 3
-                or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in value)):
-            raise self.error(f"field {key!r} must be three positive integers [t, h, w], got {value!r}")
-        return (value[0], value[1], value[2])
-
-
-def _heads(f: _Fields, *, hidden: int | None, heads: int, kv_heads: int, head_dim: int | None
-           ) -> int | None:
-    """Check the heads divide; the head size to store (None when it is ``hidden // heads``)."""
-    if heads % kv_heads:
-        raise f.error(f"num_attention_heads={heads} is not divisible by num_key_value_heads={kv_heads}")
-    if hidden is not None and head_dim is None and hidden % heads:
-        raise f.error(f"hidden_size={hidden} is not divisible by num_attention_heads={heads} "
-                      "(give head_dim)")
-    if hidden is not None and head_dim is not None and head_dim * heads == hidden:
-        return None
-    return head_dim
-
-
-def _text(f: _Fields, family: str, name: str) -> ModelSpec:
-    heads = f.integer("num_attention_heads")
-    hidden = f.integer("hidden_size")
-    kv = f.integer("num_key_value_heads", heads)
-    head_dim = _heads(f, hidden=hidden, heads=heads, kv_heads=kv, head_dim=f.optional_int("head_dim"))
-    window = f.data.get("sliding_window")
-    active = f.data.get("use_sliding_window", family == "mistral") if family != "llama" else False
-    if window is not None and active:
-        raise f.error(f"sliding_window={window!r} is active (use_sliding_window): the cost model charges "
-                      "full causal attention; set sliding_window to null to plan it as full attention")
-    return ModelSpec(name=name, kind="1d", num_layers=f.integer("num_hidden_layers"), hidden=hidden,
-                     num_heads=heads, num_kv_heads=None if kv == heads else kv, head_dim=head_dim,
-                     ffn_hidden=f.integer("intermediate_size"), vocab=f.integer("vocab_size"),
-                     tied_embeddings=f.flag("tie_word_embeddings", False), causal=True, family=family)
-
-
-def _video(f: _Fields, name: str, *, num_layers: int, heads: int, head_dim: int, ffn_hidden: int,
+def _video(f: ConfigFields, name: str, *, num_layers: int, heads: int, head_dim: int, ffn_hidden: int,
            patch: tuple[int, int, int], cross_tokens: int = 0, joint_tokens: int = 0, dual_stream_layers: int = 0,
            attention: str | None = None, family: str) -> ModelSpec:
     channels = f.optional_int("out_channels") or f.integer("in_channels")
@@ -147,7 +64,7 @@ def _video(f: _Fields, name: str, *, num_layers: int, heads: int, head_dim: int,
                      latent_channels=channels, attention=attention, family=family)
 
 
-def _wan(f: _Fields, name: str) -> ModelSpec:
+def _wan(f: ConfigFields, name: str) -> ModelSpec:
     cross = WAN_TEXT_TOKENS
     if f.data.get("image_dim") is not None:
         cross += f.optional_int("pos_embed_seq_len") or WAN_IMAGE_TOKENS
@@ -156,7 +73,7 @@ def _wan(f: _Fields, name: str) -> ModelSpec:
                   patch=f.triple("patch_size"), cross_tokens=cross, family="wan")
 
 
-def _hunyuan(f: _Fields, name: str) -> ModelSpec:
+def _hunyuan(f: ConfigFields, name: str) -> ModelSpec:
     heads, head_dim = f.integer("num_attention_heads"), f.integer("attention_head_dim")
     ffn = heads * head_dim * f.number("mlp_ratio")
     if ffn != int(ffn):
@@ -170,7 +87,7 @@ def _hunyuan(f: _Fields, name: str) -> ModelSpec:
                   family="hunyuanvideo")
 
 
-VIDEO_CLASSES: dict[str, Callable[[_Fields, str], ModelSpec]] = {
+VIDEO_CLASSES: dict[str, Callable[[ConfigFields, str], ModelSpec]] = {
     "WanTransformer3DModel": _wan,
     "HunyuanVideoTransformer3DModel": _hunyuan,
 }
@@ -179,24 +96,27 @@ VIDEO_CLASSES: dict[str, Callable[[_Fields, str], ModelSpec]] = {
 
 def known_architectures() -> list[str]:
     """Every ``model_type``, ``architectures`` entry and ``_class_name`` this module reads."""
-    return [*TEXT_FAMILIES, *TEXT_FAMILIES.values(), *VIDEO_CLASSES]
+    return [*TEXT_FAMILIES, *TEXT_FAMILIES.values(), *MULTIMODAL_TEXT, *MULTIMODAL_TEXT.values(),
+            *VIDEO_CLASSES]
 
 
-def _unknown(f: _Fields, what: str) -> ValueError:
+def _unknown(f: ConfigFields, what: str) -> ValueError:
     return f.error(f"unknown architecture {what}; known: {', '.join(known_architectures())}")
 
 
-def _text_family(f: _Fields) -> str | None:
+def _text_family(f: ConfigFields) -> str | None:
     model_type = f.data.get("model_type")
     architectures = f.data.get("architectures")
     if model_type is not None:
+        if model_type in MULTIMODAL_TEXT:
+            return str(model_type)
         if model_type not in TEXT_FAMILIES:
             raise _unknown(f, f"model_type={model_type!r}")
         return str(model_type)
     if architectures is not None:
         if not isinstance(architectures, list) or not architectures:
             raise f.error(f"field 'architectures' must be a non-empty list, got {architectures!r}")
-        by_class = {cls: family for family, cls in TEXT_FAMILIES.items()}
+        by_class = {cls: family for family, cls in (*TEXT_FAMILIES.items(), *MULTIMODAL_TEXT.items())}
         if architectures[0] not in by_class:
             raise _unknown(f, f"architectures={architectures!r}")
         return by_class[architectures[0]]
@@ -244,16 +164,6 @@ def _read(path: Path, source: str) -> tuple[dict[str, Any], Path]:
     return data, path
 
 
-def read_config(path: str | Path) -> dict[str, Any]:
-    """The JSON object of a ``config.json`` (or of a model folder's ``config.json`` or
-    ``transformer/config.json``).
-
-    Raises:
-        ValueError: naming the path when it cannot be read or is not a JSON object.
-    """
-    return _read(Path(path), str(path))[0]
-
-
 def model_spec_from_config(config: str | Path | Mapping[str, Any], *, name: str | None = None,
                            source: str | None = None) -> ModelSpec:
     """The ``ModelSpec`` of a transformers or diffusers ``config.json``.
@@ -279,7 +189,7 @@ def model_spec_from_config(config: str | Path | Mapping[str, Any], *, name: str 
         data = dict(config)  # type: ignore[arg-type]
     else:
         data, path = _read(path, label)
-    f = _Fields(data, label)
+    f = ConfigFields(data, label)
     class_name = data.get("_class_name")
     family = None if class_name is not None else _text_family(f)
     if class_name is None and family is None:
@@ -292,10 +202,25 @@ def model_spec_from_config(config: str | Path | Mapping[str, Any], *, name: str 
     if not spec_name:
         raise f.error(f"name={name!r} has no letters or digits")
     try:
+        if family in MULTIMODAL_TEXT:
+            text = data.get("text_config")
+            if not isinstance(text, dict):
+                raise f.error(f"model_type={family!r} needs a 'text_config' object (its language model)")
+            return text_spec(text, f"{family}_text", spec_name, label)
         if family is not None:
-            return _text(f, family, spec_name)
+            return text_spec(data, family, spec_name, label)
         return VIDEO_CLASSES[str(class_name)](f, spec_name)
     except ValueError as exc:
         if str(exc).startswith(f"{label}: "):
             raise
         raise f.error(str(exc)) from None
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """The JSON object of a ``config.json`` (or of a model folder's ``config.json`` or
+    ``transformer/config.json``).
+
+    Raises:
+        ValueError: naming the path when it cannot be read or is not a JSON object.
+    """
+    return _read(Path(path), str(path))[0]

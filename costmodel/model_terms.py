@@ -45,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from costmodel import layer_mix
 from costmodel.activation_table import family_bytes_per_token_layer, has_family
 from costmodel.specs import ModelSpec
 
@@ -63,8 +64,11 @@ def kv_inner(model: ModelSpec) -> int:
 
 
 def mlp_macs_per_token(model: ModelSpec) -> float:
-    """MLP multiply-accumulates per token: SwiGLU 3 matrices, GELU 2."""
-    return (3 if model.mlp_kind == "swiglu" else 2) * model.hidden * model.ffn_hidden
+    """MLP multiply-accumulates per token: gated (SwiGLU) 3 matrices, GELU 2; a mixture of experts
+    its active experts and router, averaged over the layers (:func:`costmodel.layer_mix.mlp_macs_per_token`)."""
+    if model.num_experts:
+        return layer_mix.mlp_macs_per_token(model)
+    return (2 if model.mlp_kind == "gelu" else 3) * model.hidden * model.ffn_hidden
 
 
 def _attn_proj_macs(model: ModelSpec) -> float:
@@ -113,7 +117,10 @@ def _self_attention_bytes(model: ModelSpec) -> float:
 
 
 def _mlp_bytes(model: ModelSpec) -> float:
-    """Norm input and input (``4h``), then SwiGLU gate, up, activation, product ``8f`` or GELU ``4f``."""
+    """Norm input and input (``4h``), then SwiGLU gate, up, activation, product ``8f`` or GELU ``4f``;
+    experts or gpt-oss's clamped SwiGLU as :func:`costmodel.layer_mix.mlp_bytes_per_token` counts them."""
+    if model.num_experts or model.mlp_kind == "swiglu_clamped":
+        return layer_mix.mlp_bytes_per_token(model)
     f = model.ffn_hidden
     return BF16_BYTES * (2 * model.hidden + (4 * f if model.mlp_kind == "swiglu" else 2 * f))
 
@@ -168,10 +175,16 @@ def loss_chunk_bytes(model: ModelSpec) -> float:
     return float(model.loss_chunk_tokens * model.vocab * (BF16_BYTES + FP32_BYTES))
 
 
+def _mlp_params_per_layer(m: ModelSpec) -> float:
+    """A 1d layer's MLP parameters: ``3hf``, or every expert and router averaged over the layers."""
+    return layer_mix.mlp_params(m) / m.num_layers if m.num_experts else 3 * m.hidden * m.ffn_hidden
+
+
 _1D = KindTerms(
     attentions_per_layer=1,
     attention="whole",
-    params_per_layer=lambda m: _attn_proj_macs(m) + 3 * m.hidden * m.ffn_hidden + 2 * m.hidden,
+    params_per_layer=lambda m: (_attn_proj_macs(m) + _mlp_params_per_layer(m) + 2 * m.hidden
+                                + layer_mix.sink_params_per_layer(m)),
     outer_params=lambda m: (1 if m.tied_embeddings else 2) * m.vocab * m.hidden + m.hidden,
     linear_macs_per_token=lambda m: _attn_proj_macs(m) + mlp_macs_per_token(m),
     per_sample_flops=lambda m: 0.0,
@@ -259,7 +272,8 @@ def terms(model: ModelSpec) -> KindTerms:
 def num_params(model: ModelSpec) -> int:
     """Parameters of the model (linear layers, norms, embeddings)."""
     row = terms(model)
-    return int(model.num_layers * row.params_per_layer(model) + row.outer_params(model))
+    total = model.num_layers * row.params_per_layer(model) + row.outer_params(model)
+    return round(total) if model.num_experts else int(total)  # experts: a per-layer mean
 
 
 def linear_flops_per_token_layer(model: ModelSpec) -> float:
@@ -296,7 +310,8 @@ def transient_bytes_per_token(model: ModelSpec) -> float:
     """Working set per token while one layer runs backward beyond the kept activations: the MLP's
     largest intermediate gradients (SwiGLU ``3*2f``, GELU ``2*2f``) and the fp32 q, k, v gradient
     accumulators of flash attention ``4*(inner + 2*kv_inner)``."""
-    mlp = BF16_BYTES * (3 if model.mlp_kind == "swiglu" else 2) * model.ffn_hidden
+    width = layer_mix.mlp_transient_width(model) if model.num_experts else model.ffn_hidden
+    mlp = BF16_BYTES * (2 if model.mlp_kind == "gelu" else 3) * width
     return float(mlp + FP32_BYTES * (inner(model) + 2 * kv_inner(model)))
 
 

@@ -7,6 +7,7 @@ name the field and the offending value (pydantic's ``ValidationError`` is a ``Va
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -91,6 +92,17 @@ DiT (one self-attention over all frames x height x width patch tokens of a clip 
 cross-attention as in Wan 2.x or by joint attention as in MMDiT-style models)."""
 
 
+LayerType = Literal["full_attention", "sliding_attention"]
+"""A decoder layer's attention, as transformers' ``layer_types`` names it: causal over the whole
+sample, or causal over the last ``sliding_window`` keys of each query."""
+
+
+def _at_default(default: object) -> Callable[[object], bool]:
+    """``exclude_if`` for a field added after the schema's first models: left out of a dump at
+    its default, so a dense full-attention model serialises (and digests) as it did before."""
+    return lambda value: value == default
+
+
 SHAPE_FREE_FIELDS = frozenset({"name", "attention", "family"})
 """ModelSpec fields that name or describe a model without changing its shape (``ModelSpec.shape_differences``);
 ``family`` only chooses the analytic default's counted activation bytes, a cost-model file carries its own."""
@@ -112,8 +124,9 @@ class ModelSpec(_Frozen):
     vocab: int = Field(default=0, ge=0, description="Vocabulary size (1D only; 0 for video).")
     tied_embeddings: bool = Field(default=False, description="Input and output embeddings shared (1D).")
     causal: bool = Field(default=True, description="Causal self-attention (halves attention FLOPs).")
-    mlp: Literal["swiglu", "gelu"] | None = Field(
-        default=None, description="MLP kind; default swiglu for 1d, gelu for video."
+    mlp: Literal["swiglu", "gelu", "swiglu_clamped"] | None = Field(
+        default=None, description="MLP kind; default swiglu for 1d, gelu for video; swiglu_clamped is "
+        "gpt-oss' gated MLP (3 matrices as SwiGLU; clamped gate and up keep more values for backward)."
     )
     cross_attention_tokens: int = Field(
         default=0, ge=0, description="Text tokens each block cross-attends to (2D; 3D Wan style)."
@@ -142,9 +155,38 @@ class ModelSpec(_Frozen):
         default=None, description="Architecture family whose real layer classes the activation bytes were "
         "counted on (llama, qwen2, qwen3, mistral, wan, hunyuanvideo: costmodel/presets/"
         "activation_bytes.json); None: the generic formula of costmodel/model_terms.py.")
+    num_experts: int = Field(
+        default=0, ge=0, exclude_if=_at_default(0),
+        description="Routed experts of each mixture-of-experts (MoE) layer; 0: a dense MLP in every layer.")
+    num_experts_per_token: int = Field(
+        default=0, ge=0, exclude_if=_at_default(0),
+        description="Experts the router picks per token (top-k); at most num_experts.")
+    expert_ffn_hidden: int | None = Field(
+        default=None, gt=0, exclude_if=_at_default(None),
+        description="Inner size of one expert's gated MLP (the model's mlp kind); needed with experts.")
+    num_shared_experts: int = Field(
+        default=0, ge=0, exclude_if=_at_default(0),
+        description="Experts every token runs besides the routed ones (each expert_ffn_hidden wide).")
+    dense_mlp_layers: tuple[int, ...] = Field(
+        default=(), exclude_if=_at_default(()),
+        description="0-based layers of an MoE model whose MLP is dense (ffn_hidden wide), as "
+        "transformers' mlp_only_layers and decoder_sparse_step make them; the rest are MoE layers.")
+    layer_types: tuple[LayerType, ...] | None = Field(
+        default=None, exclude_if=_at_default(None),
+        description="Each layer's attention (full_attention or sliding_attention), num_layers long; "
+        "default: full attention everywhere.")
+    sliding_window: int | None = Field(
+        default=None, gt=0, exclude_if=_at_default(None),
+        description="Keys a query of a sliding_attention layer sees (itself and the previous "
+        "sliding_window - 1 tokens, as transformers' sliding-window causal mask).")
+    attention_sinks: bool = Field(
+        default=False, exclude_if=_at_default(False),
+        description="A learned sink logit per query head joins every softmax (gpt-oss).")
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
+        self._check_experts()
+        self._check_layer_types()
         if self.head_dim is None and self.hidden % self.num_heads != 0:
             raise ValueError(f"hidden={self.hidden} is not divisible by num_heads={self.num_heads} "
                              "(give head_dim when the heads do not split the hidden size)")
@@ -163,6 +205,47 @@ class ModelSpec(_Frozen):
             if value is not None and any(v <= 0 for v in value):
                 raise ValueError(f"{name}={value} must be three positive integers")
         return self
+
+    def _check_experts(self) -> None:
+        if self.num_experts_per_token > self.num_experts:
+            raise ValueError(f"num_experts_per_token={self.num_experts_per_token} is above "
+                             f"num_experts={self.num_experts}")
+        if self.num_experts and (not self.num_experts_per_token or self.expert_ffn_hidden is None):
+            raise ValueError(f"num_experts={self.num_experts} needs num_experts_per_token > 0 and "
+                             f"expert_ffn_hidden (got {self.num_experts_per_token}, {self.expert_ffn_hidden})")
+        if not self.num_experts and (self.num_shared_experts or self.dense_mlp_layers
+                                     or self.expert_ffn_hidden is not None):
+            raise ValueError("num_shared_experts, dense_mlp_layers and expert_ffn_hidden are for MoE "
+                             "models: set num_experts > 0")
+        if self.num_experts and self.kind != "1d":
+            raise ValueError(f"num_experts={self.num_experts} is for text decoders (kind '1d'), "
+                             f"not kind {self.kind!r}")
+        bad = [i for i in self.dense_mlp_layers if not 0 <= i < self.num_layers]
+        if bad or len(set(self.dense_mlp_layers)) != len(self.dense_mlp_layers):
+            raise ValueError(f"dense_mlp_layers={list(self.dense_mlp_layers)} must be distinct layers "
+                             f"in 0..{self.num_layers - 1}")
+
+    def _check_layer_types(self) -> None:
+        if self.layer_types is not None and len(self.layer_types) != self.num_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries but num_layers="
+                             f"{self.num_layers}")
+        if self.num_sliding_layers and self.sliding_window is None:
+            raise ValueError("layer_types has sliding_attention layers but sliding_window is not set")
+        if self.sliding_window is not None and not self.num_sliding_layers:
+            raise ValueError(f"sliding_window={self.sliding_window} but no layer is sliding_attention "
+                             "(give layer_types)")
+        if (self.layer_types is not None or self.attention_sinks) and (self.kind != "1d" or not self.causal):
+            raise ValueError("layer_types and attention_sinks are for causal text decoders (kind '1d')")
+
+    @property
+    def num_sliding_layers(self) -> int:
+        """Layers whose attention is a sliding window (0 for full attention everywhere)."""
+        return 0 if self.layer_types is None else self.layer_types.count("sliding_attention")
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Layers whose MLP is a mixture of experts (0 for dense models)."""
+        return self.num_layers - len(self.dense_mlp_layers) if self.num_experts else 0
 
     def shape_differences(self, other: ModelSpec) -> list[str]:
         """Where this model's shape differs from ``other``'s, one ``field a != b`` per field.
@@ -278,8 +361,18 @@ class ClusterSpec(_Frozen):
         "keeps the bucket buffers as a second copy of the gradients.",
     )
 
+    expert_parallel_size: int = Field(
+        default=1, gt=0, exclude_if=_at_default(1),
+        description="Ranks one mixture-of-experts layer's experts are split over (expert "
+        "parallelism, contiguous ranks): each holds num_experts / size of them and every MoE layer "
+        "pass dispatches and combines its tokens by two all-to-alls over them. Costed by the "
+        "planner, not run by the executor. 1: every rank holds every expert.")
+
     @model_validator(mode="after")
     def _check(self) -> ClusterSpec:
+        if self.num_gpus % self.expert_parallel_size != 0:
+            raise ValueError(f"expert_parallel_size={self.expert_parallel_size} does not divide "
+                             f"num_gpus={self.num_gpus}")
         if self.num_gpus % self.gpus_per_node != 0:
             raise ValueError(
                 f"num_gpus={self.num_gpus} is not a multiple of gpus_per_node={self.gpus_per_node}"

@@ -8,7 +8,7 @@ import os
 import sqlite3
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
@@ -189,10 +189,21 @@ def register(app: typer.Typer) -> None:
             supervise(out=out, epoch_id=epoch_id or f"{manifest.stem}-s{seed}")
         # The cluster is reached before the store is opened: an unreachable one creates nothing.
         ray_executor = _ray_executor(ray_address, steps_per_task=ray_steps_per_task) if ray_address else None
+        created = not out.exists()
         try:
             store = PlanStore.open(out)
         except sqlite3.DatabaseError as exc:
             fail(f"--out {out} is not a usable SQLite store ({exc})")
+
+        def refuse(message: str) -> NoReturn:
+            """Close the store, remove it when this run created it (no empty store is left behind),
+            and exit 2 with ``message``."""
+            store.close()
+            if created:
+                for path in (out, out.with_name(out.name + "-wal"), out.with_name(out.name + "-shm")):
+                    path.unlink(missing_ok=True)
+            fail(message)
+
         registry = CostModelRegistry(store)
         try:
             if derived is not None:
@@ -204,12 +215,10 @@ def register(app: typer.Typer) -> None:
                 file = registry.get(cost_model)
                 _check_kind(samples, file, manifest, store=store)
         except KeyError:
-            store.close()
-            fail(f"--cost-model {cost_model!r} is neither embedded nor stored in {out}; "
-                 "pass --cost-model-file")
+            refuse(f"--cost-model {cost_model!r} is neither embedded nor stored in {out}; "
+                   "pass --cost-model-file")
         except ValueError as exc:
-            store.close()
-            fail(f"--cost-model-file {cost_model_file}: {exc}")
+            refuse(f"--cost-model-file {cost_model_file}: {exc}")
         model_file: CostModelFile = file
         eid = epoch_id or f"{manifest.stem}-s{seed}"
         record = store.get_epoch(eid)
@@ -219,12 +228,10 @@ def register(app: typer.Typer) -> None:
                                        cluster=spec, cost_model=model_file, options=options,
                                        manifest_source=str(manifest), model_source=model_source)
             except ValueError as exc:
-                store.close()
-                fail(str(exc))
+                refuse(str(exc))
         elif not same_request(record, rule=rule, seed=seed, cluster=spec, cost_model=model_file,
                               options=options, samples=samples):
-            store.close()
-            fail(f"--epoch-id {eid!r} in {out} was made from other inputs; pass another --epoch-id or --out")
+            refuse(f"--epoch-id {eid!r} in {out} was made from other inputs; pass another --epoch-id or --out")
         elif record.state == "done":
             store.close()
             typer.echo(f"epoch {eid}: all {record.steps_total} steps already stored in {out}")
@@ -279,9 +286,10 @@ def register(app: typer.Typer) -> None:
                                summary["mean_speedup_vs_bucket"])
         typer.echo(f"epoch {final.id}: {final.state}, {final.steps_done}/{final.steps_total} steps in {out}"
                    + (f"; mean gap to the lower bound {fmt_pct(gap)}" if gap is not None else "")
-                   + (f", mean predicted speedup over the strongest baseline {fmt_x(strong)}"
-                      if strong is not None else "")
-                   + (f" (over bucket-sp4, the DCP paper's baseline: {fmt_x(bucket)})" if bucket is not None else ""))
+                   + (f", mean predicted speedup over the strongest baseline {fmt_x(strong)} in "
+                      f"{summary['steps_vs_strongest']} of {final.steps_done} steps" if strong is not None else "")
+                   + (f" (over bucket-sp4, the DCP paper's baseline: {fmt_x(bucket)} in "
+                      f"{summary['steps_vs_bucket']} of {final.steps_done} steps)" if bucket is not None else ""))
         if final.state == "failed" or (final.state == "queued" and (final.error or "").startswith("interrupted")):
             # A passing fault (a lost Ray node, a busy store): the stored steps are kept and the same
             # command resumes from them; say so, as the abrupt-exit path does (ray_supervisor).

@@ -29,7 +29,8 @@ LAYOUT_CHOICES = ("ulysses", "auto", "ring")
 def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size: int,
               budget_s: float, progress: Callable[[int, int | None], None] | None = None,
               cost_model_file: CostModelFile | None = None, model: ModelSpec | None = None,
-              layout: str = "ulysses", loss_chunk_tokens: int | None = None) -> list[dict[str, Any]]:
+              layout: str = "ulysses", loss_chunk_tokens: int | None = None,
+              expert_parallel_size: int = 1) -> list[dict[str, Any]]:
     """One row per step: the plan's and every baseline's predicted step time, gap, latency.
 
     ``baselines_s`` and ``speedups`` also hold ``strongest``: the fastest baseline of the step
@@ -42,6 +43,8 @@ def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size:
     the plan's largest predicted peak per rank and ``memory_cap_bytes`` the cluster's cap.
     ``loss_chunk_tokens`` sets the model's LM loss chunk (``ModelSpec.loss_chunk_tokens``; the
     analytic cost model only: a fitted file charges the loss as it was profiled).
+    ``expert_parallel_size`` splits a mixture-of-experts model's experts over that many ranks
+    (``ClusterSpec.expert_parallel_size``: costed, not run by the executor).
 
     Raises:
         ValueError: for an unknown preset, a cost model made for another model shape (naming the
@@ -59,7 +62,8 @@ def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size:
     from planner.workload import WorkloadSpec, sample_batch
 
     spec = WorkloadSpec.preset(workload)
-    cluster_spec = load_cluster(cluster)
+    cluster_spec = load_cluster(cluster, **({"expert_parallel_size": expert_parallel_size}
+                                            if expert_parallel_size != 1 else {}))
     if loss_chunk_tokens is not None:
         if cost_model_file is not None:
             raise ValueError(f"--loss-chunk-tokens {loss_chunk_tokens} applies to the analytic cost model; "
@@ -179,6 +183,11 @@ def register(app: typer.Typer) -> None:
                                                    "--cost-model fitted for it)."),
         model_config: Path | None = model_config_option(),
         loss_chunk_tokens: int | None = loss_chunk_option(),
+        expert_parallel: int = typer.Option(
+            1, "--expert-parallel", help="Ranks a mixture-of-experts model's experts are split over "
+                                         "(contiguous; the planner charges the token all-to-alls of every "
+                                         "MoE layer and holds 1/N of the experts per rank; costed, not "
+                                         "run by the executor). 1: every rank holds every expert."),
         steps: int = typer.Option(5, "--steps", "-k", min=1, help="Steps to plan."),
         seed: int = typer.Option(0, "--seed", "-s", help="Sampler and planner seed."),
         batch_size: int = typer.Option(256, "--batch-size", "-b", min=1,
@@ -212,7 +221,7 @@ def register(app: typer.Typer) -> None:
                 rows = plan_rows(workload=workload, cluster=cluster, steps=steps, seed=seed,
                                  batch_size=batch_size, budget_s=budget_ms / 1000.0, progress=update,
                                  cost_model_file=file, model=model_spec, layout=layout,
-                                 loss_chunk_tokens=loss_chunk_tokens)
+                                 loss_chunk_tokens=loss_chunk_tokens, expert_parallel_size=expert_parallel)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         summary = totals(rows)

@@ -136,6 +136,10 @@ def register(app: typer.Typer) -> None:
             config_data = read_config(model_config) if model_config is not None and not look_alike else None
             factory, blocks_note = layer_factory(config_data, profiled=shape)
             typer.echo(f"dcp profile: {blocks_note}", err=True)
+            if factory is not None:
+                typer.echo("dcp profile: the model's own class runs whole samples (group size 1): fit the profile "
+                           "with dcp fit --attention-half-tokens, or profile --look-alike for groups above 1",
+                           err=True)
             config = SweepConfig(
                 tokens_min=tokens_min, tokens_max=tokens_max, num_sizes=num_sizes,
                 packings=_ints(packings, "packings"), num_packed=num_packed,

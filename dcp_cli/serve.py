@@ -7,6 +7,10 @@ from typing import Any
 
 import typer
 
+GRACEFUL_SHUTDOWN_S = 5
+"""After SIGTERM or SIGINT, how long uvicorn waits for requests in flight before the service's own
+shutdown (at most ~4 s more: api/app.py), so the process has left within 10 s."""
+
 
 def register(app: typer.Typer) -> None:
     """Add ``dcp serve`` to the app."""
@@ -52,6 +56,7 @@ def register(app: typer.Typer) -> None:
         # The guarded protocol, the backlog and asyncio's loop (uvloop accepts one connection per
         # iteration: api/http_guard.py).
         uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level,
-                    timeout_graceful_shutdown=10,
+                    timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
                     **server_options(head_timeout_s=settings.request_head_timeout_s,
-                                     max_connections=settings.max_connections))
+                                     max_connections=settings.max_connections,
+                                     max_connections_per_client=settings.max_connections_per_client))

@@ -23,9 +23,11 @@ plain PyTorch autograd function (runs on any device; no extra dependency).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import nn
 
 IGNORE_INDEX = -100
 """Targets equal to this contribute no loss and no gradient (``F.cross_entropy``'s default)."""
@@ -85,6 +87,8 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             lse[start:end] = chunk_lse
             losses[start:end] = torch.where(valid[start:end], chunk_lse - target_logit, 0.0)
         ctx.chunk_tokens = chunk_tokens
+        device = hidden.device.type  # backward projects again under forward's autocast, if any
+        ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
         ctx.save_for_backward(hidden, weight, bias, safe, valid, lse)
         return losses
 
@@ -94,14 +98,16 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         hidden, weight, bias, safe, valid, lse = ctx.saved_tensors
         chunk_tokens: int = ctx.chunk_tokens
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        grad_h = torch.empty_like(hidden) if need_h else None
+        device, autocast_on, autocast_dtype = ctx.autocast
+        grad_h = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if need_h else None
         grad_w = torch.zeros_like(weight) if need_w else None
         grad_b = torch.zeros_like(bias) if need_b and bias is not None else None
         scale = torch.where(valid, grad_losses, 0.0).to(lse.dtype)
         for start in range(0, hidden.shape[0], chunk_tokens):
             end = min(start + chunk_tokens, hidden.shape[0])
             h = hidden[start:end]
-            p = _chunk_logits(h, weight, bias)
+            with torch.autocast(device, dtype=autocast_dtype, enabled=autocast_on):
+                p = _chunk_logits(h, weight, bias)
             p.sub_(lse[start:end, None]).exp_()  # softmax, in place
             rows = torch.arange(end - start, device=p.device)
             p[rows, safe[start:end]] -= 1.0
@@ -159,3 +165,39 @@ def chunk_peak_bytes(*, chunk_tokens: int, vocab: int, dtype_bytes: int) -> int:
     softmax_bytes = max(dtype_bytes, 4)
     logit_bytes = dtype_bytes if dtype_bytes < 4 else 0
     return chunk_tokens * vocab * (logit_bytes + softmax_bytes)
+
+
+def head_chunked_losses(run_model: Callable[[], object], head: nn.Module, targets: torch.Tensor, *,
+                        chunk_tokens: int) -> torch.Tensor:
+    """The per-token loss of a model whose output head is ``head``, without the whole logits.
+
+    ``run_model()`` runs the model's forward once. A forward pre-hook on ``head`` takes the final
+    hidden states ``(1, tokens[+pad], hidden)`` it is called with, computes
+    :func:`chunked_token_losses` of the first ``len(targets)`` tokens with the head's weight and
+    bias, and hands the head zero tokens, so the whole logits never exist. The hook runs inside
+    the model's own forward: a DDP or FSDP2 wrapper sees an ordinary call, and FSDP2's unsharded
+    head weight is the one the loss uses and saves.
+
+    Raises:
+        ValueError: when ``head`` is not a linear layer, or the forward calls it other than once.
+    """
+    if not isinstance(head, nn.Linear):
+        raise ValueError(f"the output head is a {type(head).__name__}, not a linear layer: use "
+                         f"{LOSS_CHUNK_OPTION}=0")
+    found: list[torch.Tensor] = []
+
+    def take_hidden(module: nn.Linear, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        hidden = args[0]
+        found.append(chunked_token_losses(hidden[0, :targets.shape[0]], module.weight, targets,
+                                          chunk_tokens=chunk_tokens, bias=module.bias))
+        return (hidden[:, :0], *args[1:])
+
+    handle = head.register_forward_pre_hook(take_hidden)
+    try:
+        run_model()
+    finally:
+        handle.remove()
+    if len(found) != 1:
+        raise ValueError(f"the output head ran {len(found)} times in one forward (expected once): use "
+                         f"{LOSS_CHUNK_OPTION}=0")
+    return found[0]

@@ -7,11 +7,11 @@ use, plus the activations: per rank of a group, while a micro-batch runs,
   sync mode and sharding (``CostModel.model_state``);
 * ``fixed_working_bytes``: buffers every micro-batch holds whatever its samples
   (``CostModel.fixed_working_bytes``: allocator slack, communication buffers, per-layer
-  workspaces);
+  workspaces, the chunked LM loss's one chunk of logits);
 * ``activations_bytes``: what the micro-batch's samples keep for backward under their checkpoint
   policies;
-* ``token_working_bytes``: the per-token working set on top of them (logits and loss, all-to-all
-  buffers, the largest layer's backward transients, a ring's key/value buffers,
+* ``token_working_bytes``: the per-token working set on top of them (the loss: whole logits
+  with ``loss_chunk_tokens = 0``, else its log-sum-exp; all-to-all buffers, the largest layer's backward transients, a ring's key/value buffers,
   ``CostModel.ring_buffer_bytes``);
 * ``margin_bytes``: the memory cap minus all of the above (the cap is the share of device memory
   a plan may use, ``ClusterSpec.memory_cap_fraction``).

@@ -11,10 +11,11 @@ A manifest is JSON Lines, one sample per line: ``{"id": "a", "tokens": 812}`` or
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TextIO
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -204,7 +205,8 @@ def parse_manifest_lines(lines: Iterable[str], *, source: str = "<manifest>") ->
         except ValidationError as exc:
             first = exc.errors()[0]
             field = ".".join(str(p) for p in first["loc"]) or "sample"
-            raise ValueError(f"{source}:{number}: {field}: {first['msg']} (got {first.get('input')!r})") from None
+            raise ValueError(f"{source}:{number}: {field}: {first['msg']} (got {_json_kind(first.get('input'))})"
+                             ) from None
         if sample.tokens > MAX_SAMPLE_TOKENS:
             raise ValueError(f"{source}:{number}: sample {sample.id[:80]!r} has {sample.tokens:,} tokens, "
                              f"over the limit of {MAX_SAMPLE_TOKENS:,}")
@@ -214,11 +216,40 @@ def parse_manifest_lines(lines: Iterable[str], *, source: str = "<manifest>") ->
         yield sample
 
 
+MAX_MANIFEST_LINE_CHARS = 64 * 1024
+"""Longest line of a manifest (a sample's line is well under 1 KB): a longer one is refused as
+soon as that many characters are read, not after the whole line (a 50 MB file of one line) is."""
+
+
+def bounded_lines(fh: TextIO, *, source: str, max_chars: int = MAX_MANIFEST_LINE_CHARS) -> Iterator[str]:
+    """The lines of ``fh``, none read past ``max_chars`` characters.
+
+    Raises:
+        ValueError: naming the source and the line number of a longer line.
+    """
+    for number in itertools.count(1):
+        line = fh.readline(max_chars + 1)
+        if not line:
+            return
+        if len(line) > max_chars and not (len(line) == max_chars + 1 and line.endswith("\n")):
+            raise ValueError(f"{source}:{number}: line longer than {max_chars:,} characters "
+                             "(not a JSON Lines manifest of samples?)")
+        yield line
+
+
+def _json_kind(value: object) -> str:
+    """What a refused manifest value is, without its content (a file that is no manifest, such as
+    a lock file, must not have its lines echoed)."""
+    names = {dict: "a JSON object", list: "a JSON array", str: "a JSON string", bool: "a JSON boolean",
+             int: "a JSON integer", float: "a JSON number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
 def read_manifest(path: str | Path) -> list[Sample]:
-    """Read a JSON Lines manifest file."""
+    """Read a JSON Lines manifest file (lines bounded: :func:`bounded_lines`)."""
     p = Path(path)
     with p.open() as fh:
-        return list(parse_manifest_lines(fh, source=str(p)))
+        return list(parse_manifest_lines(bounded_lines(fh, source=str(p)), source=str(p)))
 
 
 def write_manifest(samples: Iterable[Sample], path: str | Path) -> None:

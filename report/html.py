@@ -92,7 +92,7 @@ def epoch_html(info: EpochInfo, steps: Sequence[StepFigures], *, epoch_svg: byte
         label = "strongest (fastest but naive, per step)" if b.name == STRONGEST else b.name
         rows.append(f"<tr><td class=name>{_esc(label)}</td><td>{b.total_speedup:.2f}x</td>"
                     f"<td>{b.mean_speedup:.2f}x</td><td>{b.min_speedup:.2f}x</td>"
-                    f"<td>{b.max_speedup:.2f}x</td><td>{b.num_steps}</td>"
+                    f"<td>{b.max_speedup:.2f}x</td><td>{b.num_steps} of {len(steps)}</td>"
                     f"<td class=name>{_esc(description(b.name) if b.name != STRONGEST else '')}</td></tr>")
     plan_total = sum(s.predicted_step_time_s for s in steps)
     facts = [
@@ -121,7 +121,9 @@ def epoch_html(info: EpochInfo, steps: Sequence[StepFigures], *, epoch_svg: byte
             "<h2>Speedup over each baseline</h2>",
             "<table><tr><th class=name>baseline</th><th>total</th><th>mean</th><th>min</th><th>max</th>"
             "<th>steps</th><th class=name>what it is</th></tr>" + "".join(rows) + "</table>",
-            "<p class=note>total: the baseline's time over the steps / the plans' (the throughput "
+            "<p class=note>steps: the steps the baseline could plan (one that cannot hold a step's "
+            "longest sample has no time for it); every figure of its row is over those steps. total: "
+            "the baseline's time over them / the plans' time over the same steps (the throughput "
             "gain); mean, min, max: per step.</p>",
             "<h2>Per step</h2>",
             f'<img alt="speedup and gap per step" src="{data_uri(epoch_svg, "image/svg+xml")}">',

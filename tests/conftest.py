@@ -26,7 +26,8 @@ MODULE_GROUPS: dict[str, str] = {
        for name in ("test_joint_step", "test_grad_sync", "test_step_equivalence", "test_groups",
                     "test_naive_reference", "test_gqa_step")},
     **{f"tests/executor/integrations/{name}.py": "hf_world4"
-       for name in ("test_hf_hunyuan", "test_hf_wan", "test_hf_diffusers", "test_hf_transformers")},
+       for name in ("test_hf_hunyuan", "test_hf_wan", "test_hf_diffusers", "test_hf_transformers",
+                    "test_hf_chunked_loss")},
     "tests/api/test_ray_runner.py": "ray",
     "tests/api/test_ray_cli_interrupt.py": "ray",
 }

@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from bench.ring_coefficients import fit_report, main  # noqa: E402
-from tests.costmodel.test_ring_fit import BLOCK_HALF, MERGE_B, OVERHEAD_S, PHI, _attention, _steps  # noqa: E402
+from bench.ring_coefficients import fit_report, main
+from tests.costmodel.test_ring_fit import BLOCK_HALF, MERGE_B, OVERHEAD_S, PHI, _attention, _steps
 
 ROOT = Path(__file__).resolve().parents[1]
 

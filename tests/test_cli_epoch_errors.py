@@ -57,8 +57,8 @@ def test_summary_is_formatted(tmp_path: Path, manifest: Path) -> None:
     assert code == 0, output
     assert "done, 2/2 steps" in output
     assert re.search(r"mean gap to the lower bound \d+\.\d\d%", output), output
-    assert re.search(r"mean predicted speedup over the strongest baseline \d+\.\d\dx \(over bucket-sp4, "
-                     r"the DCP paper's baseline: \d+\.\d\dx\)", output), output
+    assert re.search(r"mean predicted speedup over the strongest baseline \d+\.\d\dx in 2 of 2 steps \(over "
+                     r"bucket-sp4, the DCP paper's baseline: \d+\.\d\dx in 2 of 2 steps\)", output), output
     # Stored under a model the store now knows: a second run finds it done.
     code, output = _run(str(manifest), "--out", str(out), "--samples-per-step", "6", "--workers", "1",
                         "--option", "use_cpsat=false")

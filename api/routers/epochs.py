@@ -63,7 +63,9 @@ def _status(state: ServiceState, record: EpochRecord) -> EpochStatus:
         summary=EpochSummary(mean_predicted_speedup_vs_strongest=summary["mean_speedup_vs_strongest"],
                              mean_predicted_speedup_vs_bucket=summary["mean_speedup_vs_bucket"],
                              mean_gap=summary["mean_gap"],
-                             mean_predicted_step_time_s=summary["mean_predicted_step_time_s"]))
+                             mean_predicted_step_time_s=summary["mean_predicted_step_time_s"],
+                             steps_vs_strongest=int(summary["steps_vs_strongest"] or 0),
+                             steps_vs_bucket=int(summary["steps_vs_bucket"] or 0)))
 
 
 def _record(state: ServiceState, epoch_id: str) -> EpochRecord:

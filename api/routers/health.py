@@ -18,13 +18,23 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", responses={503: {"description": "Starting: solver pool not warm yet."}})
+@router.get("/readyz", responses={503: {"description": "Not ready, with the reasons: starting (solver "
+                                                     "pool not warm yet), fewer solver workers alive "
+                                                     "than configured, a solver task past its deadline, "
+                                                     "an epoch job stalled."}})
 async def readyz(state: State) -> dict[str, object]:
-    """Readiness: the store answers and the solver pool is started."""
+    """Readiness: the store answers, every configured solver worker is alive and ready, no solver
+    task runs past its deadline (``api.pool.SolverPool.health``). 503 names each reason that holds;
+    it is 200 again once the pool has replaced its workers."""
     await asyncio.to_thread(state.store.schema_version)
     if not state.ready:
         raise HTTPException(status_code=status.HTTP_503_SERVICE_UNAVAILABLE, detail="starting")
-    return {"status": "ready", "workers": state.settings.num_workers,
+    health = state.executor.health()
+    if not health.ok:
+        raise HTTPException(status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+                            detail={"status": "not ready", "reasons": list(health.problems),
+                                    "workers": health.num_workers, "workers_ready": health.num_ready})
+    return {"status": "ready", "workers": health.num_workers, "workers_ready": health.num_ready,
             "active_jobs": state.jobs.active()}
 
 

@@ -1,4 +1,10 @@
-"""Torch transformer blocks with the shapes of the models we plan for.
+"""Look-alike torch transformer blocks with the shapes of the models we plan for.
+
+They stand in for a model's own layer class (:mod:`costmodel.profiling.real_classes`) where none
+is given or importable: ``dcp profile --model PRESET`` (and ``--look-alike``), and a
+``--model-config`` whose class cannot be imported (the profile says so). They emulate one rank's
+share of a Ulysses group of any size; what they save for backward is not what the real classes
+save (no fp32 norm copies: docs/cost-model.md).
 
 A micro-batch is *packed*: the samples' tokens are concatenated into one ``(tokens, hidden)``
 tensor and ``samples`` gives each sample's ``(frames, tokens_per_frame)``. Position-wise parts

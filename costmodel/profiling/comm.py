@@ -278,7 +278,8 @@ def run_comm_sweep(config: CommSweepConfig, *, device: torch.device,
             for j, group in enumerate(of_size):
                 median, lo, hi, hop_s, compute_s = (float(v) for v in ring_host[i, j].tolist())
                 records.append(CommRecord(
-                    op="ring_step", group_size=d, num_nodes=group.num_nodes, bytes_per_rank=float(numel * ELEMENT_BYTES),
+                    op="ring_step", group_size=d, num_nodes=group.num_nodes,
+                    bytes_per_rank=float(numel * ELEMENT_BYTES),
                     time_s=median, time_s_min=lo, time_s_max=hi, num_repeats=config.repeats, backend=backend,
                     compute_s=compute_s, hop_s=hop_s))
     logger.info("rank %d: communication sweep of %d group sizes done", rank, len(sizes))

@@ -278,8 +278,13 @@ def narrowed(model: ModelSpec, *, num_layers: int, hidden: int | None = None, nu
     """The shape to profile: ``model`` with fewer layers and optionally a narrower width.
 
     Raises:
-        ValueError: when the result is not a valid model (e.g. hidden not divisible by heads).
+        ValueError: when the result is not a valid model (e.g. hidden not divisible by heads), or
+            for a mixture-of-experts or sliding-window model (the profiling blocks are dense
+            full-attention layers; such models use the analytic cost model).
     """
+    if model.num_experts or model.num_sliding_layers:
+        raise ValueError(f"model {model.name!r} has experts or sliding-window layers, which the profiling "
+                         "blocks do not run (dense full-attention layers): plan it with its analytic cost model")
     if num_layers > model.num_layers:
         raise ValueError(f"num_layers={num_layers} exceeds the model's {model.num_layers}")
     heads = num_heads or model.num_heads

@@ -20,7 +20,7 @@ Both are fitted by :mod:`costmodel.ring.fit`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -73,7 +73,7 @@ def measure_ring_attention(*, tokens: Sequence[int], ring_degrees: Sequence[int]
     def tensor(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
 
-    steps = []
+    steps: list[Callable[[], None]] = []
     for s, r in cases:
         q = tensor(num_heads, s // r, head_dim)
         blocks = [(tensor(num_heads, s // r, head_dim), tensor(num_heads, s // r, head_dim)) for _ in range(r)]
@@ -109,7 +109,7 @@ def measure_ring_steps_one_gpu(*, block_bytes: Sequence[int], compute_dims: Sequ
         raise ValueError(f"one-device ring steps need a CUDA device (a second stream), got {device}")
     side = torch.cuda.Stream(device=device)
     cases = [(b, n) for b in block_bytes for n in compute_dims]
-    steps = []
+    steps: list[Callable[[], None]] = []
     for nbytes, n in cases:
         src = torch.ones(max(1, nbytes // 2), dtype=torch.bfloat16, device=device)
         dst = torch.empty_like(src)

@@ -99,14 +99,16 @@ class RingCosts:
         extra = 1.0 + self.ring_coefficients.block_half_tokens * r / tokens
         curves = c.attention_efficiency
         if curves is not None:
-            return curves.forward.time_multiplier(tokens / r) * extra, curves.backward.time_multiplier(tokens / r) * extra
+            block = tokens / r
+            return curves.forward.time_multiplier(block) * extra, curves.backward.time_multiplier(block) * extra
         hockney = 1.0 + c.attention_half_tokens * layout.group_size / tokens
         return hockney * extra, hockney * extra
 
     def _ring_kwargs(self, layout: GroupLayout, links: P2PLinks | None = None) -> dict[str, object]:
         u = layout.ulysses_degree
         model = self.file.model
-        return dict(kv_bytes_per_token=self.kv_bytes_per_token(u), query_channels=model.num_heads // u * model.head_size,
+        return dict(kv_bytes_per_token=self.kv_bytes_per_token(u),
+                    query_channels=model.num_heads // u * model.head_size,
                     links=self.p2p_links if links is None else links, crosses_nodes=layout.ring_crosses_nodes,
                     hbm_bytes_per_s=self.cluster.hardware.hbm_bandwidth_bytes_per_s, ring=self.ring_coefficients)
 

@@ -54,7 +54,7 @@ from torch.utils.checkpoint import checkpoint
 from costmodel.specs import LOSS_CHUNK_TOKENS_DEFAULT
 from executor.attention import packed_attention
 from executor.checkpointing import validate_policies
-from executor.chunked_loss import check_chunk_tokens, chunked_token_losses
+from executor.chunked_loss import check_chunk_tokens, head_chunked_losses
 from executor.context import SPContext
 from executor.ring import ring_packed_attention
 from executor.runtime import MicroBatchWork
@@ -316,36 +316,17 @@ def lm_token_losses(model: nn.Module, work: MicroBatchWork, *,
     logits at a time; 0: the whole logits, :func:`token_losses`).
 
     Raises:
-        ValueError: for a negative chunk, a model without an output head, or one that transforms
-            its logits after the head (``final_logit_softcapping``, which the chunks do not apply).
+        ValueError: for a negative chunk, a model without a linear output head, or one that
+            transforms its logits after the head (``final_logit_softcapping``, which the chunks do
+            not apply).
     """
     check_chunk_tokens(loss_chunk_tokens)
     if loss_chunk_tokens == 0:
         return token_losses(model(**model_inputs(work)).logits, work.targets)
     core: Any = getattr(model, "module", model)  # DDP keeps the model under .module
-    head = core.get_output_embeddings()
-    if not isinstance(head, nn.Linear):
-        raise ValueError(f"{type(core).__name__} has no linear output head (get_output_embeddings() is "
-                         f"{type(head).__name__}): use loss_chunk_tokens=0")
     if getattr(core.config, "final_logit_softcapping", None):
         raise ValueError(f"{type(core).__name__} soft-caps its logits (final_logit_softcapping="
                          f"{core.config.final_logit_softcapping}), which the chunked loss does not: "
                          "use loss_chunk_tokens=0")
-    targets = work.targets
-    found: list[torch.Tensor] = []
-
-    def take_hidden(module: nn.Linear, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        hidden = args[0]
-        found.append(chunked_token_losses(hidden[0, :targets.shape[0]], module.weight, targets,
-                                          chunk_tokens=loss_chunk_tokens, bias=module.bias))
-        return (hidden[:, :0], *args[1:])
-
-    handle = head.register_forward_pre_hook(take_hidden)
-    try:
-        model(**model_inputs(work))
-    finally:
-        handle.remove()
-    if len(found) != 1:
-        raise ValueError(f"the output head ran {len(found)} times in one forward of {type(core).__name__} "
-                         "(expected once): use loss_chunk_tokens=0")
-    return found[0]
+    return head_chunked_losses(lambda: model(**model_inputs(work)), core.get_output_embeddings(), work.targets,
+                               chunk_tokens=loss_chunk_tokens)

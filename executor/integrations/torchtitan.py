@@ -12,6 +12,9 @@ enable_gqa=...)``; its ``Decoder.forward(tokens, positions, attention_masks)`` h
 - :func:`model_inputs` turns a :class:`~executor.runtime.MicroBatchWork` into
   ``model(**model_inputs(work))``: this rank's tokens, their positions inside their samples (RoPE
   as unsharded), and the masks object;
+- :func:`lm_token_losses` runs the model and returns the per-token loss computed in chunks of
+  ``loss_chunk_tokens`` tokens at its output head (``Decoder.output``;
+  :func:`executor.chunked_loss.head_chunked_losses`), never the whole logits;
 - :func:`install` also gives each decoder layer the plan's checkpoint policy: layer ``i`` is
   recomputed when the micro-batch's largest policy exceeds ``i`` (a micro-batch whose samples
   disagree is checkpointed as its largest policy: the same result, more recompute than planned).
@@ -34,6 +37,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from costmodel.specs import LOSS_CHUNK_TOKENS_DEFAULT
+from executor.chunked_loss import check_chunk_tokens, head_chunked_losses
 from executor.context import SPContext
 from executor.integrations.hf_transformers import CTX_KWARG, PAD_KWARG, ulysses_attention
 from executor.runtime import MicroBatchWork
@@ -134,3 +139,27 @@ def _policy_forward(original: Any) -> Any:
         return original(x, attention_masks, *args, **kwargs)
 
     return forward
+
+
+def lm_token_losses(model: nn.Module, work: MicroBatchWork, *, loss_chunk_tokens: int = LOSS_CHUNK_TOKENS_DEFAULT,
+                    head: nn.Module | None = None) -> torch.Tensor:
+    """Cross-entropy of every local token of one micro-batch ``(local,)``, the model run on
+    :func:`model_inputs`, ``loss_chunk_tokens`` tokens of logits at a time (0: the whole logits).
+
+    Args:
+        model: torchtitan's decoder (or its ``fully_shard``-ed self).
+        work: The micro-batch.
+        loss_chunk_tokens: Tokens per chunk (the planner's ``ModelSpec.loss_chunk_tokens``).
+        head: The output head (default: torchtitan's ``model.output``).
+
+    Raises:
+        ValueError: for a negative chunk, or a head that is not a linear layer called once.
+    """
+    check_chunk_tokens(loss_chunk_tokens)
+    targets = work.targets
+    if loss_chunk_tokens == 0:
+        logits = model(**model_inputs(work))[0, :targets.shape[0]]
+        return torch.nn.functional.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)),
+                                                 targets, reduction="none")
+    output: Any = head if head is not None else model.output
+    return head_chunked_losses(lambda: model(**model_inputs(work)), output, targets, chunk_tokens=loss_chunk_tokens)

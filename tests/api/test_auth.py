@@ -21,8 +21,8 @@ READS = ["/v1/epochs", "/v1/epochs/e", "/v1/epochs/e/steps?start=0&stop=2", "/v1
          "/v1/epochs/e/steps/1/ranks/0", "/v1/epochs/e/steps/1/ranks/3", "/v1/epochs/e/recalibration",
          "/v1/epochs/e/figures", "/v1/epochs/e/report.html", "/v1/epochs/e/steps/1/trace.json",
          "/v1/cost-models", f"/v1/cost-models/{COST_MODEL}", "/v1/presets", "/docs", "/redoc",
-         "/openapi.json"]
-PUBLIC = ["/healthz", "/readyz", "/metrics", "/dashboard", "/dashboard/dashboard.js"]
+         "/openapi.json", "/metrics"]
+PUBLIC = ["/healthz", "/readyz", "/dashboard", "/dashboard/dashboard.js"]
 
 
 def _basic(password: str) -> dict[str, str]:
@@ -43,6 +43,8 @@ def test_every_read_needs_a_token_and_the_read_token_cannot_write(server_factory
             assert http.get(path, headers=AUTH).status_code == 200, path
         for path in PUBLIC:
             assert http.get(path).status_code == 200, path
+        # /metrics names the epochs: only with a token (anonymous: 401 above, nothing listed).
+        assert 'epoch_id="e"' in http.get("/metrics", headers=READ).text
         # A browser opening /docs is asked for Basic credentials; the token as the password works.
         assert http.get("/docs").headers["www-authenticate"].startswith("Basic")
         assert http.get("/docs", headers=_basic(READ_TOKEN)).status_code == 200

@@ -260,7 +260,8 @@ def test_failed_and_cancelled_jobs_resume(server_factory: Any) -> None:
     conn.commit()
     conn.close()
     again = server_factory(workers=2).start()
-    assert _wait(again, "t")["state"] == "done"
+    final = _wait(again, "t")
+    assert final["state"] == "done", final
     assert _digests(again, "t", steps) == reference
 
 

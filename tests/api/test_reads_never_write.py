@@ -1,6 +1,7 @@
-"""Regression of the reliability round (issue 24 item 5): a rank's fetch writes nothing to the
-store. With the store locked by another process, new steps are still served (they were 503: the
-first fetch froze the step in SQLite); with a token set, a fetch without it freezes nothing."""
+"""A rank's fetch never waits long on a store locked by another process: new steps are still
+served (they were 503 when the first fetch had to freeze the step in SQLite), frozen in memory
+and written once the lock is gone (api/revisions_store.py); with a token set, a fetch without it
+freezes nothing."""
 
 from __future__ import annotations
 

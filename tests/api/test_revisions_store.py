@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
+
+import pytest
 
 from api.revisions_store import RevisionStore
 from api.store import PlanStore
@@ -58,7 +61,7 @@ def test_fetched_steps_are_frozen_and_the_rest_replaced(tmp_path: Path) -> None:
     store.close()
 
 
-def test_a_fetch_writes_nothing_and_the_freeze_is_persisted_later(tmp_path: Path) -> None:
+def test_a_fetch_writes_its_freeze_before_answering_and_a_locked_store_still_serves(tmp_path: Path) -> None:
     store = PlanStore.open(tmp_path / "w.sqlite")
     steps = _steps()
     store.create_epoch("e", spec={"cost_model_id": FILE.id}, steps=steps)
@@ -69,17 +72,29 @@ def test_a_fetch_writes_nothing_and_the_freeze_is_persisted_later(tmp_path: Path
         row = store._conn().execute("SELECT frozen_through FROM epoch_recalibration WHERE epoch_id='e'").fetchone()
         return -1 if row is None else int(row[0])
 
-    changes = store._conn().total_changes
     assert revisions.fetch_rank_view("e", 2, 0, freeze=False) is not None
-    assert revisions.state("e").frozen_through == -1  # an anonymous read freezes nothing
-    assert revisions.fetch_rank_view("e", 2, 0) is not None
-    assert revisions.state("e").frozen_through == 2 and stored() == -1  # frozen in memory, not written
-    assert store._conn().total_changes == changes
-    # Re-plans see it at once; the store gets it from the flusher (or at close).
-    assert revisions.replace_unfrozen("e", [_plan(steps[2], 2, scale=3.0)], rev=1) == ([], [2])
+    assert revisions.state("e").frozen_through == -1 and stored() == -1  # an anonymous read freezes nothing
+    assert revisions.fetch_rank_view("e", 2, 0, fast=True) is not None
+    assert stored() == 2  # in the store before the view was returned (survives a kill -9)
+    changes = store._conn().total_changes
+    assert revisions.fetch_rank_view("e", 1, 0, fast=True) is not None  # already frozen: no write
+    assert store._conn().total_changes == changes and stored() == 2
+    # Another process holds the write lock: the fast path leaves the fetch to a thread, which waits
+    # briefly, then freezes in memory and serves; the flusher writes it once the lock is gone.
+    other = sqlite3.connect(tmp_path / "w.sqlite", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(sqlite3.OperationalError):
+            revisions.fetch_rank_view("e", 3, 0, fast=True)
+        assert revisions.fetch_rank_view("e", 3, 0) is not None
+        assert revisions.state("e").frozen_through == 3 and stored() == 2
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert revisions.replace_unfrozen("e", [_plan(steps[3], 3, scale=3.0)], rev=1) == ([], [3])
     revisions.close()
-    assert stored() == 2
+    assert stored() == 3
     again = RevisionStore(store)
-    assert again.state("e").frozen_through == 2  # a restart keeps it
+    assert again.state("e").frozen_through == 3  # a restart keeps it
     again.close()
     store.close()

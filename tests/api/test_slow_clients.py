@@ -1,8 +1,9 @@
 """Slow request heads and connection floods against a real ``dcp serve`` on loopback (issue 24
 item 10): a connection whose request head does not complete within
 ``DCP_REQUEST_HEAD_TIMEOUT_S`` is closed (uvicorn alone held 200 of them for 60 s, their head
-trickling in a byte at a time), connections past ``DCP_MAX_CONNECTIONS`` are closed at once, and
-the service answers normally throughout."""
+trickling in a byte at a time); at ``DCP_MAX_CONNECTIONS`` a new connection closes the oldest one
+that sent no request yet, or, when every one is busy, is answered 503 with ``Retry-After`` and
+closed; the service answers normally throughout."""
 
 from __future__ import annotations
 
@@ -62,20 +63,31 @@ def test_slow_request_heads_are_closed(server_factory: Any) -> None:
     assert elapsed_s >= HEAD_TIMEOUT_S * 0.8, f"closed after {elapsed_s:.1f} s, before the head timeout"
 
 
-def test_connections_past_the_cap_are_closed(server_factory: Any) -> None:
-    server = server_factory(token=None, env={"DCP_REQUEST_HEAD_TIMEOUT_S": "30",
-                                             "DCP_MAX_CONNECTIONS": "20"}).start()
+def test_at_the_cap_the_oldest_idle_connection_makes_room_and_busy_ones_get_503(server_factory: Any) -> None:
+    server = server_factory(token=None, env={"DCP_REQUEST_HEAD_TIMEOUT_S": "30", "DCP_MAX_CONNECTIONS": "20",
+                                             "DCP_MAX_BODIES_PER_CLIENT": "64"}).start()
     held = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(20)]
     time.sleep(0.5)  # the server has accepted them
     extra = socket.create_connection(("127.0.0.1", server.port), timeout=5)
     extra.settimeout(5)
-    assert _closed_by_server(extra)  # closed at once (a 5 s wait is a TimeoutError): 20 are open
+    held[0].settimeout(5)
+    assert _closed_by_server(held[0])  # the oldest that sent nothing made room
+    extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert b" 200 " in extra.recv(4096).split(b"\r\n", 1)[0] + b" "  # the newcomer is served
     extra.close()
-    for sock in held[:5]:
-        sock.close()
-    time.sleep(0.5)
-    assert httpx.get(f"{server.url}/healthz", timeout=5).status_code == 200  # room again
-    for sock in held[5:]:
+    for sock in held[1:]:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        assert b" 200 " in sock.recv(4096).split(b"\r\n", 1)[0] + b" "  # the held ones are served
+        assert b" 200 " in sock.recv(4096).split(b"\r\n", 1)[0] + b" "  # the others are served
+        sock.close()
+    # Twenty requests in flight (bodies still coming): none may be closed, a newcomer gets 503.
+    busy = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(20)]
+    for sock in busy:
+        sock.sendall(b"POST /v1/plans HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{")
+    time.sleep(0.5)
+    late = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    late.settimeout(5)
+    answer = late.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in answer.lower(), answer[:200]
+    for sock in [late, *busy]:
         sock.close()

@@ -67,7 +67,8 @@ def test_steps_written_once(tmp_path: Path) -> None:
     assert [s for s, _, _ in store.get_plans("e", start=0, stop=4)] == [0, 2, 3]
     assert store.summary("e") == {"mean_gap": pytest.approx(0.1), "mean_speedup_vs_bucket": pytest.approx(1.5),
                                   "mean_speedup_vs_strongest": None,  # the results name no strongest
-                                  "mean_predicted_step_time_s": pytest.approx(1.0)}
+                                  "mean_predicted_step_time_s": pytest.approx(1.0),
+                                  "steps_vs_strongest": 0, "steps_vs_bucket": 3}  # the steps each mean is over
     assert store.num_plans() == 3
 
 
@@ -131,7 +132,8 @@ def test_migration_from_v1_keeps_plans_and_serves_rank_views(tmp_path: Path) -> 
     assert store.summary("old") == {"mean_gap": pytest.approx(0.1), "mean_speedup_vs_bucket": None,
                                     # backfilled from the stored plan's baselines at schema 8
                                     "mean_speedup_vs_strongest": pytest.approx(best[1] / 1.0),
-                                    "mean_predicted_step_time_s": pytest.approx(1.0)}
+                                    "mean_predicted_step_time_s": pytest.approx(1.0),
+                                    "steps_vs_strongest": 1, "steps_vs_bucket": 0}
     for rank in range(8):
         view = store.get_rank_view("old", 0, rank)
         assert view is not None

@@ -120,7 +120,7 @@ def test_wan_image_conditioned_adds_image_tokens(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"model_type": "mixtral"}, "unknown architecture model_type='mixtral'; known: llama, qwen2"),
+    ({"model_type": "deepseek_v3"}, "unknown architecture model_type='deepseek_v3'; known: llama, qwen2"),
     ({"model_type": None, "architectures": ["GPT2LMHeadModel"]}, "unknown architecture architectures="),
     ({"num_key_value_heads": 6}, "num_attention_heads=32 is not divisible by num_key_value_heads=6"),
     ({"hidden_size": 4100}, "hidden_size=4100 is not divisible by num_attention_heads=32"),
@@ -128,7 +128,11 @@ def test_wan_image_conditioned_adds_image_tokens(tmp_path: Path) -> None:
     ({"num_hidden_layers": "32"}, "field 'num_hidden_layers' must be a positive integer, got '32'"),
     ({"num_hidden_layers": True}, "field 'num_hidden_layers' must be a positive integer, got True"),
     ({"tie_word_embeddings": "no"}, "field 'tie_word_embeddings' must be true or false"),
-    ({"model_type": "mistral", "sliding_window": 4096}, "sliding_window=4096 is active"),
+    ({"model_type": "mistral", "sliding_window": 0}, "field 'sliding_window' must be a positive integer, got 0"),
+    ({"model_type": "gpt_oss", "layer_types": ["full_attention"] * 31},
+     "field 'layer_types' has 31 entries but num_hidden_layers=32"),
+    ({"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 6},
+     "field 'num_experts_per_tok'=6 is above num_local_experts=4"),
 ])
 def test_bad_text_config_names_file_and_field(tmp_path: Path, change: dict[str, Any], message: str) -> None:
     data = {k: v for k, v in {**_config("llama-3.1-8b"), **change}.items() if v is not None}

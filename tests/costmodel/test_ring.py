@@ -19,7 +19,6 @@ from costmodel.profiling.format import CommRecord, read_profile
 from costmodel.ring import (
     P2PLinks,
     RingCoefficients,
-    step_s,
     default_p2p_links,
     fit_p2p,
     kv_bytes_per_token,
@@ -27,6 +26,7 @@ from costmodel.ring import (
     ring_attention_time_s,
     ring_kv_buffer_bytes,
     ring_layer_time_s,
+    step_s,
 )
 from costmodel.schema import LinkFit
 from tests.planner.tiny import TINY_HW, tiny_cluster, tiny_cost_model

@@ -134,3 +134,19 @@ def test_whole_logits_hold_the_cost_models_bytes_per_token_and_chunks_save_them(
     assert tokens * per_token <= whole <= tokens * (per_token + 64)
     chunked = _peak_less_inputs(h, w, targets, chunk)
     assert whole > 7 * chunked  # 2,048 tokens of 12 B a logit vs 256 tokens of 4-6 B
+
+
+def test_under_autocast_backward_projects_as_forward_did() -> None:
+    # Under bf16 autocast the forward's logits are bf16: backward must project the same way, or
+    # its softmax (from fp32 logits against the bf16 log-sum-exp) is off by bf16's rounding.
+    h, w, _, targets = _inputs(300, 32, 500, dtype=torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = F.linear(h, w)
+        losses = chunked_token_losses(h, w, targets, chunk_tokens=64)
+    z = logits.detach().float()
+    plain = torch.logsumexp(z, 1) - z.gather(1, targets[:, None])[:, 0]
+    assert float((losses - plain).detach().abs().max()) <= 1e-5
+    dz = torch.softmax(z, 1) - F.one_hot(targets, 500).float()  # the softmax gradient of those logits
+    got_h, got_w = torch.autograd.grad(losses.sum(), (h, w))
+    assert float((got_h - dz @ w.detach()).abs().max()) <= 1e-5
+    assert float((got_w - dz.t() @ h.detach()).abs().max()) <= 1e-4

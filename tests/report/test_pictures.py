@@ -210,3 +210,20 @@ def test_thin_bands_alternate_shades_instead_of_one_block() -> None:
     assert {COLORS["compute"].upper(), lighter(COLORS["compute"]).upper()} <= fills, fills
     texts = " ".join("".join(t.itertext()) for t in root.iter(f"{SVG}text"))
     assert "lighter shade" in texts
+
+
+def test_summary_totals_are_over_the_steps_each_baseline_planned() -> None:
+    """naive could not hold two of three steps: its total is over the one step it planned (against
+    the plans' time on that step), and the summary page says '1 of 3'."""
+    steps = [StepFigures(step=i, predicted_step_time_s=1.0 + i, lower_bound_s=0.9 + i, bound_kind="area",
+                         status="HEURISTIC", baselines_s={"static-best": 1.1 + i, **({"naive": 4.0} if i == 0 else {})})
+             for i in range(3)]
+    summary = {b.name: b for b in summarise(steps)}
+    assert summary["naive"].num_steps == 1 and summary["naive"].total_speedup == pytest.approx(4.0)
+    assert summary["static-best"].num_steps == 3
+    assert summary["static-best"].total_speedup == pytest.approx((1.1 + 2.1 + 3.1) / (1.0 + 2.0 + 3.0))
+    info = EpochInfo(epoch_id="e", state="done", steps_done=3, steps_total=3, cluster_name="h200x8", num_gpus=8,
+                     cost_model_id="m", batch_rule="samples per step 8", seed=0, manifest="m (24 samples)")
+    page = epoch_html(info, steps, epoch_svg=epoch_image(steps, title="t", fmt="svg"), gantt_svg=None, gantt_step=None)
+    naive_row = next(row for row in page.split("<tr>") if "<td class=name>naive</td>" in row)
+    assert "<td>1 of 3</td>" in naive_row and "<td>4.00x</td>" in naive_row
