@@ -305,6 +305,13 @@ TABLES: dict[str, TableSpec] = {
         ("steps faster", "{steps_faster} / {steps}"), ("x strongest inter only", "{inter_only_x_strongest:.3f}"),
         ("x strongest inter + intra", "{both_x_strongest:.3f}")])),
     "plan-quality-modern": TableSpec(json_name="plan_quality_modern.json", render=_grid),
+    **{name: TableSpec(json_name=json_name, render=_columns(_named("grid"), [
+        ("model", lambda r: r["workload"].partition("@")[2] or r["workload"]), ("cluster", "{cluster}"),
+        ("batch", "{num_samples}"), ("gap to the plan's bound, mean", lambda r: _pct(r["gap_mean"])),
+        ("gap to the LP bound, mean", lambda r: _pct(r["gap_lp_mean"])),
+        ("**x strongest**", lambda r: f"**{_x(r['speedup_strongest_mean'])}**")], left=2))
+       for name, json_name in (("plan-quality-moe", "plan_quality_moe.json"),
+                               ("plan-quality-gemma", "plan_quality_gemma.json"))},
     "plan-quality-layouts": TableSpec(json_name="plan_quality_layouts.json", render=_layouts),
     "plan-scale-sweeps": TableSpec(json_name="plan_scale.json", render=_scale_sweeps),
     "plan-scale-readme": TableSpec(json_name="plan_scale_points_5steps_rerun.json", render=_scale_points),
