@@ -25,7 +25,16 @@ from costmodel.evaluate import CostModel
 from costmodel.model_choice import check_samples_kind
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec, Sample
-from planner.epoch import BatchRule, CancelledError, StepResult, StepTask, build_config, make_steps, run_epoch
+from planner.epoch import (
+    BatchRule,
+    CancelledError,
+    StepResult,
+    StepTask,
+    build_config,
+    epoch_options,
+    make_steps,
+    run_epoch,
+)
 from planner.fit_check import check_samples_fit
 from planner.layouts import config_layouts
 
@@ -86,7 +95,7 @@ def same_request(record: EpochRecord, *, rule: BatchRule, seed: int, cluster: Cl
     spec = record.spec
     return (spec["batch"] == rule.as_dict() and spec["seed"] == seed
             and spec["cluster"] == cluster.model_dump(mode="json")
-            and spec["cost_model_digest"] == cost_model.digest() and spec["options"] == dict(options)
+            and spec["cost_model_digest"] == cost_model.digest() and epoch_options(spec) == dict(options)
             and spec["manifest"]["digest"] == manifest_digest(samples))
 
 
@@ -96,7 +105,7 @@ def _tasks(store: PlanStore, record: EpochRecord, cluster: ClusterSpec,
     for step in store.pending_steps(record.id):
         yield StepTask(step=step, samples_json=store.batch_json(record.id, step),
                        cluster_json=cluster_json, cost_model_json=cost_model_json,
-                       options=record.spec["options"], seed=record.spec["seed"])
+                       options=epoch_options(record.spec), seed=record.spec["seed"])
 
 
 class _MeteredSink:

@@ -32,12 +32,12 @@ from api.pool import SolverPool
 from api.revisions_store import RecalibrationState, Revision, RevisionStore, split_ref
 from api.store import PlanStore
 from costmodel.evaluate import CostModel, nodes_spanned
-from costmodel.ring.layout import GroupLayout
 from costmodel.recalibrate import TERMS, TermScales, TermSplitter, fit_scales, scale_file
 from costmodel.recalibrate_memory import MemoryFit, fit_activation_scale, step_peak_parts_bytes
+from costmodel.ring.layout import GroupLayout
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec, Sample
-from planner.epoch import CancelledError, StepResult, StepTask, run_epoch
+from planner.epoch import CancelledError, StepResult, StepTask, epoch_options, run_epoch
 from planner.plan import GroupPlan, Plan
 
 logger = logging.getLogger(__name__)
@@ -343,7 +343,7 @@ class Recalibrator:
         steps = sorted(s for s in self.store.digests(epoch_id) if s > frozen)
         cluster = ClusterSpec.model_validate(record.spec["cluster"])
         cluster_json, file_json = cluster.model_dump_json(), revision.file.model_dump_json()
-        options, seed = record.spec["options"], record.spec["seed"]
+        options, seed = epoch_options(record.spec), record.spec["seed"]
         tasks = (StepTask(step=s, samples_json=self.store.batch_json(epoch_id, s), cluster_json=cluster_json,
                           cost_model_json=file_json, options=options, seed=seed) for s in steps)
         deadline_s = planner_wall_cap_s(options, num_gpus=cluster.num_gpus) + REPLAN_DEADLINE_MARGIN_S

@@ -17,7 +17,7 @@ from costmodel.evaluate import CostModel
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec, Sample
 from planner.baseline_plan import strongest_baseline_plan
-from planner.epoch import build_config, step_seed
+from planner.epoch import build_config, epoch_options, step_seed
 from planner.plan import Plan
 from report.figures import PlanPictureInput, StepError, StepFigures
 from report.html import EpochInfo
@@ -108,7 +108,7 @@ def step_picture_input(store: PlanStore, record: EpochRecord, step: int, *,
     baseline = None
     if with_baseline:
         samples: list[Sample] = store.batch(record.id, step)
-        config = build_config(spec["options"], seed=step_seed(int(spec["seed"]), step))
+        config = build_config(epoch_options(spec), seed=step_seed(int(spec["seed"]), step))
         baseline = strongest_baseline_plan(plan, samples, cluster=cluster, cost_model=file, config=config)
     return PlanPictureInput(plan=plan, cost_model=CostModel(file=file, cluster=cluster), baseline=baseline,
                             label=f"epoch {record.id}, step {step}")

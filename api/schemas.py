@@ -61,8 +61,9 @@ class PlanOptions(BaseModel):
     group_sizes: list[PosInt] | None = Field(default=None, min_length=1, max_length=64,
                                              description="Explicit allowed group sizes.")
     layout: Literal["auto", "ulysses", "ring"] | None = Field(
-        default=None, description="Attention layouts groups may run (planner/layouts.py): ulysses (default), "
-                                  "auto (Ulysses x ring chosen per group, sizes past the heads as rings) or ring; "
+        default=None, description="Attention layouts groups may run (planner/layouts.py): auto (the "
+                                  "service's default: Ulysses x ring chosen per group, sizes past the heads as "
+                                  "rings), ulysses or ring; "
                                   "an executor runs ring groups only if its registry was given their layouts.")
     loss_normalization: Literal["tokens", "samples"] | None = Field(default=None,
                                                                     description="Loss normaliser.")
@@ -96,16 +97,15 @@ class PlanOptions(BaseModel):
     memory_safety_fraction: float | None = Field(default=None, strict=True, ge=0, lt=0.5,
                                                  description="Slack kept below the memory cap.")
 
-    def to_options(self, *, default_time_limit_s: float, default_layout: str = "ulysses") -> dict[str, Any]:
-        """The options as PlannerConfig keyword arguments, with the default budget filled in, and
-        the default layout when it is not ``ulysses`` (the planner's own default: an epoch's stored
-        options stay those of its request)."""
+    def to_options(self, *, default_time_limit_s: float, default_layout: str = "auto") -> dict[str, Any]:
+        """The options as PlannerConfig keyword arguments, with the default budget and layout filled
+        in (an epoch stores its layout explicitly: ``planner.epoch.epoch_options`` reads a job stored
+        without one, from when ``ulysses`` was the default, as ``ulysses``)."""
         values = {k: v for k, v in self.model_dump().items() if v is not None}
         if "group_sizes" in values:
             values["group_sizes"] = tuple(values["group_sizes"])
         values.setdefault("time_limit_s", default_time_limit_s)
-        if default_layout != "ulysses":
-            values.setdefault("layout", default_layout)
+        values.setdefault("layout", default_layout)
         return values
 
 

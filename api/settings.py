@@ -66,9 +66,10 @@ class Settings(BaseSettings):
                     "search budget is deterministic (PlannerConfig.cpsat_deterministic_time), so "
                     "a cap that is not hit keeps plans reproducible.")
     plan_layout: Literal["ulysses", "auto", "ring"] = Field(
-        default="ulysses",
+        default="auto",
         description="Default attention layouts of a plan or epoch request that names none (options.layout, "
-                    "planner/layouts.py): ulysses, auto (Ulysses x ring per group) or ring. An epoch "
+                    "planner/layouts.py): auto (Ulysses x ring per group, never predicted slower than "
+                    "ulysses), ulysses or ring. An epoch "
                     "declares the layouts its plans use (EpochStatus.layouts) for the executors' groups.")
     write_batch_steps: int = Field(default=16, gt=0,
                                    description="Epoch steps written per store transaction (at most).")

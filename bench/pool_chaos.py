@@ -7,11 +7,11 @@ Run::
 
 A reference epoch (``bench/faults.py``'s job: 80 steps of 12 samples on h200x8) is planned
 first on a quiet server. Then the same job runs again and again under chaos: after a random
-pause (0-1.5 s) both solver workers get SIGKILL at once (the out-of-memory killer's way); the
-script measures how long ``/readyz`` takes to turn 503 (the pool noticed) and then 200 (both
-workers replaced and ready), and checks that the killed workers were reaped. Every
-``--server-kill-every`` kills the whole server gets SIGKILL instead and is restarted on the same
-store. Each job must end ``done`` with the reference's digests (no plan lost, none duplicated or
+pause (0-1.5 s) both solver workers get SIGKILL at once (the out-of-memory killer's way), ``--kills``
+times; the script measures how long ``/readyz`` takes to turn 503 (the pool noticed) and then 200
+(both workers replaced and ready), and checks that the killed workers were reaped. After every
+``--server-kill-every`` of those, the whole server gets SIGKILL as well and is restarted on the
+same store. Each job must end ``done`` with the reference's digests (no plan lost, none duplicated or
 different); a job that makes no progress for ``HANG_S`` counts as a hang. Prints a table, writes
 the JSON.
 """
@@ -106,7 +106,8 @@ def run(base: Path, *, kills: int, server_kill_every: int, seed: int) -> dict[st
     identical = 0
     job = None
     progress_at, last_done = time.monotonic(), -1
-    for kill in range(1, kills + 1):
+    events = kills + (kills // server_kill_every if server_kill_every else 0)
+    for kill in range(1, events + 1):
         if job is None:
             job = f"c{len(jobs)}"
             jobs.append(job)
@@ -114,7 +115,7 @@ def run(base: Path, *, kills: int, server_kill_every: int, seed: int) -> dict[st
             progress_at, last_done = time.monotonic(), -1
         time.sleep(rng.uniform(0.0, 1.5))
         assert server.proc is not None
-        if server_kill_every and kill % server_kill_every == 0:
+        if server_kill_every and kill % (server_kill_every + 1) == 0:  # besides the worker kills
             server.stop(signal.SIGKILL)
             server_kills += 1
             server = Server(base / "chaos")
@@ -173,7 +174,8 @@ def run(base: Path, *, kills: int, server_kill_every: int, seed: int) -> dict[st
         return {"p50": round(statistics.median(values), 3) if values else None,
                 "max": round(max(values), 3) if values else None}
 
-    return {"kills": kills, "double_worker_kills": len(downs) + len([h for h in hangs if h.startswith("kill")]),
+    missed = len([h for h in hangs if h.startswith("kill")])
+    return {"kills": kills, "events": events, "double_worker_kills": len(downs) + missed,
             "server_kills": server_kills, "hangs": hangs, "unreaped_workers": unreaped,
             "readyz_503_after_kill_s": summary(downs), "readyz_200_after_kill_s": summary(ups),
             "jobs": len(jobs), "jobs_identical_to_reference": identical, "steps_per_job": FAULT_STEPS,
@@ -183,9 +185,9 @@ def run(base: Path, *, kills: int, server_kill_every: int, seed: int) -> dict[st
 def main() -> int:
     """Run the chaos, print the table, write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kills", type=int, default=50)
+    parser.add_argument("--kills", type=int, default=50, help="SIGKILLs of both workers at once.")
     parser.add_argument("--server-kill-every", type=int, default=17,
-                        help="Every Nth kill is a SIGKILL of the server (0: never).")
+                        help="After every N worker kills, a SIGKILL of the server besides (0: never).")
     parser.add_argument("--seed", type=int, default=34)
     parser.add_argument("--out", type=Path, default=Path("bench-out/pool_chaos.json"),
                         help="Where the JSON goes (default bench-out/pool_chaos.json).")

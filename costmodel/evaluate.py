@@ -34,7 +34,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from costmodel.collectives import collective_cost, collective_time_s, wire_bytes
-from costmodel.expert_costs import check_expert_parallel, expert_alltoall_per_pass
+from costmodel.expert_costs import check_expert_parallel, expert_alltoall_per_pass, local_num_params
 from costmodel.grad_sync import SyncCalls, sync_calls
 from costmodel.layer_mix import attention_pairs
 from costmodel.memory_costs import MemoryCosts
@@ -271,7 +271,7 @@ class CostModel(RingCosts, MemoryCosts):
     def grad_sync_calls(self) -> tuple[SyncCalls, ...]:
         """The collectives of one step's gradient sync under ``cluster.grad_sync``
         (:func:`costmodel.grad_sync.sync_calls`)."""
-        return sync_calls(self.cluster, model=self.file.model, num_params=self.file.num_params,
+        return sync_calls(self.cluster, model=self.file.model, num_params=local_num_params(self.file, self.cluster),
                           grad_bytes_per_param=self.file.comm.grad_bytes_per_param)
 
     def grad_sync_time_s(self) -> float:

@@ -13,6 +13,9 @@ Model states (``grad_sync.model_state`` for the dense part): bf16 parameters and
 ``D + X/e`` parameters (``D`` outside the experts, ``X`` all experts); fp32 master weights and Adam
 moments of the same, sharded by ZeRO-1/FSDP2 over the ``N/e`` replicas of each expert shard and
 the ``N`` ranks for the rest (``12 (D + X) / N``), replicated otherwise (``12 (D + X/e)``).
+Gradient sync moves each rank's ``D + X/e`` gradients (:func:`local_num_params`; the expert shards'
+all-reduce runs over the ``N/e`` ranks holding the same shard, priced here over the world as the
+dense part's).
 """
 
 from __future__ import annotations
@@ -54,12 +57,15 @@ def expert_alltoall_per_pass(file: CostModelFile, cluster: ClusterSpec) -> tuple
     return ALLTOALLS_PER_MOE_PASS * alpha * moe_share, sent * per_byte
 
 
+def local_num_params(file: CostModelFile, cluster: ClusterSpec) -> int:
+    """Parameters one rank holds and syncs: ``D + X/e`` (all of them without expert parallelism)."""
+    experts = expert_params(file.model) if cluster.expert_parallel_size > 1 else 0
+    return round(file.num_params - experts + experts / cluster.expert_parallel_size)
+
+
 def expert_model_state(file: CostModelFile, cluster: ClusterSpec) -> ModelStateBytes:
     """Model states per rank with the experts split over ``expert_parallel_size`` ranks."""
-    e = cluster.expert_parallel_size
-    experts = expert_params(file.model)
-    local = file.num_params - experts + experts / e
-    dense = model_state(cluster, num_params=round(local))
+    dense = model_state(cluster, num_params=local_num_params(file, cluster))
     if cluster.state_sharding == "replicated":
         return dense
     fp32 = (1 + ADAM_MOMENTS) * FP32_BYTES * file.num_params / cluster.num_gpus

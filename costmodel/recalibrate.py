@@ -41,7 +41,8 @@ TERMS = ("compute", "attention", "alltoall", "overhead")
 """The terms a micro-batch's time splits into, in column order."""
 PER_TOKEN_BYTES = ("bytes_per_token_layer_none", "bytes_per_token_layer_full", "working_bytes_per_token",
                    "transient_bytes_per_token", "head_transient_bytes_per_token",
-                   "recomputed_layer_bytes_per_token")
+                   "recomputed_layer_bytes_per_token", "alltoall_buffer_bytes_per_token",
+                   "bytes_per_sample_layer_none")
 """The activation coefficients that ``TermScales.activation`` multiplies."""
 
 

@@ -264,7 +264,7 @@ class LinkFit(_Frozen):
 
 
 class P2PLinks(_Frozen):
-    """Point-to-point links of a ring hop (issue 25): one inside a node, one across nodes
+    """Point-to-point links of a ring hop: one inside a node, one across nodes
     (``LinkFit``s with ``group_size`` 2: a hop is one rank sending to the next). A hop of ``b``
     bytes takes ``alpha_s + b / bytes_per_s`` (``costmodel.ring.timing.p2p_time_s``)."""
 

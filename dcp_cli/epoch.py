@@ -85,8 +85,9 @@ def register(app: typer.Typer) -> None:
         time_limit_s: float = typer.Option(
             2.0, help="Wall-clock safety cap per step (the search budget is deterministic)."),
         layout: str = typer.Option(
-            "ulysses", help="Attention layouts groups may run: ulysses (sizes the heads allow), auto (per "
-                            "group: Ulysses, a ring, or Ulysses in a node x ring), ring (every group of 2+ "
+            "auto", help="Attention layouts groups may run: auto (per group: Ulysses, a ring, or Ulysses "
+                         "in a node x ring; never predicted slower than ulysses), ulysses (sizes the heads "
+                         "allow), ring (every group of 2+ "
                             "ranks a ring); the epoch declares them for the executors' process groups."),
         workers: int = typer.Option(os.cpu_count() or 1, help="Solver processes (ignored with --ray-address)."),
         ray_address: str | None = typer.Option(
@@ -138,9 +139,8 @@ def register(app: typer.Typer) -> None:
                  f"{MAX_MANIFEST_SAMPLES:,} for one manifest")
         if layout not in LAYOUT_CHOICES:
             fail(f"--layout {layout!r} is not one of {list(LAYOUT_CHOICES)}")
-        options: dict[str, Any] = {"time_limit_s": time_limit_s}
-        if layout != "ulysses":  # the default stays out of the stored options: older runs still resume
-            options["layout"] = layout
+        # the layout always stored: a job stored without one ran under the old default, ulysses
+        options: dict[str, Any] = {"time_limit_s": time_limit_s, "layout": layout}
         for item in option:
             key, sep, value = item.partition("=")
             if not sep or not key:

@@ -29,7 +29,7 @@ LAYOUT_CHOICES = ("ulysses", "auto", "ring")
 def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size: int,
               budget_s: float, progress: Callable[[int, int | None], None] | None = None,
               cost_model_file: CostModelFile | None = None, model: ModelSpec | None = None,
-              layout: str = "ulysses", loss_chunk_tokens: int | None = None,
+              layout: str = "auto", loss_chunk_tokens: int | None = None,
               expert_parallel_size: int = 1) -> list[dict[str, Any]]:
     """One row per step: the plan's and every baseline's predicted step time, gap, latency.
 
@@ -122,6 +122,9 @@ def plan_rows(*, workload: str, cluster: str, steps: int, seed: int, batch_size:
             "latency_s": latency,
             "group_sizes": sorted((g.size for g in plan.groups), reverse=True),
             "layouts": sorted(([g.size, g.ulysses_degree, g.ring_degree] for g in plan.groups), reverse=True),
+            # per ring group, [size, u, r, what it saves against pure Ulysses of its size (null: none holds)]
+            "ring_savings_s": sorted(([g.size, g.ulysses_degree, g.ring_degree, g.ring_saving_s]
+                                      for g in plan.groups if g.ring_degree > 1), reverse=True),
             "peak_mem_bytes": max((mb.predicted_peak_mem_bytes for g in plan.groups for mb in g.micro_batches),
                                   default=0.0),
             "memory_cap_bytes": cluster_spec.memory_cap_bytes,
@@ -195,9 +198,9 @@ def register(app: typer.Typer) -> None:
         budget_ms: float = typer.Option(50.0, "--budget-ms", min=1.0,
                                         help="Planner budget per step (work limits scale)."),
         layout: str = typer.Option(
-            "ulysses", "--layout", help="Attention layouts groups may run: ulysses (sizes the heads allow), "
-                                        "auto (per group: Ulysses, a ring, or Ulysses in a node x ring), "
-                                        "ring (every group of 2+ ranks a ring)."),
+            "auto", "--layout", help="Attention layouts groups may run: auto (per group: Ulysses, a ring, "
+                                     "or Ulysses in a node x ring; never predicted slower than ulysses), "
+                                     "ulysses (sizes the heads allow), ring (every group of 2+ ranks a ring)."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     ) -> None:
@@ -257,13 +260,17 @@ BASELINES: dict[str, str] = {
 """What each baseline of ``plan.baselines_s`` is (``planner/baselines/``), and the strongest."""
 
 
-def _groups(sizes: list[int], layouts: list[list[int]] | None = None) -> str:
-    """``8x2 4`` for two groups of 8 and one of 4; a Ulysses x ring group shows ``[u*r]``."""
+def _groups(sizes: list[int], layouts: list[list[int]] | None = None,
+            ring_savings: list[list[Any]] | None = None) -> str:
+    """``8x2 4`` for two groups of 8 and one of 4; a Ulysses x ring group shows ``[u*r]``, and the
+    most a ring group saves against pure Ulysses of its size follows (``saves 1.23 s``)."""
     counts: dict[str, int] = {}
     for d, u, r in layouts if layouts is not None else [[d, d, 1] for d in sizes]:
         key = str(d) if r == 1 else f"{d}[{u}*{r}]"
         counts[key] = counts.get(key, 0) + 1
-    return " ".join(f"{k}x{c}" if c > 1 else k for k, c in counts.items())
+    text = " ".join(f"{k}x{c}" if c > 1 else k for k, c in counts.items())
+    saved = [s for *_, s in ring_savings or [] if s is not None]
+    return f"{text} (saves {fmt_s(max(saved))} s)" if saved else text
 
 
 def baseline_order(baselines_s: dict[str, float]) -> list[str]:
@@ -283,7 +290,7 @@ def print_plan_tables(rows: list[dict[str, Any]], summary: dict[str, Any], *, ti
     for r in rows:
         steps.add_row(str(r["step"]), fmt_s(r["step_time_s"]), fmt_pct(r["gap"]),
                       r["bound_kind"], r["status"], f"{r['latency_s'] * 1e3:.1f}",
-                      _groups(r["group_sizes"], r.get("layouts")))
+                      _groups(r["group_sizes"], r.get("layouts"), r.get("ring_savings_s")))
     steps.add_row("all", fmt_s(summary["step_time_s"]), fmt_pct(summary["gap_mean"]), "mean", "",
                   f"{summary['latency_mean_s'] * 1e3:.1f}", "", style="bold")
     print_table(steps, [
@@ -297,7 +304,8 @@ def print_plan_tables(rows: list[dict[str, Any]], summary: dict[str, Any], *, ti
         ("status", "where the plan came from: OPTIMAL, FEASIBLE or HEURISTIC (the search), BASELINE "
                    "(a baseline was best) or POLISHED_BASELINE (a baseline improved by the search)"),
         ("ms", "planning time, milliseconds (all: mean)"),
-        ("groups", "SP group sizes, DxCOUNT (8x2 = two groups of 8 GPUs); 64[8*8]: Ulysses over 8 x ring of 8"),
+        ("groups", "SP group sizes, DxCOUNT (8x2 = two groups of 8 GPUs); 64[8*8]: Ulysses over 8 x ring of 8; "
+                   "saves: the most a ring group saves against pure Ulysses of its size (--json: per group)"),
     ], out=out)
     names = baseline_order(summary["baselines_s"])
     base = Table(title="Speedup over each baseline", box=box.SIMPLE_HEAD, title_justify="left")

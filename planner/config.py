@@ -38,18 +38,28 @@ class PlannerConfig:
     group_sizes: tuple[int, ...] | None = None
     """Explicit allowed group sizes; overrides ``sizes`` (each one ``ModelSpec.allowed_group_sizes``
     allows: it divides the query heads, and divides the key/value heads or is a multiple of them)."""
-    layout: AttentionLayout = "ulysses"
+    layout: AttentionLayout = "auto"
     """How groups may split their attention (issue 25, ``planner.layouts``): ``auto`` chooses per
     group among pure Ulysses, the pure ring and one Ulysses x ring layout per size (``u`` the
     largest the heads allow dividing the size and the node, ``r = d/u``; sizes past the heads only
     as rings; a ring needs whole-sample attention, kinds 1d and 3d without joint text attention,
     and samples of ``2r`` tokens or more), ``ulysses`` keeps pure Ulysses (sizes the heads allow),
-    ``ring`` makes every group of two or more ranks a pure ring. The default stays ``ulysses``: an
-    executor runs a ring layout only if its ``GroupRegistry`` was given it (an epoch declares its
-    layouts, ``planner.layouts.config_layouts``, for ``GroupRegistry.from_layouts``; a bounded
-    set, ``planner.layouts.num_process_groups``), and the exact CP-SAT model of tiny batches (OPTIMAL
+    ``ring`` makes every group of two or more ranks a pure ring. The default is ``auto``: with
+    ``ulysses_candidate`` it is never predicted slower than ``ulysses``, and inside a node a ring
+    must beat pure Ulysses by ``in_node_ring_margin``. An executor runs a ring layout only if its
+    ``GroupRegistry`` was given it (an epoch declares its layouts,
+    ``planner.layouts.config_layouts``, for ``GroupRegistry.from_layouts``; a bounded set,
+    ``planner.layouts.num_process_groups``), and the exact CP-SAT model of tiny batches (OPTIMAL
     plans) prices additive costs only, so ring tables get the heuristic and the
     large-neighbourhood search."""
+    in_node_ring_margin: float | None = None
+    """Inside one node a group runs a ring (``r > 1``) instead of pure Ulysses of its size only
+    where the ring is predicted faster by more than this fraction of the Ulysses time (published
+    measurements put Ulysses ahead inside a node; a smaller predicted saving is within the cost
+    model's own error). None: the cost model's held-out error
+    (``planner.layouts.in_node_ring_margin``: the largest held-out MAPE of its compute and ring
+    terms), or ``planner.layouts.DEFAULT_IN_NODE_RING_MARGIN`` for a model without one (analytic). Across nodes
+    the fastest layout is taken as is."""
     ulysses_candidate: bool = True
     """Under ``layout="auto"``, also plan the batch as ``layout="ulysses"`` does and keep that plan
     where it is faster (each group then at its size's fastest layout), so ``auto`` is never
@@ -201,6 +211,8 @@ class PlannerConfig:
         if not self.cpsat_deterministic_time > 0:
             raise ValueError(
                 f"cpsat_deterministic_time must be positive, got {self.cpsat_deterministic_time}")
+        if self.in_node_ring_margin is not None and not 0 <= self.in_node_ring_margin < 1:
+            raise ValueError(f"in_node_ring_margin must be in [0, 1), got {self.in_node_ring_margin}")
         if self.num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {self.num_workers}")
         if self.sizes not in ("pow2", "any"):

@@ -218,6 +218,12 @@ def canonical_step_plan(plan: Plan) -> Plan:
     return plan.model_copy(update={"solver": solver})
 
 
+def epoch_options(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored epoch job's planner options: a job stored without a layout was made when
+    ``ulysses`` was the default, and keeps planning as ``ulysses`` (its declared layouts are those)."""
+    return {"layout": "ulysses", **spec["options"]}
+
+
 def build_config(options: Mapping[str, Any], *, seed: int | None = None) -> Any:
     """A ``planner.config.PlannerConfig`` from request options.
 

@@ -41,6 +41,30 @@ from planner.costs import CostTable
 Layout = Literal["auto", "ulysses", "ring"]
 LAYOUTS: tuple[str, ...] = ("auto", "ulysses", "ring")
 
+DEFAULT_IN_NODE_RING_MARGIN = 0.04
+"""Inside a node, the share of the pure-Ulysses time a ring must save, for a cost model that
+carries no held-out error (analytic): fitted models were seen pricing in-node rings 1.5-3.6%
+cheaper than they run under the published ring behaviour (``docs/planner.md``, "Default layout"),
+so a smaller predicted saving is within the model's error."""
+
+_MARGIN_TERMS = ("compute_time", "ring_attention", "ring_step")
+"""The fitted terms (``CostModelFile.fit_quality``) whose held-out error bands a ring's saving."""
+
+
+def in_node_ring_margin(config: PlannerConfig, cost_model: CostModel) -> float:
+    """The share of the pure-Ulysses time an in-node ring must save: the config's
+    ``in_node_ring_margin``, else the largest held-out MAPE of the cost model's compute and ring
+    terms where it was fitted, else :data:`DEFAULT_IN_NODE_RING_MARGIN`."""
+    if config.in_node_ring_margin is not None:
+        return config.in_node_ring_margin
+    errors = [q.mape for name, q in cost_model.file.fit_quality.items() if name in _MARGIN_TERMS and q.num_heldout]
+    return max(errors) if errors else DEFAULT_IN_NODE_RING_MARGIN
+
+
+def _in_one_node(cost_model: CostModel, group: DraftGroup) -> bool:
+    gpn = cost_model.cluster.gpus_per_node
+    return group.first_rank // gpn == (group.first_rank + group.size - 1) // gpn
+
 
 def layout_options(cost_model: CostModel, *, layout: str, mode: str, max_group_size: int | None,
                    explicit: Sequence[int] | None) -> dict[int, tuple[int, ...]]:
@@ -132,11 +156,14 @@ def ring_chunks_fit(draft: Draft, arrays: BatchArrays) -> bool:
     return True
 
 
-def choose_group_layouts(draft: Draft, arrays: BatchArrays, table: CostTable) -> Draft:
+def choose_group_layouts(draft: Draft, arrays: BatchArrays, table: CostTable, *, in_node_margin: float = 0.0
+                         ) -> Draft:
     """Each group at the fastest of its size's layouts for its own samples and placement (exact
     costs, ``planner.assemble.draft_costs``), among those where every sample has ``2r`` tokens
     or more and every micro-batch stays under the table's activation budget; a group keeps its
-    layout unless another is strictly faster, so the step time never grows."""
+    layout unless another is strictly faster. A group inside one node whose size allows pure
+    Ulysses then runs a ring only where it saves more than ``in_node_margin`` of the Ulysses time
+    (:func:`in_node_ring_margin`); with a margin of 0 the step time never grows."""
     cm: CostModel = table.cost_model
     limit = cm.fixed_bytes() + table.budget_bytes
     out: Draft = list(draft)
@@ -148,6 +175,9 @@ def choose_group_layouts(draft: Draft, arrays: BatchArrays, table: CostTable) ->
     best_s = dict(zip(choosing, (c.time_s for c in draft_costs([draft[gi] for gi in choosing], arrays, cm)),
                       strict=True))
     shortest = {gi: min(arrays.tokens[i] for mb in draft[gi].micro_batches for i, _ in mb) for gi in choosing}
+    # Per group inside one node, its pure-Ulysses layout and time where that holds its samples.
+    ulysses: dict[int, tuple[DraftGroup, float]] = {
+        gi: (draft[gi], best_s[gi]) for gi in choosing if draft[gi].ring_degree == 1}
     # Each ring degree for every group that may take it, costed in one call (draft_costs prices each
     # group alone); ascending, as each group's options are, so each group sees them in its order.
     for r in sorted({r for gi in choosing for r in table.ring_options[draft[gi].size]}):
@@ -156,8 +186,43 @@ def choose_group_layouts(draft: Draft, arrays: BatchArrays, table: CostTable) ->
         cands = [DraftGroup(size=draft[gi].size, first_rank=draft[gi].first_rank,
                             micro_batches=draft[gi].micro_batches, ring_degree=r) for gi in takers]
         for gi, cand, costs in zip(takers, cands, draft_costs(cands, arrays, cm), strict=True):
-            if max(costs.microbatch_peak_bytes) <= limit * (1 + 1e-12) and costs.time_s < best_s[gi] * (1 - 1e-9):
+            fits = max(costs.microbatch_peak_bytes) <= limit * (1 + 1e-12)
+            if r == 1 and fits:
+                ulysses[gi] = (cand, costs.time_s)
+            if fits and costs.time_s < best_s[gi] * (1 - 1e-9):
                 out[gi], best_s[gi] = cand, costs.time_s
+    if in_node_margin > 0:
+        for gi, (cand, u_s) in ulysses.items():
+            if out[gi].ring_degree > 1 and _in_one_node(cm, out[gi]) and not best_s[gi] < u_s * (1 - in_node_margin):
+                out[gi], best_s[gi] = cand, u_s
+    return out
+
+
+def ring_savings_s(draft: Draft, arrays: BatchArrays, cost_model: CostModel, *, limit_bytes: float
+                   ) -> list[float | None]:
+    """Per group of the draft, what its ring saves against pure Ulysses of its size on the same ranks
+    and micro-batches (Ulysses time minus the group's, exact costs), each micro-batch at its own
+    recompute policies or, where pure Ulysses cannot hold it so (a ring keeps fewer bytes per rank),
+    fully checkpointed: None for a pure-Ulysses group, and for a ring group whose size the heads do
+    not allow as pure Ulysses or whose micro-batches pure Ulysses cannot hold under ``limit_bytes``."""
+    out: list[float | None] = [None] * len(draft)
+    model = cost_model.file.model
+    rings = [gi for gi, g in enumerate(draft) if g.ring_degree > 1 and g.micro_batches
+             and g.size in model.allowed_group_sizes(max_size=g.size)]
+    if not rings:
+        return out
+    own = draft_costs([draft[gi] for gi in rings], arrays, cost_model)
+    alts = [DraftGroup(size=draft[gi].size, first_rank=draft[gi].first_rank, micro_batches=draft[gi].micro_batches)
+            for gi in rings]
+    full = cost_model.num_layers - 1
+    alts = [DraftGroup(size=a.size, first_rank=a.first_rank, micro_batches=[
+        mb if peak <= limit_bytes * (1 + 1e-12) else [(i, full) for i, _ in mb]
+        for mb, peak in zip(a.micro_batches, c.microbatch_peak_bytes, strict=True)])
+        for a, c in zip(alts, draft_costs(alts, arrays, cost_model), strict=True)]
+    alt = draft_costs(alts, arrays, cost_model)
+    for gi, c_own, c_alt in zip(rings, own, alt, strict=True):
+        if max(c_alt.microbatch_peak_bytes) <= limit_bytes * (1 + 1e-12):
+            out[gi] = c_alt.time_s - c_own.time_s
     return out
 
 

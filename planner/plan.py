@@ -63,6 +63,11 @@ class GroupPlan(_Frozen):
         "Attention layout: the group runs Ulysses over size/ring_degree ranks and ring attention over "
         "ring_degree rank-sets (executor/ring_layout.py); 1 = pure Ulysses, size = pure ring. Left out "
         "of the JSON when 1, so pure-Ulysses plans keep their bytes and digests."))
+    ring_saving_s: float | None = Field(default=None, description=(
+        "Why a ring: for a group with ring_degree > 1, the predicted time this group saves against pure "
+        "Ulysses of its size on the same ranks and samples (negative: the ring is slower, as a fixed "
+        "baseline may run it); null where no pure-Ulysses group of that size holds them (past the heads, "
+        "or over the memory budget). Left out of the JSON when null."))
 
     @model_validator(mode="after")
     def _contiguous(self) -> GroupPlan:
@@ -80,6 +85,8 @@ class GroupPlan(_Frozen):
         data: dict[str, object] = handler(self)
         if self.ring_degree == 1:
             data.pop("ring_degree", None)
+        if self.ring_saving_s is None:
+            data.pop("ring_saving_s", None)
         return data
 
     @property

@@ -39,7 +39,14 @@ from planner.checks import (  # noqa: F401  (BoundError, check_bound, InvalidPla
 from planner.config import PlannerConfig
 from planner.costs import CostTable
 from planner.gc_pause import paused_gc
-from planner.layouts import apply_layouts, choose_group_layouts, layout_options, ring_chunks_fit
+from planner.layouts import (
+    apply_layouts,
+    choose_group_layouts,
+    in_node_ring_margin,
+    layout_options,
+    ring_chunks_fit,
+    ring_savings_s,
+)
 from planner.placement import representable
 from planner.plan import LowerBound, Plan, SolverStatus
 from planner.search.heuristic import heuristic_plan
@@ -257,7 +264,7 @@ def _with_ulysses_candidate(found: _Found, prep: Prepared, samples: Sequence[Sam
     if not u_found.step_time_s < found.step_time_s * (1 - 1e-9):
         return found
     table, arrays, cm = prep.table, prep.arrays, prep.cost_model
-    draft = choose_group_layouts(u_found.draft, arrays, table)
+    draft = choose_group_layouts(u_found.draft, arrays, table, in_node_margin=in_node_ring_margin(config, cm))
     status: SolverStatus = "FEASIBLE" if u_found.status == "OPTIMAL" else u_found.status
     logger.debug("layout=auto: the pure-Ulysses plan (%.6f s) beats the search's (%.6f s)", u_found.step_time_s,
                  found.step_time_s)
@@ -359,7 +366,7 @@ def _search(prep: Prepared, samples: Sequence[Sample], *, config: PlannerConfig,
                 status, method = "POLISHED_BASELINE", f"{baseline_best[1]}+search"
     if table.has_ring and status not in ("BASELINE",):
         # each group's layout for its own samples and placement, exactly (never slower)
-        chosen = choose_group_layouts(draft, arrays, table)
+        chosen = choose_group_layouts(draft, arrays, table, in_node_margin=in_node_ring_margin(config, cm))
         best_time = draft_step_time_s(chosen, arrays, cm, grad_sync_s=table.grad_sync_s)
         draft = chosen
     return _Found(draft=draft, step_time_s=best_time, status=status, method=method, solver_bound_s=solver_bound,
@@ -384,6 +391,10 @@ def _finish(found: _Found, prep: Prepared, samples: Sequence[Sample], *, config:
                     seed=config.seed, step=step, loss_normalization=config.loss_normalization,
                     baselines_s=baselines)
     plan = assemble_plan(draft, samples, cost_model=cm, meta=meta, arrays=arrays)
+    if table.has_ring:  # why each ring: its saving against pure Ulysses of its size (plan groups by first rank)
+        savings = ring_savings_s(sorted(draft, key=lambda g: g.first_rank), arrays, cm, limit_bytes=_limit_bytes(prep))
+        plan = plan.model_copy(update={"groups": [g if s is None else g.model_copy(update={"ring_saving_s": s})
+                                                  for g, s in zip(plan.groups, savings, strict=True)]})
     witnessed = plan_witnesses_tie(plan)  # may a simple bound meet this plan's time (planner.bounds.check)
     report = prep.bounds
     # In tie order (a later one wins a tie): CP-SAT's only when strictly higher, then the most

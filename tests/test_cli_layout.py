@@ -57,7 +57,8 @@ def test_dcp_plan_layout() -> None:
     assert sorted(d for d, _, _ in row["layouts"]) == sorted(row["group_sizes"])
     for d, u, r in row["layouts"]:
         assert u * r == d
-    plain = _one_step(_plan_json())
+    assert _one_step(_plan_json())["layouts"] == row["layouts"]  # auto is the default
+    plain = _one_step(_plan_json("--layout", "ulysses"))
     assert all(r == 1 and d <= 32 for d, _, r in plain["layouts"])  # Llama-3.1-8B: 32 query heads
     table = CliRunner().invoke(app, ["plan", "-w", "text-millionctx", "-c", "h200x64", "-k", "1", "-b", "16",
                                      "--budget-ms", "20", "-q", "--layout", "ring"])
@@ -93,7 +94,9 @@ def test_dcp_epoch_layout_flag_and_config_key(tmp_path: Path) -> None:
     assert spec["layouts"] == [[1, 1, 1], [2, 1, 2], [2, 2, 1], [4, 1, 4], [4, 4, 1], [8, 1, 8], [8, 8, 1]]
     result = _dcp("epoch", "train.jsonl", *common, "--out", "plain.sqlite", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "layout" not in _spec(tmp_path / "plain.sqlite")["options"]
+    # the default, auto, stored explicitly (a job stored without a layout plans as ulysses)
+    plain = _spec(tmp_path / "plain.sqlite")
+    assert plain["options"]["layout"] == "auto" and plain["layouts"] == spec["layouts"]
     (tmp_path / "bad.toml").write_text('[epoch]\nlayout = "spiral"\nout = "bad.sqlite"\n')
     result = _dcp("epoch", "train.jsonl", *common, "--config", "bad.toml", cwd=tmp_path)
     assert result.returncode == 2 and "--layout 'spiral' is not one of" in result.stderr, result.stderr

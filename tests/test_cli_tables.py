@@ -73,8 +73,15 @@ def test_cost_table_legend() -> None:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("command", [["profile", "--out", "p.jsonl"], ["profile-comm", "--out", "c.jsonl"]])
 def test_profiling_without_torch_says_what_to_install(tmp_path: Path, command: list[str]) -> None:
-    # A real interpreter in which torch cannot be imported (as after `pip install dcp-planner`).
-    code = ("import sys; sys.modules['torch'] = None\n"
+    # A real interpreter in which torch cannot be imported (as after `pip install dcp-planner`). A
+    # finder refuses it, so `torch` is absent from sys.modules as without the package (a None entry
+    # there is not the same: scipy's array-API helpers read any `torch` entry they find).
+    code = ("import sys\n"
+            "class NoTorch:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'torch' or name.startswith('torch.'):\n"
+            "            raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n"
+            "sys.meta_path.insert(0, NoTorch())\n"
             "from dcp_cli.main import app\n"
             f"app({command!r}, prog_name='dcp')\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50,

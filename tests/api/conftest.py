@@ -164,7 +164,8 @@ def bytes_truth(client: Any, factor: float, cluster: str = "h200x8") -> Any:
     act = base.activation
     scaled = act.model_copy(update={key: getattr(act, key) * factor for key in (
         "bytes_per_token_layer_none", "bytes_per_token_layer_full", "working_bytes_per_token",
-        "transient_bytes_per_token", "head_transient_bytes_per_token")})
+        "transient_bytes_per_token", "head_transient_bytes_per_token", "alltoall_buffer_bytes_per_token",
+        "bytes_per_sample_layer_none")})
     return CostModel(file=base.model_copy(update={"activation": scaled}), cluster=load_cluster(cluster))
 
 

@@ -27,8 +27,11 @@ def test_auto_layout_plans_past_the_heads(client: TestClient) -> None:
     groups = response.json()["plan"]["groups"]
     assert [(len(g["ranks"]), g.get("ring_degree", 1)) for g in groups] == [(64, groups[0]["ring_degree"])]
     assert groups[0]["ring_degree"] > 1
-    # the default (pure Ulysses) cannot hold the sample: the error names it
-    refused = _plan(client, {})
+    # a request naming no layout gets the service's default, auto: the same plan
+    default = _plan(client, {})
+    assert default.status_code == 200 and default.json()["plan"]["groups"] == groups, default.text
+    # pure Ulysses cannot hold the sample: the error names it
+    refused = _plan(client, {"layout": "ulysses"})
     assert refused.status_code == 422 and "huge" in refused.text and "fits nowhere" in refused.text, refused.text
 
 

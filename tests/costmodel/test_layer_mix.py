@@ -145,6 +145,9 @@ def test_expert_parallel_states_and_alltoall_by_hand() -> None:
     # at 0.7 x 450 GB/s inside a node; forward and backward: 2 passes a layer
     per_token_pass = 2 * 2 * k * h * 7 / 8 / (450e9 * 0.7)
     assert extra == pytest.approx(2 * layers * per_token_pass * s / d, rel=1e-9)
+    # the step's gradient sync moves each rank's own gradients: D + X/8
+    assert [c.bytes_per_rank for c in ep.grad_sync_calls()] == [2 * round(local)] * 2
+    assert [c.bytes_per_rank for c in plain.grad_sync_calls()] == [2 * p] * 2
     fixed = ep.microbatch_fixed_s(group_size=d) - plain.microbatch_fixed_s(group_size=d)
     assert fixed == pytest.approx(layers * 2 * 2 * 10e-6, rel=1e-9)  # 2 all-to-alls x 2 passes, 10 us each
 

@@ -27,7 +27,8 @@ def _by_hand(factor: float) -> CostModel:
         "bytes_per_token_layer_full": act.bytes_per_token_layer_full * factor,
         "working_bytes_per_token": act.working_bytes_per_token * factor,
         "transient_bytes_per_token": act.transient_bytes_per_token * factor,
-        "head_transient_bytes_per_token": act.head_transient_bytes_per_token * factor})})
+        "head_transient_bytes_per_token": act.head_transient_bytes_per_token * factor,
+        "alltoall_buffer_bytes_per_token": act.alltoall_buffer_bytes_per_token * factor})})
     return CostModel(file=truth, cluster=CLUSTER)
 
 

@@ -19,7 +19,6 @@ from planner.planning import plan_batch, plan_batch_with_stats, prepare
 from planner.validate import validate_plan
 from planner.workload import WorkloadSpec, sample_batch
 
-
 # The workload's longest sample (1M tokens) fits a ring of 16 on h200x64 since the LM loss runs in
 # chunks (36 GiB per rank fully checkpointed, 65.5 GiB left); 2M tokens need 71 GiB on 16 ranks and
 # 36 GiB on 32, so this reference puts the ring past the 16 ranks of a half-head Ulysses group.

@@ -37,10 +37,13 @@ def _group_by_group(draft: Draft, arrays: BatchArrays, table: CostTable) -> Draf
     return out
 
 
-@pytest.mark.parametrize(("workload", "gpus", "samples", "step"),
-                         [("text-millionctx", 1024, 2048, 1), ("text-longtail", 256, 2048, 0),
-                          ("video3d-longclip", 64, 256, 0), ("text-longtail", 64, 512, 1)])
-def test_batched_choice_is_the_group_by_group_choice(workload: str, gpus: int, samples: int, step: int) -> None:
+@pytest.mark.parametrize(("workload", "gpus", "samples", "step", "rings"),
+                         [("text-millionctx", 1024, 2048, 1, True), ("text-longtail", 256, 2048, 0, True),
+                          # with Wan's counted bytes (fp32 modulation copies) no group of this batch
+                          # takes a ring at 64 GPUs: the choice is trivial, the equality still checked
+                          ("video3d-longclip", 64, 256, 0, False), ("text-longtail", 64, 512, 1, True)])
+def test_batched_choice_is_the_group_by_group_choice(workload: str, gpus: int, samples: int, step: int,
+                                                     rings: bool) -> None:
     spec = WorkloadSpec.preset(workload)
     cluster = load_cluster("h200x64").model_copy(update={"num_gpus": gpus, "name": f"h200x{gpus}"})
     cmf = default_cost_model_file(spec.model, cluster.hardware.name)
@@ -51,4 +54,4 @@ def test_batched_choice_is_the_group_by_group_choice(workload: str, gpus: int, s
     arrays = BatchArrays.of(batch)
     chosen = choose_group_layouts(draft, arrays, prep.table)
     assert chosen == _group_by_group(draft, arrays, prep.table)
-    assert any(g.ring_degree > 1 for g in chosen)  # the choice is not trivial
+    assert any(g.ring_degree > 1 for g in chosen) == rings  # the choice is not trivial where rings help
