@@ -52,7 +52,9 @@ def test_a_string_number_is_refused_as_the_api_refuses_it(tmp_path: Path) -> Non
     manifest.write_text('{"id": "a", "tokens": "12"}\n')
     store = tmp_path / "plans.sqlite"
     code, out = _run("epoch", str(manifest), "--samples-per-step", "1", "--out", str(store))
-    assert code == 2 and "s.jsonl:1: tokens: Input should be a valid integer (got '12')" in out, out
+    # The refusal names the line, the field and the JSON type it got, never the file's text.
+    assert code == 2 and "s.jsonl:1: tokens: Input should be a valid integer (got a JSON string)" in out, out
+    assert "'12'" not in out, out
     assert not store.exists()
 
 
