@@ -42,8 +42,10 @@ from planner.epoch import BatchRule, StepTask, make_steps, plan_step
 from planner.plan import Plan
 
 DATA = Path(__file__).resolve().parent / "data" / "hf_trainer_docs.jsonl"
-OPTIONS = {"time_limit_s": 2.0, "use_cpsat": False}
-"""Planner options: quick and deterministic, so every rank plans the same step alike."""
+OPTIONS = {"time_limit_s": 2.0, "use_cpsat": False, "layout": "ulysses"}
+"""Planner options: quick and deterministic, so every rank plans the same step alike; pure Ulysses
+(named: the planner's default is ``auto``), since planning locally the trainer builds its process
+groups by group size, with no epoch to declare ring layouts."""
 
 
 def load_documents(path: Path = DATA) -> list[dict[str, Any]]:

@@ -18,8 +18,9 @@ from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec, ModelSpec, Sample
 from tests.executor.helpers import CONFIG
 
-OPTIONS: dict[str, object] = {"time_limit_s": 5.0, "use_cpsat": False}
-"""Planner options of the test epochs (quick, deterministic)."""
+OPTIONS: dict[str, object] = {"time_limit_s": 5.0, "use_cpsat": False, "layout": "ulysses"}
+"""Planner options of the test epochs (quick, deterministic; pure Ulysses, as the registries these tests
+build by group size run: a test of rings names its layout)."""
 
 
 class Service:
