@@ -180,7 +180,7 @@ def test_a_size_the_heads_do_not_allow_is_an_error() -> None:
     cluster = tiny_cluster(num_gpus=6, gpus_per_node=6)
     with pytest.raises(ValueError, match="group size 3 is not allowed"):
         plan_batch(samples_of([100]), cluster=cluster, cost_model=tiny_cost_model(num_heads=4),
-                   config=PlannerConfig(group_sizes=(1, 3)))
+                   config=PlannerConfig(group_sizes=(1, 3), layout="ulysses"))  # auto: 3 as a ring
 
 
 def test_repeated_sample_ids_are_an_error() -> None:
@@ -405,8 +405,8 @@ def test_group_sizes_follow_the_gqa_rule_and_the_error_says_it() -> None:
     samples = [Sample(id=f"s{i}", tokens=4096 * (1 + i % 4)) for i in range(64)]
     with pytest.raises(ValueError, match=r"group size 12 is not allowed: it must divide num_heads=24, "
                                          r"divide kv_heads=8 or be a multiple of it.*allowed: \[1, 2, 4, 8, 24\]"):
-        plan_batch(samples, cluster=cluster, cost_model=cmf, config=PlannerConfig(group_sizes=(12,)))
+        plan_batch(samples, cluster=cluster, cost_model=cmf, config=PlannerConfig(group_sizes=(12,), layout="ulysses"))
     plan = plan_batch(samples, cluster=cluster, cost_model=cmf,
-                      config=PlannerConfig(sizes="any", use_cpsat=False))
+                      config=PlannerConfig(sizes="any", use_cpsat=False, layout="ulysses"))
     assert {g.size for g in plan.groups} <= {1, 2, 4, 8, 24}
     assert validate_plan(plan, samples, cost_model=CostModel(file=cmf, cluster=cluster)) == []
