@@ -52,7 +52,7 @@ def test_manifest_round_trip(tmp_path) -> None:
 
 
 def test_manifest_errors_name_line_and_field() -> None:
-    with pytest.raises(ValueError, match=r"m:2: tokens: .*greater than 0.*got -3"):
+    with pytest.raises(ValueError, match=r"m:2: tokens: .*greater than 0.*got a JSON integer"):
         list(parse_manifest_lines(['{"id": "a", "tokens": 5}', '{"id": "b", "tokens": -3}'], source="m"))
     with pytest.raises(ValueError, match="m:1: not JSON"):
         list(parse_manifest_lines(["{oops"], source="m"))
