@@ -413,5 +413,6 @@ class FitRequest(BaseModel):
         "options": {"max_mape": 0.1, "model_id": "fitted-llama-7b-h200-run3"}}]})
 
     profiles_jsonl: list[str] = Field(min_length=1, max_length=16,
-                                      description="Profile files (dcp-profile/4 JSON Lines text; /1, /2 and /3 are read).")
+                                      description="Profile files (dcp-profile/4 JSON Lines text; "
+                                                  "/1, /2 and /3 are read).")
     options: FitOptions = Field(default_factory=FitOptions, description="Fit options.")

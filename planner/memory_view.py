@@ -11,8 +11,8 @@ use, plus the activations: per rank of a group, while a micro-batch runs,
 * ``activations_bytes``: what the micro-batch's samples keep for backward under their checkpoint
   policies;
 * ``token_working_bytes``: the per-token working set on top of them (the loss: whole logits
-  with ``loss_chunk_tokens = 0``, else its log-sum-exp; all-to-all buffers, the largest layer's backward transients, a ring's key/value buffers,
-  ``CostModel.ring_buffer_bytes``);
+  with ``loss_chunk_tokens = 0``, else its log-sum-exp; all-to-all buffers, the largest layer's
+  backward transients, a ring's key/value buffers, ``CostModel.ring_buffer_bytes``);
 * ``margin_bytes``: the memory cap minus all of the above (the cap is the share of device memory
   a plan may use, ``ClusterSpec.memory_cap_fraction``).
 
