@@ -79,7 +79,9 @@ def prepare_epoch(store: PlanStore, *, epoch_id: str, samples: Sequence[Sample],
         "cost_model_id": cost_model.id, "cost_model_digest": cost_model.digest(),
         "model": {"name": cost_model.model.name, "kind": cost_model.model.kind,
                   "source": model_source or f"cost model {cost_model.id}"},
-        "options": dict(options),
+        # the layout the options resolve to is stored, so the job plans as its declared layouts say
+        # (a job stored without one predates the ``auto`` default: see planner.epoch.epoch_options)
+        "options": {"layout": config.layout, **options},
         # the (size, u, r) layouts its plans may use: an executor builds its process groups from them
         "layouts": [list(t) for t in config_layouts(CostModel(file=cost_model, cluster=cluster), config)],
         "manifest": {"source": manifest_source, "num_samples": len(samples),
@@ -95,7 +97,7 @@ def same_request(record: EpochRecord, *, rule: BatchRule, seed: int, cluster: Cl
     spec = record.spec
     return (spec["batch"] == rule.as_dict() and spec["seed"] == seed
             and spec["cluster"] == cluster.model_dump(mode="json")
-            and spec["cost_model_digest"] == cost_model.digest() and epoch_options(spec) == dict(options)
+            and spec["cost_model_digest"] == cost_model.digest() and epoch_options(spec) == {"layout": build_config(options).layout, **options}
             and spec["manifest"]["digest"] == manifest_digest(samples))
 
 
