@@ -106,8 +106,16 @@ def route_status_counts(metrics_text: str) -> dict[str, dict[str, int]]:
     return dict(sorted(counts.items()))
 
 
-def _status_counts(url: str) -> dict[str, int]:
-    return status_counts(httpx.get(f"{url}/metrics", timeout=30).text)
+def _metrics_text(url: str, token: str | None) -> str:
+    """The server's ``/metrics`` text (it needs the token when one is set)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    response = httpx.get(f"{url}/metrics", headers=headers, timeout=30)
+    response.raise_for_status()
+    return response.text
+
+
+def _status_counts(url: str, token: str | None) -> dict[str, int]:
+    return status_counts(_metrics_text(url, token))
 
 
 def _parse_summary(text: str) -> dict[str, int]:
@@ -138,7 +146,7 @@ def run_mode(mode: str, *, max_time_s: int, workers: int, seed: int, threads: in
         config = schemathesis_config(state, workdir / "schemathesis.toml")
         # The start-up polls of /readyz (503 until the pool is warm) and the set-up requests are
         # not part of the run.
-        before = _status_counts(url)
+        before = _status_counts(url, token)
         load_before = os.getloadavg()
         start = time.monotonic()
         cmd = [str(Path(sys.executable).with_name("schemathesis")), "--config-file", str(config), "run",
@@ -154,11 +162,11 @@ def run_mode(mode: str, *, max_time_s: int, workers: int, seed: int, threads: in
         raw = run_raw_phase(url, token=token, max_body_bytes=MAX_BODY_BYTES, body_timeout_s=BODY_READ_TIMEOUT_S,
                             rounds=raw_rounds)
         elapsed_s = time.monotonic() - start
-        after = _status_counts(url)
+        after = _status_counts(url, token)
         after["200"] -= 1  # the /metrics read of `before`
         counts = {code: n - before.get(code, 0) for code, n in after.items() if n - before.get(code, 0)}
         # by route, set-up requests included (the run's share is `counts`)
-        by_route = route_status_counts(httpx.get(f"{url}/metrics", timeout=30).text)
+        by_route = route_status_counts(_metrics_text(url, token))
         method_probes = {k: v for k, v in by_route.items() if set(v) == {"405"}}  # one per route and verb
         by_route = {k: v for k, v in by_route.items() if k not in method_probes}
         by_route["(routes answering only 405, summed)"] = {"405": sum(v["405"] for v in method_probes.values())}

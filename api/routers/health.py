@@ -38,7 +38,9 @@ async def readyz(state: State) -> dict[str, object]:
             "active_jobs": state.jobs.active()}
 
 
-@router.get("/metrics", response_class=Response)
+@router.get("/metrics", response_class=Response,
+            responses={401: {"description": "Without the bearer token when DCP_AUTH_TOKEN is set "
+                                            "(the metrics name epochs)."}})
 async def metrics(state: State) -> Response:
     """Prometheus metrics: request latency, solver latency, plans stored, job progress."""
     # Rendering counts the stored plans (a store read): off the event loop.
