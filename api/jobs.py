@@ -81,13 +81,18 @@ def prepare_epoch(store: PlanStore, *, epoch_id: str, samples: Sequence[Sample],
                   "source": model_source or f"cost model {cost_model.id}"},
         # the layout the options resolve to is stored, so the job plans as its declared layouts say
         # (a job stored without one predates the ``auto`` default: see planner.epoch.epoch_options)
-        "options": {"layout": config.layout, **options},
+        "options": _stored_options(options, config),
         # the (size, u, r) layouts its plans may use: an executor builds its process groups from them
         "layouts": [list(t) for t in config_layouts(CostModel(file=cost_model, cluster=cluster), config)],
         "manifest": {"source": manifest_source, "num_samples": len(samples),
                      "digest": manifest_digest(samples)},
     }
     return store.create_epoch(epoch_id, spec=spec, steps=steps)
+
+
+def _stored_options(options: Mapping[str, Any], config: Any) -> dict[str, Any]:
+    """A job's options as stored: the request's, with the layout its config resolved to."""
+    return {"layout": config.layout, **options}
 
 
 def same_request(record: EpochRecord, *, rule: BatchRule, seed: int, cluster: ClusterSpec,
@@ -97,7 +102,8 @@ def same_request(record: EpochRecord, *, rule: BatchRule, seed: int, cluster: Cl
     spec = record.spec
     return (spec["batch"] == rule.as_dict() and spec["seed"] == seed
             and spec["cluster"] == cluster.model_dump(mode="json")
-            and spec["cost_model_digest"] == cost_model.digest() and epoch_options(spec) == {"layout": build_config(options).layout, **options}
+            and spec["cost_model_digest"] == cost_model.digest()
+            and epoch_options(spec) == _stored_options(options, build_config(options))
             and spec["manifest"]["digest"] == manifest_digest(samples))
 
 
