@@ -38,7 +38,7 @@ def test_each_page_with_run_blocks_has_its_test() -> None:
 
 def test_the_readme_has_exactly_the_two_set_up_commands() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    setup = readme.split("## Set up", 1)[1].split("\n## ", 1)[0]
+    setup = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
     commands = [line.split("#")[0].strip() for b in blocks(ROOT / "README.md") if b.body in setup
                 for line in b.body.splitlines()]
     assert commands == ["make run", "make test"]
