@@ -11,11 +11,13 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
 from executor.runtime import Executor
 from planner.plan import Plan
+from tests.executor import scenarios
 from tests.executor.helpers import CONFIG, dataset_for
 
 NUM_LAYERS = CONFIG.num_layers  # the scenario plans' policies range over 0..3
@@ -86,6 +88,37 @@ def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Gradients by parameter name (zeros where none)."""
     return {n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
             for n, p in model.named_parameters()}
+
+
+def worst_relative(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> tuple[float, str]:
+    """The largest ``max|got - want| / max|want|`` over the parameters, and that parameter's name."""
+    worst, where = 0.0, ""
+    for name, ref in want.items():
+        scale = float(ref.abs().max())
+        assert scale > 0.0, f"{name}: zero reference gradient"
+        rel = float((got[name].to(ref.dtype) - ref).abs().max()) / scale
+        if rel > worst:
+            worst, where = rel, name
+    return worst, where
+
+
+def check_world_step(world: list[dict[str, object]], run: str, index: int, *, dtype: torch.dtype,
+                     own_loss: bool, loss_rel: float, grad_rel: float, kv_heads: int = 4) -> None:
+    """The world's planned step ``run`` on scenario plan ``index`` equals the plain model's.
+
+    The ranks' results ``{run}_loss_{index}`` sum to :func:`reference_backward`'s loss within
+    ``loss_rel``, and every rank's ``{run}_grad_{index}`` is the plain model's gradients within
+    ``grad_rel`` (relative to each parameter's largest reference gradient).
+    """
+    plan = scenarios.plans_1d()[index]
+    model = build("sdpa", dtype=dtype, kv_heads=kv_heads)
+    loss = reference_backward(model, plan, own_loss=own_loss)
+    reference = grads(model)
+    shares = [float(res[f"{run}_loss_{index}"]) for res in world]  # type: ignore[arg-type]
+    assert sum(shares) == pytest.approx(loss, rel=loss_rel), f"{run}: shares {shares} vs plain loss {loss}"
+    for r, res in enumerate(world):
+        worst, where = worst_relative(res[f"{run}_grad_{index}"], reference)  # type: ignore[arg-type]
+        assert worst <= grad_rel, f"rank {r}: {where} relative diff {worst:.2e}"
 
 
 def run_step(executor: Executor, model: Any, plan: Plan, *, loss_chunk_tokens: int = 0) -> float:

@@ -11,42 +11,25 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.executor import scenarios
-
 pytest.importorskip("transformers")
 
 from executor.integrations import hf_transformers as hf
 from tests.executor.integrations import hf_llama
-from tests.executor.integrations.test_hf_transformers import _worst_relative
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("index", [0, 1, 2])
 def test_fp64_chunked_step_equals_the_plain_model(hf_world4: list[dict[str, object]], index: int) -> None:
-    plan = scenarios.plans_1d()[index]
-    model = hf_llama.build("sdpa", dtype=torch.float64)
-    loss = hf_llama.reference_backward(model, plan, own_loss=False)
-    reference = hf_llama.grads(model)
-    shares = [float(res[f"llama64chunked_loss_{index}"]) for res in hf_world4]  # type: ignore[arg-type]
-    assert sum(shares) == pytest.approx(loss, rel=1e-12)
-    for r, res in enumerate(hf_world4):
-        worst, where = _worst_relative(res[f"llama64chunked_grad_{index}"], reference)  # type: ignore[arg-type]
-        assert worst <= 1e-10, f"rank {r}: {where} relative diff {worst:.2e}"
+    hf_llama.check_world_step(hf_world4, "llama64chunked", index, dtype=torch.float64, own_loss=False,
+                              loss_rel=1e-12, grad_rel=1e-10)
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("index", [0, 1])
 def test_fsdp2_chunked_step_equals_the_plain_model_with_its_own_loss(hf_world4: list[dict[str, object]],
                                                                     index: int) -> None:
-    plan = scenarios.plans_1d()[index]
-    model = hf_llama.build("sdpa", dtype=torch.float32)
-    loss = hf_llama.reference_backward(model, plan, own_loss=True)
-    reference = hf_llama.grads(model)
-    shares = [float(res[f"llama_fsdp2chunked_loss_{index}"]) for res in hf_world4]  # type: ignore[arg-type]
-    assert sum(shares) == pytest.approx(loss, rel=1e-5)
-    for r, res in enumerate(hf_world4):
-        worst, where = _worst_relative(res[f"llama_fsdp2chunked_grad_{index}"], reference)  # type: ignore[arg-type]
-        assert worst <= 1e-5, f"rank {r}: {where} relative diff {worst:.2e}"
+    hf_llama.check_world_step(hf_world4, "llama_fsdp2chunked", index, dtype=torch.float32, own_loss=True,
+                              loss_rel=1e-5, grad_rel=1e-5)
 
 
 def test_soft_capped_logits_and_negative_chunks_are_refused() -> None:

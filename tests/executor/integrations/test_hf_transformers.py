@@ -23,59 +23,27 @@ from executor.integrations import hf_transformers as hf
 from tests.executor.integrations import hf_llama
 
 
-def _worst_relative(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> tuple[float, str]:
-    worst, where = 0.0, ""
-    for name, ref in want.items():
-        scale = float(ref.abs().max())
-        assert scale > 0.0, f"{name}: zero reference gradient"
-        rel = float((got[name].to(ref.dtype) - ref).abs().max()) / scale
-        if rel > worst:
-            worst, where = rel, name
-    return worst, where
-
-
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("index", [0, 1])
 def test_fp32_step_equals_the_plain_model_with_its_own_loss(hf_world4: list[dict[str, object]],
                                                            index: int) -> None:
-    plan = scenarios.plans_1d()[index]
-    model = hf_llama.build("sdpa", dtype=torch.float32)
-    loss = hf_llama.reference_backward(model, plan, own_loss=True)
-    reference = hf_llama.grads(model)
-    shares = [float(res[f"llama32_loss_{index}"]) for res in hf_world4]  # type: ignore[arg-type]
-    assert sum(shares) == pytest.approx(loss, rel=1e-5)
-    for r, res in enumerate(hf_world4):
-        worst, where = _worst_relative(res[f"llama32_grad_{index}"], reference)  # type: ignore[arg-type]
-        assert worst <= 1e-5, f"rank {r}: {where} relative diff {worst:.2e}"
+    hf_llama.check_world_step(hf_world4, "llama32", index, dtype=torch.float32, own_loss=True,
+                              loss_rel=1e-5, grad_rel=1e-5)
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("index", [0, 1])
 def test_fsdp2_step_equals_the_plain_model_with_its_own_loss(hf_world4: list[dict[str, object]],
                                                             index: int) -> None:
-    plan = scenarios.plans_1d()[index]
-    model = hf_llama.build("sdpa", dtype=torch.float32)
-    loss = hf_llama.reference_backward(model, plan, own_loss=True)
-    reference = hf_llama.grads(model)
-    shares = [float(res[f"llama_fsdp2_loss_{index}"]) for res in hf_world4]  # type: ignore[arg-type]
-    assert sum(shares) == pytest.approx(loss, rel=1e-5)
-    for r, res in enumerate(hf_world4):
-        worst, where = _worst_relative(res[f"llama_fsdp2_grad_{index}"], reference)  # type: ignore[arg-type]
-        assert worst <= 1e-5, f"rank {r}: {where} relative diff {worst:.2e}"
+    hf_llama.check_world_step(hf_world4, "llama_fsdp2", index, dtype=torch.float32, own_loss=True,
+                              loss_rel=1e-5, grad_rel=1e-5)
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("index", [0, 1, 2])
 def test_fp64_step_equals_the_plain_model(hf_world4: list[dict[str, object]], index: int) -> None:
-    plan = scenarios.plans_1d()[index]
-    model = hf_llama.build("sdpa", dtype=torch.float64)
-    loss = hf_llama.reference_backward(model, plan, own_loss=False)
-    reference = hf_llama.grads(model)
-    shares = [float(res[f"llama64_loss_{index}"]) for res in hf_world4]  # type: ignore[arg-type]
-    assert sum(shares) == pytest.approx(loss, rel=1e-12)
-    for r, res in enumerate(hf_world4):
-        worst, where = _worst_relative(res[f"llama64_grad_{index}"], reference)  # type: ignore[arg-type]
-        assert worst <= 1e-10, f"rank {r}: {where} relative diff {worst:.2e}"
+    hf_llama.check_world_step(hf_world4, "llama64", index, dtype=torch.float64, own_loss=False,
+                              loss_rel=1e-12, grad_rel=1e-10)
 
 
 def test_prepare_refuses_a_group_size_the_heads_do_not_allow() -> None:
@@ -105,14 +73,8 @@ def test_fp64_step_past_the_key_value_heads_equals_the_plain_model(hf_world4: li
     heads, replicated; the step is still the plain model's."""
     plan = scenarios.plans_1d()[index]  # 2+1+1, 4 (past the 2 heads), 1+2+1
     assert index != 1 or [g.size for g in plan.groups] == [4]
-    model = hf_llama.build("sdpa", dtype=torch.float64, kv_heads=2)
-    loss = hf_llama.reference_backward(model, plan, own_loss=False)
-    reference = hf_llama.grads(model)
-    shares = [float(res[f"llama_gqa_loss_{index}"]) for res in hf_world4]  # type: ignore[arg-type]
-    assert sum(shares) == pytest.approx(loss, rel=1e-12)
-    for r, res in enumerate(hf_world4):
-        worst, where = _worst_relative(res[f"llama_gqa_grad_{index}"], reference)  # type: ignore[arg-type]
-        assert worst <= 1e-10, f"rank {r}: {where} relative diff {worst:.2e}"
+    hf_llama.check_world_step(hf_world4, "llama_gqa", index, dtype=torch.float64, own_loss=False,
+                              loss_rel=1e-12, grad_rel=1e-10, kv_heads=2)
 
 
 def test_group_sizes_past_the_key_value_heads_are_allowed_when_they_divide() -> None:
