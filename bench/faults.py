@@ -16,7 +16,6 @@ started on the same store. Writes ``--out`` (default ``bench-out/faults.json``).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
@@ -32,8 +31,9 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _script import log_to_console, parser_with_out  # bench/ (the script's folder) is on sys.path
 from _service import free_port as _free_port
-from provenance import default_out, provenance  # bench/ (the script's folder) is on sys.path
+from provenance import provenance
 
 from dcp_cli.progress import progress_bar
 
@@ -120,6 +120,18 @@ class Server:
                 os.killpg(self.proc.pid, sig)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=30)
+
+
+def reference_digests(base: Path, *, epoch_id: str) -> list[str]:
+    """The step digests of the fault epoch planned without faults, on a server of its own
+    (store ``base / "ref"``)."""
+    (base / "ref").mkdir()
+    server = Server(base / "ref").start()
+    server.post("/v1/epochs", _body(epoch_id))
+    server.wait(epoch_id)
+    digests = server.digests(epoch_id)
+    server.stop()
+    return digests
 
 
 def _probe_write(server: Server) -> str:
@@ -301,19 +313,12 @@ def case_two_servers(base: Path, reference: list[str]) -> dict[str, Any]:
 
 def main() -> int:
     """Run every case, print the table, write the JSON."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=default_out("faults"))
+    parser = parser_with_out(__doc__, "faults")
     parser.add_argument("--quiet", "-q", action="store_true", help="No progress bar or log lines: the table only.")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    log_to_console(quiet=args.quiet)
     base = Path(tempfile.mkdtemp(prefix="dcp-faults-"))
-    (base / "ref").mkdir()
-    ref_server = Server(base / "ref").start()
-    ref_server.post("/v1/epochs", _body("e"))
-    ref_server.wait("e")
-    reference = ref_server.digests("e")
-    ref_server.stop()
+    reference = reference_digests(base, epoch_id="e")
     cases = {"kill -9 server": case_kill_server, "kill -9 solver worker": case_kill_worker,
              "store locked 4 s by another process": case_locked, "disk full (1 MB tmpfs, then 64 MB)": case_disk_full,
              "store's file system turns read-only (ext4 error), fsck + restart": case_read_only,

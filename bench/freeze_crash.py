@@ -13,10 +13,8 @@ Prints the count of rounds that held, writes the JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import os
 import random
 import signal
 import sqlite3
@@ -25,7 +23,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from faults import FAULT_STEPS, Server, _body  # bench/ (the script's folder) is on sys.path
+from _script import loadavg, log_to_console, parser_with_out  # bench/ (the script's folder) is on sys.path
+from faults import FAULT_STEPS, Server, _body
 from provenance import provenance
 
 logger = logging.getLogger("bench.freeze_crash")
@@ -42,16 +41,13 @@ def stored_frozen_through(db: Path, epoch_id: str) -> int:
 
 def main() -> int:
     """Run the rounds, print the result, write the JSON."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = parser_with_out(__doc__, "freeze_crash")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--seed", type=int, default=34)
-    parser.add_argument("--out", type=Path, default=Path("bench-out/freeze_crash.json"),
-                        help="Where the JSON goes (default bench-out/freeze_crash.json).")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    log_to_console()
     rng = random.Random(args.seed)
-    load_before = os.getloadavg()
+    load_before = loadavg()
     base = Path(tempfile.mkdtemp(prefix="dcp-freeze-"))
     (base / "s").mkdir()
     db = base / "s" / "plans.sqlite"
@@ -77,8 +73,7 @@ def main() -> int:
     print(f"fetched step frozen after kill -9 + restart: {held} of {len(rounds)}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({**provenance(), "rounds": len(rounds), "held": held,
-                                    "loadavg_before": [round(x, 2) for x in load_before],
-                                    "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+                                    "loadavg_before": load_before, "loadavg_after": loadavg(),
                                     "details": rounds}, indent=2) + "\n")
     return 0 if held == len(rounds) else 1
 

@@ -17,12 +17,10 @@ Run::
 
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
 import json
 import logging
-import os
 import resource
 import socket
 import sys
@@ -35,7 +33,8 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from faults import COST_MODEL, Server, _body  # bench/ (the script's folder) is on sys.path
+from _script import loadavg, log_to_console, parser_with_out  # bench/ (the script's folder) is on sys.path
+from faults import COST_MODEL, Server, _body
 from provenance import provenance
 
 logger = logging.getLogger("bench.global_limits")
@@ -156,17 +155,14 @@ def connections_case(base: Path, *, idle: int) -> dict[str, Any]:
 
 def main() -> int:
     """Run both cases, print them, write the JSON."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = parser_with_out(__doc__, "global_limits")
     parser.add_argument("--idle", type=int, default=2500)
     parser.add_argument("--body-tries", type=int, default=30)
-    parser.add_argument("--out", type=Path, default=Path("bench-out/global_limits.json"),
-                        help="Where the JSON goes (default bench-out/global_limits.json).")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    log_to_console()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, args.idle + 1024)), hard))
-    load_before = os.getloadavg()
+    load_before = loadavg()
     base = Path(tempfile.mkdtemp(prefix="dcp-limits-"))
     bodies = bodies_case(base, tries=args.body_tries)
     print(json.dumps(bodies, indent=1))
@@ -174,8 +170,7 @@ def main() -> int:
     print(json.dumps(conns, indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({**provenance(), "bodies": bodies, "connections": conns,
-                                    "loadavg_before": [round(x, 2) for x in load_before],
-                                    "loadavg_after": [round(x, 2) for x in os.getloadavg()]},
+                                    "loadavg_before": load_before, "loadavg_after": loadavg()},
                                    indent=2) + "\n")
     return 0
 

@@ -18,7 +18,6 @@ the JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -36,7 +35,8 @@ import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from faults import FAULT_STEPS, Server, _body  # bench/ (the script's folder) is on sys.path
+from _script import loadavg, log_to_console, parser_with_out  # bench/ (the script's folder) is on sys.path
+from faults import FAULT_STEPS, Server, _body, reference_digests
 from provenance import provenance
 
 logger = logging.getLogger("bench.pool_chaos")
@@ -88,12 +88,7 @@ def readiness_after_kill(server: Server, killed_at: float) -> tuple[float | None
 
 def run(base: Path, *, kills: int, server_kill_every: int, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
-    (base / "ref").mkdir()
-    ref = Server(base / "ref").start()
-    ref.post("/v1/epochs", _body("ref"))
-    ref.wait("ref")
-    reference = ref.digests("ref")
-    ref.stop()
+    reference = reference_digests(base, epoch_id="ref")
 
     (base / "chaos").mkdir()
     server = Server(base / "chaos").start()
@@ -184,21 +179,18 @@ def run(base: Path, *, kills: int, server_kill_every: int, seed: int) -> dict[st
 
 def main() -> int:
     """Run the chaos, print the table, write the JSON."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = parser_with_out(__doc__, "pool_chaos")
     parser.add_argument("--kills", type=int, default=50, help="SIGKILLs of both workers at once.")
     parser.add_argument("--server-kill-every", type=int, default=17,
                         help="After every N worker kills, a SIGKILL of the server besides (0: never).")
     parser.add_argument("--seed", type=int, default=34)
-    parser.add_argument("--out", type=Path, default=Path("bench-out/pool_chaos.json"),
-                        help="Where the JSON goes (default bench-out/pool_chaos.json).")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    load_before = os.getloadavg()
+    log_to_console()
+    load_before = loadavg()
     result = run(Path(tempfile.mkdtemp(prefix="dcp-chaos-")), kills=args.kills,
                  server_kill_every=args.server_kill_every, seed=args.seed)
-    result = {**provenance(), **result, "loadavg_before": [round(x, 2) for x in load_before],
-              "loadavg_after": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count()}
+    result = {**provenance(), **result, "loadavg_before": load_before, "loadavg_after": loadavg(),
+              "cpus": os.cpu_count()}
     for key in ("kills", "double_worker_kills", "server_kills", "unreaped_workers", "jobs",
                 "jobs_identical_to_reference", "readyz_503_after_kill_s", "readyz_200_after_kill_s",
                 "sigterm_exit_with_stopped_workers_s"):
