@@ -96,6 +96,18 @@ class Server:
         assert self.proc is not None
         return child_pids(self.proc.pid)
 
+    def solver_workers(self) -> list[int]:
+        """Pids of the server's spawned solver workers (its children but the resource tracker)."""
+        out = []
+        for pid in self.children():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+                out.append(pid)
+        return out
+
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         headers = {**AUTH, **kwargs.pop("headers", {})} if self.token else kwargs.pop("headers", {})
         return httpx.request(method, f"{self.url}{path}", headers=headers, timeout=60.0, **kwargs)

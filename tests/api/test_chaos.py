@@ -11,7 +11,6 @@ import os
 import random
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -31,19 +30,6 @@ def _epoch(epoch_id: str, *, per_step: int = PER_STEP, steps: int = STEPS) -> di
     return {"epoch_id": epoch_id, "manifest_jsonl": manifest_lines(per_step * steps, seed=9),
             "batch": {"samples_per_step": per_step}, "seed": 5, "cluster": "h200x8",
             "cost_model_id": COST_MODEL, "options": FAST}
-
-
-def workers_of(server: Server) -> list[int]:
-    """The pids ``/readyz``'s pool reports through the process tree: spawned solver workers."""
-    out = []
-    for pid in server.children():
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
-            out.append(pid)
-    return out
 
 
 def wait_readiness(server: Server, *, ready: bool, timeout_s: float) -> dict[str, Any]:
@@ -71,7 +57,7 @@ def test_random_worker_kills_and_a_server_kill_lose_and_duplicate_nothing(server
             "cost_model_id": COST_MODEL, "options": FAST}
     for kill in range(KILLS):
         time.sleep(rng.uniform(0.0, 1.5))
-        pids = workers_of(server)
+        pids = server.solver_workers()
         assert pids, "no solver worker to kill"
         victims = pids if kill % 2 == 0 else [rng.choice(pids)]  # both workers every other time
         for pid in victims:
@@ -101,7 +87,7 @@ def test_sigterm_stops_the_service_even_when_its_workers_never_answer(server_fac
     server = server_factory(workers=2).start()
     assert server.request("POST", "/v1/epochs", json=_epoch("e", steps=200)).status_code == 202
     _wait(server, "e", until=1)
-    for pid in workers_of(server):
+    for pid in server.solver_workers():
         os.kill(pid, signal.SIGSTOP)  # alive, holding their steps, never answering
     assert server.proc is not None
     server.proc.send_signal(signal.SIGTERM)

@@ -9,14 +9,11 @@ import sys
 import threading
 import time
 from concurrent.futures.process import BrokenProcessPool
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from api.pool import WORKER_MODULES, SolverPool
-
-from .conftest import child_pids
 
 
 def _loaded_before_any_import() -> list[str]:
@@ -54,18 +51,6 @@ def test_a_worker_whose_import_broke_is_replaced() -> None:
         pool.shutdown()
 
 
-def _spawned_workers(pid: int) -> list[int]:
-    out = []
-    for child in child_pids(pid):
-        try:
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
-            out.append(child)
-    return out
-
-
 @pytest.mark.timeout(180)
 def test_readyz_recovers_when_a_worker_is_killed_during_start_up(server_factory: Any) -> None:
     server = server_factory(workers=2)
@@ -83,7 +68,7 @@ def test_readyz_recovers_when_a_worker_is_killed_during_start_up(server_factory:
     deadline = time.monotonic() + 30
     while killed is None and time.monotonic() < deadline:
         if server.proc is not None:
-            workers = _spawned_workers(server.proc.pid)
+            workers = server.solver_workers()
             if workers:
                 os.kill(workers[0], signal.SIGKILL)
                 killed = workers[0]
