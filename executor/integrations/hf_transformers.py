@@ -56,6 +56,12 @@ from executor.attention import packed_attention
 from executor.checkpointing import validate_policies
 from executor.chunked_loss import check_chunk_tokens, head_chunked_losses
 from executor.context import SPContext
+from executor.integrations.hf_layer_attention import (
+    check_window,
+    gathered_ring_attention,
+    local_sinks,
+    packed_layer_attention,
+)
 from executor.ring import ring_packed_attention
 from executor.runtime import MicroBatchWork
 from executor.ulysses import check_kv_heads, head_to_seq, qkv_seq_to_head
@@ -202,27 +208,21 @@ def _run(original: Any, hidden_states: torch.Tensor, kwargs: dict[str, Any], *, 
     return checkpoint(original, hidden_states, use_reentrant=False, **kwargs)
 
 
-def _check_unsupported(module: nn.Module, kwargs: dict[str, Any], ctx: SPContext) -> None:
+def _check_unsupported(module: nn.Module, kwargs: dict[str, Any]) -> None:
     """Refuse what the model asks of its attention that DCP's does not do, rather than attend
-    differently: a sliding window shorter than a sample of the micro-batch (Mistral, Qwen2 with
-    ``use_sliding_window``; DCP attends causally over the whole sample, which equals the window's
-    attention only when no sample is longer than the window: keys ``j`` with ``i - j < window``,
-    ``transformers.masking_utils``), logit soft-capping (Gemma 2) and attention sinks (gpt-oss).
+    differently: logit soft-capping (Gemma 2, Gemma 3 with ``attn_logit_softcapping``) and
+    non-causal attention (Gemma 3 with ``use_bidirectional_attention``). Sliding windows and sinks
+    are run (:mod:`executor.integrations.hf_layer_attention`).
 
     Raises:
-        ValueError: naming the layer, the setting and the sample it does not hold for.
+        ValueError: naming the layer and the setting.
     """
     name = type(module).__name__
-    window = kwargs.get("sliding_window")
-    if window is not None:
-        longest = max(sample.tokens for sample in ctx.placement.samples)
-        if longest > int(window):
-            raise ValueError(f"{name}: sliding_window={window} is shorter than a sample of {longest} tokens; DCP "
-                             "attention is causal over whole samples (equal to the window's only for samples of "
-                             f"at most {window} tokens): cap the samples' length at {window} or disable the window")
-    for key in ("softcap", "s_aux"):
-        if kwargs.get(key) is not None:
-            raise ValueError(f"{name}: attention {key} is not supported under DCP")
+    if kwargs.get("softcap") is not None:
+        raise ValueError(f"{name}: attention softcap={kwargs['softcap']} is not supported under DCP")
+    if getattr(module, "is_causal", True) is False:
+        raise ValueError(f"{name}: non-causal attention (is_causal=False, e.g. use_bidirectional_attention) "
+                         "is not supported under DCP")
 
 
 def ulysses_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -252,7 +252,8 @@ def ulysses_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
         raise ValueError(f"attention dropout={dropout} is not supported under DCP (set it to 0)")
     if attention_mask is not None:
         raise ValueError("DCP attention takes no attention_mask (samples are bounded by the layout)")
-    _check_unsupported(module, kwargs, ctx)
+    _check_unsupported(module, kwargs)
+    window = check_window(kwargs.get("sliding_window"), where=type(module).__name__)
     pad = int(kwargs.get(PAD_KWARG, 0))
     batch, heads, tokens, head_dim = query.shape
     kv_heads = key.shape[1]
@@ -268,12 +269,20 @@ def ulysses_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     fused = torch.cat([query[0].transpose(0, 1).reshape(tokens, kv_heads, rep, head_dim),
                        key[0].transpose(0, 1)[:, :, None], value[0].transpose(0, 1)[:, :, None]], dim=2)
     q, k, v = qkv_seq_to_head(fused, ctx.layout, ctx.group)
-    if ctx.ring is not None:  # Ulysses x ring: the ring between the all-to-alls (executor.ring)
+    scale = float(scaling) if scaling is not None else head_dim ** -0.5
+    sinks = local_sinks(kwargs.get("s_aux"), group_size=ctx.layout.group_size,
+                        index_in_group=ctx.layout.index_in_group)
+    if ctx.ring is not None and (window is not None or sinks is not None):  # keys gathered over the ring
+        o = gathered_ring_attention(q, k, v, layout=ctx.ring, group=ctx.ring_group, window=window, sinks=sinks,
+                                    scale=scale)
+    elif ctx.ring is not None:  # Ulysses x ring: the ring between the all-to-alls (executor.ring)
         if k.shape[1] != q.shape[1]:  # the ring takes a key/value head per query head
             k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
-        o = ring_packed_attention(q, k, v, layout=ctx.ring, group=ctx.ring_group, kind="causal_1d", scale=scaling)
+        o = ring_packed_attention(q, k, v, layout=ctx.ring, group=ctx.ring_group, kind="causal_1d", scale=scale)
+    elif window is not None or sinks is not None:
+        o = packed_layer_attention(q, k, v, samples=ctx.layout.samples, window=window, sinks=sinks, scale=scale)
     else:
-        o = packed_attention(q, k, v, samples=ctx.layout.samples, kind="causal_1d", scale=scaling)
+        o = packed_attention(q, k, v, samples=ctx.layout.samples, kind="causal_1d", scale=scale)
     local = head_to_seq(o, ctx.layout, ctx.group).reshape(tokens, heads, head_dim)
     if pad:
         local = torch.cat([local, local.new_zeros(pad, heads, head_dim)])

@@ -1,0 +1,191 @@
+"""Each layer's own attention for the ``transformers`` classes: sliding windows and attention sinks.
+
+``transformers`` hands its attention function a layer's ``sliding_window`` (gpt-oss
+``sliding_attention`` layers, Gemma 3's local layers, Mistral and Mixtral with ``sliding_window``
+set; ``None`` on full layers) and gpt-oss's sinks as ``s_aux`` (one learned logit per query head).
+The semantics are those of ``transformers`` 5.x:
+
+- Window: query ``i`` sees key ``j`` of its sample when ``i - window < j <= i``
+  (``masking_utils.sliding_window_overlay`` on top of the causal mask).
+- Sinks: the sink's logit joins the softmax's denominator and carries no value
+  (``models/gpt_oss/modeling_gpt_oss.py``, ``eager_attention_forward``: the logits get one more
+  column, the sink, the softmax runs over it, the column is dropped), so the weights of the real keys
+  sum to less than one: ``o_i = sum_j exp(s_ij) v_j / (sum_j exp(s_ij) + exp(sink_h))``. The sink is
+  seen whatever the window.
+
+:func:`sample_attention` runs one sample's queries against its keys by position (causal, window),
+the sink as one more key: every query gets one more channel, 1, the virtual key holds
+``sink_h / scale`` there and 0 elsewhere, its value is 0, so its logit is exactly ``sink_h`` and the
+real keys' logits are unchanged; the sink's gradient flows through that key.
+:func:`packed_layer_attention` does it for the packed head-sharded sequence of a Ulysses group
+(whole samples, positions ``0..T-1``). A full layer without sinks keeps
+:func:`executor.attention.packed_attention` (``is_causal``, the fused kernels).
+
+In a Ulysses x ring group a windowed or sink layer does not go round the ring (the ring, ``executor/
+ring.py``, merges blocks by log-sum-exp under a causal mask and has no sink term):
+:func:`gathered_ring_attention` gathers the keys and values of the ring's ``r`` positions (one
+differentiable all-gather over the ring's process group) and
+attends each local query to its sample's keys by position. That is exact, and holds the sample's
+whole keys and values for this rank's heads during the layer (``r`` times the ring's block). Full
+layers without sinks keep the ring.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F  # noqa: N812
+
+from executor.layout import SampleShape
+from executor.ring_layout import RingLayout
+
+
+def check_window(window: int | None, *, where: str) -> int | None:
+    """The window as an int (``None``: a full layer).
+
+    Raises:
+        ValueError: for a window that is not a positive integer, naming ``where`` (the layer).
+    """
+    if window is None:
+        return None
+    if isinstance(window, bool) or int(window) != window or int(window) <= 0:
+        raise ValueError(f"{where}: sliding_window={window!r} must be a positive integer")
+    return int(window)
+
+
+def local_sinks(sinks: torch.Tensor | None, *, group_size: int, index_in_group: int) -> torch.Tensor | None:
+    """The sinks of this rank's query heads after the Ulysses swap (rank ``i`` of ``d`` holds query
+    heads ``i H/d .. (i+1) H/d - 1``, :func:`executor.ulysses.qkv_seq_to_head`)."""
+    if sinks is None:
+        return None
+    per_rank = sinks.shape[0] // group_size
+    return sinks[index_in_group * per_rank:(index_in_group + 1) * per_rank]
+
+
+def sample_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_pos: torch.Tensor,
+                     k_pos: torch.Tensor, window: int | None, sinks: torch.Tensor | None,
+                     scale: float) -> torch.Tensor:
+    """Causal (optionally windowed, optionally with sinks) attention of one sample's queries to its keys.
+
+    Args:
+        q: ``(Tq, H, Dh)``.
+        k: ``(Tk, H_kv, Dh)``; ``H_kv`` divides ``H`` (grouped-query attention).
+        v: Like ``k``.
+        q_pos: Position in the sample of every query ``(Tq,)``.
+        k_pos: Position in the sample of every key ``(Tk,)``.
+        window: Keys with ``q_pos - window < k_pos`` only (``None``: all keys up to the query).
+        sinks: One logit per query head ``(H,)`` that joins every softmax's denominator, or ``None``.
+        scale: Factor of ``q k^T``.
+
+    Returns:
+        ``(Tq, H, Dh)``.
+    """
+    qp, kp = q_pos.to(q.device)[:, None], k_pos.to(q.device)[None, :]
+    mask = kp <= qp
+    if window is not None:
+        mask &= kp > qp - window
+    heads = q.shape[1]
+    gqa = k.shape[1] != heads
+    if sinks is not None:
+        # The sink as a virtual key (see the module docstring): per query head, so keys and values
+        # are taken per query head first.
+        if gqa:
+            k, v = (t.repeat_interleave(heads // t.shape[1], dim=1) for t in (k, v))
+            gqa = False
+        q = torch.cat([q, q.new_ones((*q.shape[:2], 1))], dim=-1)
+        sink_key = torch.cat([k.new_zeros((1, heads, k.shape[-1])), (sinks.to(k.dtype) / scale).view(1, heads, 1)],
+                             dim=-1)
+        k = torch.cat([torch.cat([k, k.new_zeros((*k.shape[:2], 1))], dim=-1), sink_key])
+        v = torch.cat([v, v.new_zeros((1, *v.shape[1:]))])
+        mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                         attn_mask=mask, scale=scale, enable_gqa=gqa)
+    return out[0].transpose(0, 1)
+
+
+def packed_layer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                           samples: tuple[SampleShape, ...], window: int | None,
+                           sinks: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """:func:`sample_attention` over a packed sequence of whole samples (the head-sharded side of
+    Ulysses): ``(total_tokens, H, Dh)`` in and out."""
+    outs, start = [], 0
+    for shape in samples:
+        end = start + shape.tokens
+        pos = torch.arange(shape.tokens)
+        outs.append(sample_attention(q[start:end], k[start:end], v[start:end], q_pos=pos, k_pos=pos,
+                                     window=window, sinks=sinks, scale=scale))
+        start = end
+    if start != q.shape[0]:
+        raise ValueError(f"packed attention: {q.shape[0]} tokens but the samples hold {start}")
+    return torch.cat(outs, dim=0)
+
+
+class _AllGather(torch.autograd.Function):
+    """All-gather of equal-shaped tensors over a group; backward: the sum over the group of each
+    gathered piece's gradient, this rank's piece kept (an all-reduce: gloo has no reduce-scatter,
+    and ``torch.distributed.nn.functional.all_gather``'s gloo backward fails on a subgroup)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.stack(parts)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, None]:
+        total = grads[0].contiguous().clone()
+        dist.all_reduce(total, group=ctx.group)
+        return total[dist.get_rank(ctx.group)], None
+
+
+def _all_gather_rows(x: torch.Tensor, *, rows: list[int], group: dist.ProcessGroup | None) -> list[torch.Tensor]:
+    """Every ring position's ``x`` (``rows[j]`` rows each), differentiable; one collective."""
+    if len(rows) == 1:
+        return [x]
+    if group is None:
+        raise ValueError(f"a ring of {len(rows)} needs a process group")
+    longest = max(rows)
+    padded = torch.cat([x, x.new_zeros((longest - x.shape[0], *x.shape[1:]))]) if x.shape[0] < longest else x
+    gathered = _AllGather.apply(padded, group)
+    return [gathered[o, :n] for o, n in enumerate(rows)]
+
+
+def gathered_ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: RingLayout,
+                            group: dist.ProcessGroup | None, window: int | None, sinks: torch.Tensor | None,
+                            scale: float) -> torch.Tensor:
+    """A windowed or sink layer's attention in a Ulysses x ring group, on the head-sharded side: this
+    ring position's packed sub-samples attend to their samples' keys gathered from every position.
+
+    Args:
+        q: ``(layout.ring_tokens(j), H/u, Dh)`` for this ring position ``j``.
+        k: ``(layout.ring_tokens(j), H_kv/u or 1, Dh)``.
+        v: Like ``k``.
+        layout: The micro-batch's ring layout.
+        group: The ring's process group (``r`` ranks; ``None`` for a ring of one).
+        window: The layer's window (``None``: causal over the whole sample).
+        sinks: This rank's heads' sinks, or ``None``.
+        scale: Factor of ``q k^T``.
+
+    Returns:
+        ``(layout.ring_tokens(j), H/u, Dh)``.
+    """
+    r, j = layout.ring_degree, layout.ring_index
+    rows = [layout.ring_tokens(o) for o in range(r)]
+    if q.shape[0] != rows[j]:
+        raise ValueError(f"ring attention: q {tuple(q.shape)} for {rows[j]} tokens of ring position {j}")
+    kv = torch.cat(_all_gather_rows(torch.stack([k, v], dim=1), rows=rows, group=group))  # (sum rows, 2, h, Dh)
+    tables = [layout.ring_table(o) for o in range(r)]
+    k_sample, k_pos = torch.cat([t[0] for t in tables]), torch.cat([t[1] for t in tables])
+    q_sample, q_pos = tables[j]
+    out = torch.empty_like(q)
+    for s in range(layout.num_samples):
+        qi = torch.nonzero(q_sample == s).flatten().to(q.device)
+        ki = torch.nonzero(k_sample == s).flatten().to(q.device)
+        sample_kv = kv.index_select(0, ki)
+        o = sample_attention(q.index_select(0, qi), sample_kv[:, 0], sample_kv[:, 1], q_pos=q_pos[qi.cpu()],
+                             k_pos=k_pos[ki.cpu()], window=window, sinks=sinks, scale=scale)
+        out = out.index_copy(0, qi, o)
+    return out
