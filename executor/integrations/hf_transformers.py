@@ -10,7 +10,10 @@ The model's code is not changed. Three things plug in through the library's own 
   plan layout is Ulysses x ring (``GroupPlan.ring_degree > 1``: ``u x r``, a pure ring when
   ``u = 1``) the swap runs over the ``u`` ranks of this rank's ring position and the causal
   attention goes round the ring (:func:`executor.ring.ring_packed_attention`, key/value heads
-  repeated to the query heads), as the executor's own models do (``executor/models.py``).
+  repeated to the query heads), as the executor's own models do (``executor/models.py``). A layer
+  with a ``sliding_window`` or sinks (gpt-oss, Gemma 3's local layers, Mistral with a window) gets
+  its own mask (:mod:`executor.integrations.hf_layer_attention`; in a ring group such a layer
+  gathers the ring's keys instead of going round it). MoE layers are the model's own code.
 - Inputs: :func:`model_inputs` turns a :class:`~executor.runtime.MicroBatchWork` into the
   model's keyword arguments: the local token ids as a batch of one, ``position_ids`` = each
   token's position inside its sample (so RoPE is the unsharded one; in a ring group the tokens
