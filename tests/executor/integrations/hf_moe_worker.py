@@ -9,6 +9,7 @@ For each model of ``hf_moe_models.NAMES`` (fp64, the DCP attention, ``hf.prepare
 2. ``ring``: the ring scenarios of ``test_ring_step.py`` (1 x 2 beside a Ulysses pair, 2 x 2, 1 x 4),
    the ring's forward steps counted (``executor.ring.record_ring_events``): full layers without
    sinks go round the ring, windowed and sink layers gather their keys instead;
+   gpt-oss and Gemma 3 also with the loss in chunks on the 4-rank plan;
 3. ``fsdp2`` (Qwen3-MoE and gpt-oss): plans 0 and 1 of (1) under FSDP2 (``fully_shard`` per decoder
    layer, then the root: the experts' weights sharded over the 4 ranks like every other weight).
 
@@ -33,6 +34,9 @@ WORLD = 4
 LAYOUTS = [(1, 2), (2, 2), (1, 4)]
 """The Ulysses x ring layouts ``(u, r)`` of the ring scenarios."""
 FSDP2_MODELS = ("qwen3_moe", "gpt_oss")
+CHUNKED_MODELS = ("gpt_oss", "gemma3")
+"""Models also run with the loss in chunks (``hf.lm_token_losses``) on the 4-rank plan (Gemma 3's
+head is tied to its scaled embedding)."""
 
 
 def ring_plans() -> dict[str, Any]:
@@ -55,6 +59,10 @@ def _ulysses_and_rings(rank: int, name: str, results: dict[str, object]) -> None
         model.zero_grad(set_to_none=True)
         results[f"{name}_ulysses_loss_{i}"] = hf_llama.run_step(executor, model, plan)
         results[f"{name}_ulysses_grad_{i}"] = hf_llama.grads(model)
+        if name in CHUNKED_MODELS and i == 1:  # the loss in chunks of 3 tokens (hf.lm_token_losses)
+            model.zero_grad(set_to_none=True)
+            results[f"{name}_chunked_loss_{i}"] = hf_llama.run_step(executor, model, plan, loss_chunk_tokens=3)
+            results[f"{name}_chunked_grad_{i}"] = hf_llama.grads(model)
     for key, plan in ring_plans().items():
         model.zero_grad(set_to_none=True)
         with record_ring_events() as events:

@@ -6,7 +6,8 @@ full layers, sinks), ``Gemma3ForCausalLM`` (local and global layers), ``MistralF
 ``sliding_window`` and ``MixtralForCausalLM`` (``hf_moe_models.py``: small random configurations, 8
 query heads over 2 key/value heads, windows of 4 tokens), run under Ulysses plans of 1, 2 and 4
 ranks (the 4-groups past the key/value heads), Ulysses x ring plans (1 x 2, 2 x 2, 1 x 4), and, for
-Qwen3-MoE and gpt-oss, under FSDP2 with the experts sharded over the ranks; packed micro-batches
+Qwen3-MoE and gpt-oss, under FSDP2 with the experts sharded over the ranks, and for gpt-oss and
+Gemma 3 with the loss in chunks; packed micro-batches
 of samples longer and shorter than the window, mixed per-sample checkpoint policies, token and
 sample normalisation (``hf_moe_worker.py``, one spawn for all of it). Reference: the plain model
 in one process on the whole padded batch, the plan's normaliser from its logits; the summed loss
@@ -75,6 +76,12 @@ def _check(world4: list[dict[str, object]], name: str, plan: Plan, key: str) -> 
 @pytest.mark.parametrize("name", hf_moe_models.NAMES)
 def test_ulysses_steps_equal_the_plain_model(world4: list[dict[str, object]], name: str, index: int) -> None:
     _check(world4, name, scenarios.plans_1d()[index], f"{name}_ulysses_*_{index}")
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", hf_moe_worker.CHUNKED_MODELS)
+def test_chunked_loss_steps_equal_the_plain_model(world4: list[dict[str, object]], name: str) -> None:
+    _check(world4, name, scenarios.plans_1d()[1], f"{name}_chunked_*_1")
 
 
 @pytest.mark.timeout(600)
