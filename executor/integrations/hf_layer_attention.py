@@ -18,8 +18,10 @@ the sink as one more key: every query gets one more channel, 1, the virtual key 
 ``sink_h / scale`` there and 0 elsewhere, its value is 0, so its logit is exactly ``sink_h`` and the
 real keys' logits are unchanged; the sink's gradient flows through that key.
 :func:`packed_layer_attention` does it for the packed head-sharded sequence of a Ulysses group
-(whole samples, positions ``0..T-1``). A full layer without sinks keeps
-:func:`executor.attention.packed_attention` (``is_causal``, the fused kernels).
+(whole samples, positions ``0..T-1``), :data:`QUERY_BLOCK_TOKENS` queries at a time with the keys
+their window reaches, so a windowed layer's masks grow with ``T x window``, not ``T x T``. A full
+layer without sinks keeps :func:`executor.attention.packed_attention` (``is_causal``, the fused
+kernels).
 
 In a Ulysses x ring group a windowed or sink layer does not go round the ring (the ring, ``executor/
 ring.py``, merges blocks by log-sum-exp under a causal mask and has no sink term):
@@ -105,18 +107,30 @@ def sample_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_pos
     return out[0].transpose(0, 1)
 
 
+QUERY_BLOCK_TOKENS = 1024
+"""Queries per attention call of :func:`packed_layer_attention`: a call's mask is at most this many
+rows by the keys the block sees (``block + window - 1`` on a windowed layer), never ``T x T``."""
+
+
 def packed_layer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                            samples: tuple[SampleShape, ...], window: int | None,
-                           sinks: torch.Tensor | None, scale: float) -> torch.Tensor:
+                           sinks: torch.Tensor | None, scale: float,
+                           block_tokens: int = QUERY_BLOCK_TOKENS) -> torch.Tensor:
     """:func:`sample_attention` over a packed sequence of whole samples (the head-sharded side of
-    Ulysses): ``(total_tokens, H, Dh)`` in and out."""
+    Ulysses): ``(total_tokens, H, Dh)`` in and out. Each sample's queries go ``block_tokens`` at a
+    time, each block with the keys it can see (from ``start - window + 1`` on a windowed layer)."""
+    if block_tokens < 1:
+        raise ValueError(f"block_tokens={block_tokens} must be positive")
     outs, start = [], 0
     for shape in samples:
-        end = start + shape.tokens
-        pos = torch.arange(shape.tokens)
-        outs.append(sample_attention(q[start:end], k[start:end], v[start:end], q_pos=pos, k_pos=pos,
-                                     window=window, sinks=sinks, scale=scale))
-        start = end
+        for first in range(0, shape.tokens, block_tokens):
+            last = min(first + block_tokens, shape.tokens)
+            key_first = 0 if window is None else max(0, first - window + 1)
+            q_pos, k_pos = torch.arange(first, last), torch.arange(key_first, last)
+            keys = slice(start + key_first, start + last)
+            outs.append(sample_attention(q[start + first:start + last], k[keys], v[keys], q_pos=q_pos, k_pos=k_pos,
+                                         window=window, sinks=sinks, scale=scale))
+        start += shape.tokens
     if start != q.shape[0]:
         raise ValueError(f"packed attention: {q.shape[0]} tokens but the samples hold {start}")
     return torch.cat(outs, dim=0)

@@ -94,6 +94,22 @@ def test_sinks_equal_the_softmax_with_one_more_column() -> None:
     assert float((got - want).abs().max()) <= 1e-14
 
 
+@pytest.mark.parametrize(("window", "sinks"), [(3, True), (None, True), (5, False)])
+def test_query_blocks_equal_one_call_per_sample(window: int | None, sinks: bool) -> None:
+    """Queries in blocks of 2 or 4 (each with the keys its window reaches) equal whole samples."""
+    gen = torch.Generator().manual_seed(2)
+    samples = (SampleShape(tokens=9), SampleShape(tokens=2), SampleShape(tokens=7))
+    q = torch.randn(18, 4, 3, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(18, 2, 3, generator=gen, dtype=torch.float64) for _ in range(2))
+    sink = torch.randn(4, generator=gen, dtype=torch.float64) if sinks else None
+    whole = layer_attention.packed_layer_attention(q, k, v, samples=samples, window=window, sinks=sink, scale=0.5,
+                                                   block_tokens=64)
+    for block in (2, 4):
+        got = layer_attention.packed_layer_attention(q, k, v, samples=samples, window=window, sinks=sink,
+                                                     scale=0.5, block_tokens=block)
+        assert float((got - whole).abs().max()) <= 1e-14
+
+
 def test_a_soft_capped_or_bidirectional_attention_is_refused_by_name() -> None:
     """Gemma 2 soft-caps its attention logits (Gemma 3 in this transformers does not pass its
     ``attn_logit_softcapping`` to the attention); Gemma 3 may attend both ways."""
