@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -141,6 +143,21 @@ class Server:
 def child_pids(parent: int) -> list[int]:
     """Pids whose parent is ``parent``."""
     return [child.pid for child in psutil.Process(parent).children()]
+
+
+@contextlib.contextmanager
+def ray_environ(env: dict[str, str]) -> Iterator[str]:
+    """``env`` and a fresh ``RAY_TMPDIR`` (short: Ray's socket paths must fit) in this process's
+    environment for the block, which gets the folder; after it the environment is as before and
+    the folder is removed."""
+    tmp = tempfile.mkdtemp(prefix="dcpray", dir="/tmp")
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            for name, value in {**env, "RAY_TMPDIR": tmp}.items():
+                patch.setenv(name, value)
+            yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def alive(pid: int) -> bool:

@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from .conftest import COST_MODEL, FAST, manifest_lines
+from .conftest import COST_MODEL, FAST, manifest_lines, ray_environ
 
 ray = pytest.importorskip("ray")
 
@@ -52,36 +50,29 @@ def test_lost_local_raylet_ends_dcp_epoch_with_a_resume_message(tmp_path: Path) 
     manifest = tmp_path / "m.jsonl"
     manifest.write_text(manifest_lines(NUM_SAMPLES))
     db = tmp_path / "e.sqlite"
-    ray_tmp = tempfile.mkdtemp(prefix="dcpray", dir="/tmp")  # short: Ray's socket paths must fit
-    env = {**os.environ, **RAY_ENV, "RAY_TMPDIR": ray_tmp}
-    saved = {k: os.environ.get(k) for k in (*RAY_ENV, "RAY_TMPDIR")}
-    os.environ.update({**RAY_ENV, "RAY_TMPDIR": ray_tmp})
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    try:
-        driver = subprocess.Popen(_epoch_cmd(manifest, db, "--ray-address", cluster.address, "--ray-steps-per-task",
-                                             "2"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-        deadline = time.monotonic() + 120
-        stored = 0
-        while driver.poll() is None and time.monotonic() < deadline and stored < 4:
-            with contextlib.suppress(sqlite3.Error, TypeError):
-                stored = _stored(db)[2] if db.exists() else 0
-            time.sleep(0.05)
-        assert driver.poll() is None and stored >= 4, (stored, driver.poll())
-        raylets = [p.process.pid for node in cluster.list_all_nodes()
-                   for kind, processes in node.all_processes.items() if kind == "raylet" for p in processes]
-        assert raylets
-        for pid in raylets:  # the driver's local raylet (the only node)
-            os.kill(pid, signal.SIGKILL)
-        _, err = driver.communicate(timeout=120)
-    finally:
-        with contextlib.suppress(Exception):
-            cluster.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+    with ray_environ(RAY_ENV):
+        env = {**os.environ}
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+        try:
+            driver = subprocess.Popen(_epoch_cmd(manifest, db, "--ray-address", cluster.address,
+                                                 "--ray-steps-per-task", "2"),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+            deadline = time.monotonic() + 120
+            stored = 0
+            while driver.poll() is None and time.monotonic() < deadline and stored < 4:
+                with contextlib.suppress(sqlite3.Error, TypeError):
+                    stored = _stored(db)[2] if db.exists() else 0
+                time.sleep(0.05)
+            assert driver.poll() is None and stored >= 4, (stored, driver.poll())
+            raylets = [p.process.pid for node in cluster.list_all_nodes()
+                       for kind, processes in node.all_processes.items() if kind == "raylet" for p in processes]
+            assert raylets
+            for pid in raylets:  # the driver's local raylet (the only node)
+                os.kill(pid, signal.SIGKILL)
+            _, err = driver.communicate(timeout=120)
+        finally:
+            with contextlib.suppress(Exception):
+                cluster.shutdown()
     message = " ".join(err.decode(errors="replace").split())
     assert driver.returncode != 0, message[-2000:]
     assert "run the same command again to resume" in message, message[-2000:]

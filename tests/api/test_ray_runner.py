@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -36,7 +34,7 @@ from dcp_cli.net import free_port
 from planner.epoch import BatchRule
 from planner.workload import read_manifest
 
-from .conftest import AUTH, COST_MODEL, FAST, TOKEN, ReadingClient, child_pids, manifest_lines
+from .conftest import AUTH, COST_MODEL, FAST, TOKEN, ReadingClient, child_pids, manifest_lines, ray_environ
 
 ray = pytest.importorskip("ray")
 
@@ -59,25 +57,16 @@ def cluster() -> Iterator[Any]:
     """A head node and a worker node (one CPU each) on this machine; this process is the driver."""
     from ray.cluster_utils import Cluster
 
-    tmp = tempfile.mkdtemp(prefix="dcpray", dir="/tmp")  # short: Ray's socket paths must fit
-    env = {**RAY_ENV, "RAY_TMPDIR": tmp}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    c.add_node(num_cpus=1)
-    ray.init(address=c.address, log_to_driver=False)
-    c.wait_for_nodes()
-    try:
-        yield c
-    finally:
-        ray.shutdown()
-        c.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        shutil.rmtree(tmp, ignore_errors=True)
+    with ray_environ(RAY_ENV):
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+        c.add_node(num_cpus=1)
+        ray.init(address=c.address, log_to_driver=False)
+        c.wait_for_nodes()
+        try:
+            yield c
+        finally:
+            ray.shutdown()
+            c.shutdown()
 
 
 @pytest.fixture(scope="module")
