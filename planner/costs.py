@@ -209,7 +209,7 @@ class CostTable:
         best: tuple[tuple[float, ...], dict[str, np.ndarray], int] | None = None
         filled = []
         for r in self.ring_options[d]:
-            lower_ring_s = self._fill_size(j, d, r)
+            lower_ring_s = self._fill_size(j, d, r, counts=counts)
             col = {name: getattr(self, name)[:, j].copy() for name in self._COLUMN_ARRAYS}
             col |= {name: getattr(self, name)[j].copy() for name in self._SIZE_ARRAYS}
             filled.append((r, col))
@@ -247,9 +247,10 @@ class CostTable:
         view._columns = {}
         return view
 
-    def _fill_size(self, j: int, d: int, r: int = 1) -> np.ndarray:
+    def _fill_size(self, j: int, d: int, r: int = 1, *, counts: np.ndarray | None = None) -> np.ndarray:
         """Fill column ``j`` for size ``d`` under ring degree ``r``; returns, per class, the part of
-        its time at ``k_min`` that is the ring's non-additive exposure (0 without a ring)."""
+        its time at ``k_min`` that is the ring's non-additive exposure (0 without a ring; the
+        additive part's form chosen for the batch's ``counts`` per class, ``ring_alone_exposed_s``)."""
         cm, c = self.cost_model, self.classes
         layout = None if r == 1 else cm.place(first_rank=0, group_size=d, ring_degree=r)
         self.overhead_s_by_size[j] = cm.microbatch_fixed_s(group_size=d, layout=layout)
@@ -292,8 +293,9 @@ class CostTable:
             # each sample's ring alone (an upper bound of its share in a call), exactly linear in
             # k: L x (forward + backward) plus one forward per recomputed layer
             exp = np.stack(cm.ring_alone_exposed_s(c.tokens, layout=layout), axis=1)
-            # the additive part: merges (forward) and the last hop's bytes (backward), no latency
-            lower = np.stack(cm.ring_alone_exposed_s(c.tokens, layout=layout, additive_only=True), axis=1)
+            # the additive part (a lower bound of each sample's share of any call it is in)
+            lower = np.stack(cm.ring_alone_exposed_s(c.tokens, layout=layout, additive_only=True, weights=counts),
+                             axis=1)
             per_k = exp[:, 0]
             t0 = t0 + layers * exp.sum(axis=1)
             t1 = t1 + layers * exp.sum(axis=1) + per_k

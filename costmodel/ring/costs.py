@@ -146,21 +146,36 @@ class RingCosts:
         cf, cb = self._charged_multipliers(tokens, layout.group_size)
         return np.stack([tokens, pairs * bf, pairs * bb, pairs * cf, pairs * cb], axis=-1)
 
-    def _exposed_from_columns(self, sums: FloatArray, layout: GroupLayout, *, additive_only: bool = False
-                              ) -> tuple[FloatArray, FloatArray]:
+    def _exposed_from_columns(self, sums: FloatArray, layout: GroupLayout, *, additive_only: bool = False,
+                              compute_weight: float = 1.0) -> tuple[FloatArray, FloatArray]:
         fwd, bwd = self.file.compute.forward.per_attn_pair, self.file.compute.backward.per_attn_pair
         steps = StepSeconds(forward=fwd * sums[..., 1], backward=bwd * sums[..., 2],
                             forward_charged=fwd * sums[..., 3], backward_charged=bwd * sums[..., 4])
         _, _, exp_f, exp_b = ring_steps_s(steps, sums[..., 0] / layout.ring_degree, ring_degree=layout.ring_degree,
-                                          additive_only=additive_only, **self._ring_kwargs(layout))  # type: ignore[arg-type]
+                                          additive_only=additive_only, compute_weight=compute_weight,
+                                          **self._ring_kwargs(layout))  # type: ignore[arg-type]
         return np.asarray(exp_f, dtype=np.float64), np.asarray(exp_b, dtype=np.float64)
 
-    def ring_alone_exposed_s(self, tokens: ArrayLike, *, layout: GroupLayout, additive_only: bool = False
-                             ) -> tuple[FloatArray, FloatArray]:
+    def ring_alone_exposed_s(self, tokens: ArrayLike, *, layout: GroupLayout, additive_only: bool = False,
+                             weights: ArrayLike | None = None) -> tuple[FloatArray, FloatArray]:
         """``(forward, backward)`` exposed seconds of one layer's ring for each sample alone in a
-        call (:meth:`ring_layer_time` of ``[s]``, vectorised; ``additive_only`` as there)."""
+        call (:meth:`ring_layer_time` of ``[s]``, vectorised).
+
+        ``additive_only``: each sample's share of any call it is in, from below
+        (:func:`costmodel.ring.timing.ring_steps_s`): of the compute-bound and the hop-bound form,
+        per pass the one with the larger total over the samples weighted by ``weights`` (e.g. how
+        many samples of each length a batch has; default one each). One form holds for every
+        sample, so the shares of any call's samples still sum under its exposed seconds."""
         s = np.asarray(tokens, dtype=np.float64)
-        return self._exposed_from_columns(self._ring_columns(s, layout), layout, additive_only=additive_only)
+        columns = self._ring_columns(s, layout)
+        if not additive_only:
+            return self._exposed_from_columns(columns, layout)
+        w = np.ones_like(s) if weights is None else np.asarray(weights, dtype=np.float64)
+        compute_f, compute_b = self._exposed_from_columns(columns, layout, additive_only=True, compute_weight=1.0)
+        hop_f, hop_b = self._exposed_from_columns(columns, layout, additive_only=True, compute_weight=0.0)
+        forward = compute_f if float(w @ compute_f) >= float(w @ hop_f) else hop_f
+        backward = compute_b if float(w @ compute_b) >= float(w @ hop_b) else hop_b
+        return forward, backward
 
     def ring_exposed_s(self, tokens: Sequence[float], recompute_layers: Sequence[int], *,
                        layout: GroupLayout) -> float:

@@ -118,9 +118,9 @@ def ring_attention_time_s(tokens: Sequence[int] | Sequence[float], *, ulysses_de
         charged_multipliers: Those the per-sample terms already charge the sample's attention at (a
             Ulysses kernel over ``s``); the exposed seconds are what the ring adds to them.
         additive_only: Expose only what is additive over samples and so bounds a sample's share
-            from below: the blocks' lower efficiency and the merges (forward), the bytes of the
-            gradients' hop home without its latency (backward); every hop counted as hidden, no
-            per-step cost. For lower bounds.
+            from below (:func:`ring_steps_s`, compute-bound form): the blocks' lower efficiency,
+            the exposed fraction of each hop's bytes, the merges (forward), the bytes of the
+            gradients' hop home (backward); no latency, no per-step cost. For lower bounds.
 
     Raises:
         ValueError: for a degree below 1 or a non-positive sample.
@@ -167,13 +167,24 @@ def step_s(compute_s: np.ndarray, hop_s: np.ndarray, ring: RingCoefficients) -> 
 
 def ring_steps_s(steps: StepSeconds, block_tokens: np.ndarray, *, ring_degree: int, kv_bytes_per_token: float,
                  query_channels: int, links: P2PLinks, crosses_nodes: bool, hbm_bytes_per_s: float,
-                 ring: RingCoefficients, additive_only: bool = False
+                 ring: RingCoefficients, additive_only: bool = False, compute_weight: float = 1.0
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """:func:`ring_attention_time_s` from each call's step seconds and block tokens (arrays: one
     entry per call, e.g. every sample alone), the one formula of a ring's steps: ``r - 1`` steps
     with a hop (:func:`step_s`; backward hops carry keys, values and their gradients, twice the
     bytes), the last block's step without one, ``r - 1`` merges (forward) and the gradients' hop
-    home (backward)."""
+    home (backward).
+
+    ``additive_only``: a lower bound that is additive over a call's samples. A step is
+    ``max(c, h) + f min(c, h) + o = (1 - f) max(c, h) + f (c + h) + o`` with ``c`` the call's
+    attention (a sum over its samples), ``h = alpha + sum of the samples' block bytes / bandwidth``
+    and ``f`` the exposed fraction. For any ``lam`` in [0, 1], ``max(c, h) >= lam c + (1 - lam) h``,
+    so dropping ``alpha`` and ``o`` (one per call, not per sample) a step is at least
+    ``(lam (1 - f) + f) c + ((1 - lam)(1 - f) + f) bytes / bandwidth``, each term a sum over the
+    samples: every sample's share bounds its part of any call from below, provided one ``lam``
+    (``compute_weight``) is used for all of them (1: compute-bound steps; 0: hop-bound ones).
+    The last block's step has no hop; the merges and the gradients' hop home (bytes only) are
+    additive as they stand."""
     r = ring_degree
     fwd_charged, bwd_charged = r * steps.forward_charged, r * steps.backward_charged
     if r == 1:
@@ -182,9 +193,14 @@ def ring_steps_s(steps: StepSeconds, block_tokens: np.ndarray, *, ring_degree: i
     link = links.link(crosses_nodes=crosses_nodes)
     block_bytes = block_tokens * kv_bytes_per_token
     merges = (r - 1) * block_tokens * query_channels * ring.merge_bytes_per_channel / hbm_bytes_per_s
-    if additive_only:  # every hop hidden, no per-step cost; the last hop's bytes without its latency
-        forward = r * steps.forward + merges
-        backward = r * steps.backward + block_bytes / link.bytes_per_s
+    if additive_only:  # no latency and no per-step cost (per call); see the docstring
+        if not 0.0 <= compute_weight <= 1.0:
+            raise ValueError(f"compute_weight must be in [0, 1], got {compute_weight}")
+        f = ring.exposed_fraction
+        w_compute, w_hop = compute_weight * (1 - f) + f, (1 - compute_weight) * (1 - f) + f
+        hop_bytes_s = block_bytes / link.bytes_per_s
+        forward = (r - 1) * (w_compute * steps.forward + w_hop * hop_bytes_s) + steps.forward + merges
+        backward = (r - 1) * (w_compute * steps.backward + w_hop * 2 * hop_bytes_s) + steps.backward + hop_bytes_s
     else:
         hop, hop2 = link.alpha_s + block_bytes / link.bytes_per_s, link.alpha_s + 2 * block_bytes / link.bytes_per_s
         last = ring.step_overhead_s

@@ -48,7 +48,6 @@ recompute, this is what binds).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,6 +55,7 @@ from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 from scipy.sparse import coo_matrix
 
 from costmodel.evaluate import GroupLayout
+from planner.bounds.bisect import feasible_bracket, threshold
 from planner.costs import CostTable
 
 logger = logging.getLogger(__name__)
@@ -184,7 +184,8 @@ def priced_times_s(table: CostTable, j: int, prices_per_byte: np.ndarray, *,
                             dtype=np.float64)
         fits = bytes_ <= budget_bytes
         if layout is not None:
-            fwd, bwd = cm.ring_alone_exposed_s(tokens[:, 0], layout=layout, additive_only=True)
+            fwd, bwd = cm.ring_alone_exposed_s(tokens[:, 0], layout=layout, additive_only=True,
+                                               weights=[len(m) for m in classes.members])
             time_s = time_s + (layers * (fwd + bwd))[:, None] + policies * fwd[:, None]
             fits &= tokens >= 2 * layout.ring_degree
         at = np.where(fits[None], time_s[None] + prices_per_byte[:, None, None] * bytes_[None], np.inf)
@@ -279,35 +280,11 @@ def lp_feasible(table: CostTable, deadline_s: float, *, integral_groups: bool = 
     return bool(result.status != 2)  # 2: proven infeasible
 
 
-BRACKET_FIRST_STEP = 0.01
-"""The first probe above the known bound is ``lower * (1 + 0.01)``; each further one doubles the
-step (1.02, 1.04, 1.08, ...) until the LP is feasible."""
-
-BRACKET_MAX_FACTOR = 64.0
-"""Probing stops at ``lower * 64``: an LP still infeasible there returns that deadline, which a
-plan's step time then contradicts (``BoundError``) unless the plan is that slow."""
-
-
-def _feasible_bracket(feasible: Callable[[float], bool], lower_s: float) -> tuple[float, float]:
-    """``(lo, hi)`` with ``lo`` proven infeasible (or ``lower_s``) and ``hi`` feasible, found by
-    probing upward from ``lower_s`` alone: the bracket comes from the problem, never from a plan's
-    time (a bracket capped by the plan would turn an LP that is wrongly infeasible everywhere into
-    a bound equal to the plan, a gap of 0 that reveals nothing). ``hi`` is ``inf`` when nothing up
-    to :data:`BRACKET_MAX_FACTOR` times ``lower_s`` is feasible."""
-    lo, step = lower_s, BRACKET_FIRST_STEP
-    while step <= BRACKET_MAX_FACTOR:
-        probe = lower_s * (1 + step)
-        if feasible(probe):
-            return lo, probe
-        lo, step = probe, step * 2
-    return lo, float("inf")
-
-
 def partition_lp_bound(table: CostTable, *, lower_s: float, iterations: int, integral_groups: bool = False,
                        node_limit: int = NODE_LIMIT, micro_batch_buckets: int = MICRO_BATCH_BUCKETS) -> float:
     """The partition LP bound on the compute makespan, at least ``lower_s``.
 
-    First a bracket from the problem alone (:func:`_feasible_bracket`: probes at ``lower_s``
+    First a bracket from the problem alone (:func:`feasible_bracket`: probes at ``lower_s``
     times 1.01, 1.02, 1.04, ... until the plain LP with one micro-batch bucket is feasible), then
     a bisection in it; with ``integral_groups`` or ``micro_batch_buckets > 1``, the same on that
     finer problem from where the coarse LP turned feasible. The finer problem is infeasible
@@ -346,28 +323,16 @@ def partition_lp_bound(table: CostTable, *, lower_s: float, iterations: int, int
     if coarse(probe):
         lo, hi = lower_s, probe
     else:
-        lo, hi = _feasible_bracket(coarse, probe)
+        lo, hi = feasible_bracket(coarse, probe)
         if hi == float("inf"):
             logger.warning("partition LP infeasible up to %.6g s (lower bound %.6g s)", lo, lower_s)
             return lo
-        lo, hi = _threshold(coarse, lo, hi, iterations)
+        lo, hi = threshold(coarse, lo, hi, iterations)
     if (integral_groups or micro_batch_buckets > 1) and not fine(hi):
-        lo, top = _feasible_bracket(fine, hi)
+        lo, top = feasible_bracket(fine, hi)
         if top == float("inf"):
             logger.warning("partition MIP infeasible up to %.6g s (lower bound %.6g s)", lo, lower_s)
             return lo
-        lo, _ = _threshold(fine, lo, top, iterations)
+        lo, _ = threshold(fine, lo, top, iterations)
     logger.debug("partition LP bound %.6f s (from %.6f s)", lo, lower_s)
     return max(lower_s, lo * (1 - 1e-9))  # margin for the solver's feasibility tolerance
-
-
-def _threshold(feasible: Callable[[float], bool], lo: float, hi: float, iterations: int
-               ) -> tuple[float, float]:
-    """Bisection between an infeasible ``lo`` and a feasible ``hi``: the last pair."""
-    for _ in range(iterations):
-        mid = 0.5 * (lo + hi)
-        if feasible(mid):
-            hi = mid
-        else:
-            lo = mid
-    return lo, hi
