@@ -59,11 +59,16 @@ BASELINES = ("ring-cp", "usp", "static-best", "megatron-dyncp", "dcp-greedy", "s
 
 
 
+DEFAULT_BUDGET_S = 0.05
+"""The planner's default preset: ``dcp plan``'s ``--budget-ms 50`` (``PlannerConfig.for_budget``)."""
+
+
 def layout_config(mode: AttentionLayout, base: PlannerConfig | None = None) -> PlannerConfig:
-    """The planner's configuration with its attention layout set to ``mode``; bounds not strict: a
-    lower bound above a valid plan is dropped and recorded (``SearchStats.dropped_bounds``), not
-    fatal, so that one wrong bound does not hide the other steps."""
-    return dataclasses.replace(base or PlannerConfig(strict_bounds=False), layout=mode)
+    """The planner's configuration (default: the preset of ``DEFAULT_BUDGET_S``) with its attention
+    layout set to ``mode``; bounds not strict: a lower bound above a valid plan is dropped and
+    recorded (``SearchStats.dropped_bounds``), not fatal, so that one wrong bound does not hide
+    the other steps."""
+    return dataclasses.replace(base or PlannerConfig.for_budget(DEFAULT_BUDGET_S, strict_bounds=False), layout=mode)
 
 
 def _mode_row(plan: Any, stats: Any, samples: list[Any], cost_model: CostModel, heads: int,
@@ -200,6 +205,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", nargs="*", type=int, default=[16, 64, 256], help="Samples per step.")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--budget-ms", type=float, default=DEFAULT_BUDGET_S * 1000,
+                        help="The planner preset's budget (PlannerConfig.for_budget), as dcp plan's --budget-ms.")
     parser.add_argument("--out", type=Path, default=default_out("plan_quality_layouts"))
     args = parser.parse_args(argv)
 
@@ -207,11 +214,13 @@ def main(argv: list[str] | None = None) -> None:
         **provenance(),
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "cpu_count": os.cpu_count(), "loadavg_at_start": os.getloadavg()},
-        "config": "PlannerConfig(strict_bounds=False) (50 ms budget) with layout per mode",
+        "config": f"PlannerConfig.for_budget({args.budget_ms / 1000:g}, strict_bounds=False) with layout per mode",
         "cluster": args.cluster, "batches": args.batches, "steps": args.steps, "seed": args.seed,
         "workloads": args.workloads, "modes": list(MODES),
     }
-    cells = [run_cell(w, args.cluster, b, args.steps, seed=args.seed) for w in args.workloads for b in args.batches]
+    base = PlannerConfig.for_budget(args.budget_ms / 1000, strict_bounds=False)
+    cells = [run_cell(w, args.cluster, b, args.steps, seed=args.seed, config=base)
+             for w in args.workloads for b in args.batches]
     print_table(cells)
     result["machine"]["loadavg_at_end"] = os.getloadavg()
     result["cells"] = cells

@@ -149,6 +149,8 @@ class SearchStats:
     """Step time of CP-SAT's draft when it returned one."""
     cpsat_improved: bool = False
     """CP-SAT's draft was kept (faster than the heuristic's)."""
+    cover_step_time_s: float | None = None
+    """Step time of the whole-cover plan (``planner.search.cover``) when one was made."""
     lns_rounds: int = 0
     """Neighbourhoods the large-neighbourhood search solved."""
     lns_improved_rounds: int = 0
@@ -325,6 +327,18 @@ def _search(prep: Prepared, samples: Sequence[Sample], *, config: PlannerConfig,
                 method = result.method
             elif result.status == "OPTIMAL":
                 status, method = "OPTIMAL", result.method  # the hint was already optimal
+    if config.cover_search and len(samples) <= config.pattern_bound_max_samples:
+        from planner.search.cover import cover_draft  # imports scipy's MILP solver
+
+        # whole groups of the pattern cover at the least deadline found, packed and polished
+        cover = cover_draft(table, lower_s=prep.bounds.compute_makespan_s, iterations=config.pattern_bound_iterations,
+                            max_moves=config.local_search_max_moves, intra=config.intra_policies)
+        if cover is not None:
+            cover = apply_layouts(cover, table)
+            cover_time = draft_step_time_s(cover, arrays, cm, grad_sync_s=table.grad_sync_s)
+            stats.cover_step_time_s = cover_time
+            if cover_time < best_time * (1 - 1e-9):
+                draft, best_time, status, method = cover, cover_time, "HEURISTIC", "cover"
     stats.search_step_time_s = best_time
     limit_bytes = _limit_bytes(prep)
     baselines: dict[str, float] = {}
@@ -422,6 +436,18 @@ def _finish(found: _Found, prep: Prepared, samples: Sequence[Sample], *, config:
         ) + table.grad_sync_s
         if lp > bound_value:
             bound_value, bound_kind = _valid_best([("partition-lp", lp), (bound_kind, bound_value)], best_time,
+                                                  status=status, tie_witnessed=witnessed, samples=samples,
+                                                  config=config, stats=stats)
+    if (config.pattern_bound_iterations > 0 and status != "OPTIMAL"
+            and len(samples) <= config.pattern_bound_max_samples
+            and best_time > bound_value * (1 + config.pattern_bound_min_gap)):
+        from planner.bounds.patterns import pattern_bound  # imports scipy's LP solver
+
+        # whole samples per group: a configuration LP from the bound so far (never the plan's time)
+        patterns = pattern_bound(table.for_bounds(), lower_s=bound_value - table.grad_sync_s,
+                                 iterations=config.pattern_bound_iterations) + table.grad_sync_s
+        if patterns > bound_value:
+            bound_value, bound_kind = _valid_best([("patterns", patterns), (bound_kind, bound_value)], best_time,
                                                   status=status, tie_witnessed=witnessed, samples=samples,
                                                   config=config, stats=stats)
     if status == PROVEN_STATUS and cpsat_proved and best_time > bound_value:  # CP-SAT's own proof

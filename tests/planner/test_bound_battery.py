@@ -12,7 +12,9 @@ assertions that do not share its code, not only by the planner's own run-time ch
   it): an LP wrongly infeasible everywhere fails this, whatever the bisection does with it;
 * the LP bound recomputed from the table is finite, at least the simple bound it starts from,
   below the plan, the same on a second call (work limits, no clock), and proven: one of the LP's
-  two problems (one micro-batch bucket, then the finer one) is infeasible just below it.
+  two problems (one micro-batch bucket, then the finer one) is infeasible just below it;
+* the pattern bound (batches of at most 32): the plan's own groups are a cover at its compute
+  makespan, and the bound is below the plan, reproducible and proven infeasible just below.
 """
 
 from __future__ import annotations
@@ -72,6 +74,17 @@ def test_every_bound_holds_on_many_batches(workload: str, cluster_name: str, num
     other = plan_batch(samples, cluster=cluster, cost_model=cmf, config=OTHER, reference_sample=spec.max_sample)
     assert bound <= other.predicted_step_time_s * (1 + 1e-9), (other.predicted_step_time_s, where)
     table, sync = prep.table, prep.table.grad_sync_s
+    if num_samples <= CONFIG.pattern_bound_max_samples:  # 4b. the pattern bound (rings too: the bounds' view)
+        from planner.bounds.patterns import cover_feasible, pattern_bound
+
+        view, compute_s = table.for_bounds(), step_s - sync
+        assert cover_feasible(view, compute_s * (1 + 1e-9)) is not False, where
+        simple_s = prep.bounds.compute_makespan_s
+        pattern_s = pattern_bound(view, lower_s=simple_s, iterations=4)
+        assert simple_s <= pattern_s < compute_s * (1 - 1e-9), (pattern_s, where)
+        assert pattern_bound(view, lower_s=simple_s, iterations=4) == pattern_s, where
+        if pattern_s > simple_s * (1 + 1e-6):
+            assert cover_feasible(view, pattern_s * (1 - 1e-6)) is False, (pattern_s, where)
     if table.has_ring:
         return
     # 4. The plan is a solution of the partition LP (and of the whole-group MIP).

@@ -5,7 +5,7 @@ transfer is per micro-batch, not per sample; the bounds read a view of the table
 and size, the least time over every layout and only the ring's additive parts
 (``CostTable.for_bounds``), and the partition LP the least over layouts of its inputs
 (``planner.bounds.lp``). Here every bound the planner computes for a batch (the LP and its MIP
-too), and the bound its plan reports, is compared with the optimum over every plan whose groups run any Ulysses x ring
+too, and the pattern bound), and the bound its plan reports, is compared with the optimum over every plan whose groups run any Ulysses x ring
 layout the heads allow (``tests/planner/bruteforce_rings.py``, which prices micro-batches with the
 cost model alone): no bound may exceed it, and the planner's own plan may not beat it.
 """
@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from costmodel.evaluate import CostModel
 from planner.bounds.lp import partition_lp_bound
+from planner.bounds.patterns import pattern_bound
 from planner.config import PlannerConfig
 from planner.planning import plan_batch, prepare
 from tests.planner.bruteforce_rings import optimum_with_rings_s
@@ -71,6 +72,8 @@ def test_layout_aware_bounds_never_exceed_the_optimum(instance: tuple[int, tuple
         lp = partition_lp_bound(view, lower_s=report.compute_makespan_s, iterations=10, integral_groups=integral,
                                 micro_batch_buckets=buckets) + prep.table.grad_sync_s
         assert lp <= best * (1 + REL), ("partition-lp", integral, lp, best)
+    patterns = pattern_bound(view, lower_s=report.compute_makespan_s, iterations=10) + prep.table.grad_sync_s
+    assert patterns <= best * (1 + REL), ("patterns", patterns, best)
     plan = plan_batch(samples, cluster=cluster, cost_model=cmf, config=config)
     assert plan.lower_bound.value_s <= best * (1 + REL), (plan.lower_bound, best)
     assert best <= plan.predicted_step_time_s * (1 + REL)  # the enumeration misses no plan
