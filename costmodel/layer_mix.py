@@ -134,12 +134,18 @@ def attention_pairs(model: ModelSpec, tokens: ArrayLike) -> NDArray[np.float64]:
     full = s * s
     if not model.num_sliding_layers:
         return full
-    w = float(model.sliding_window or 0)
-    past = np.maximum(s - w, 0.0)
-    windowed = full - past * (past + 1.0)
+    windowed = window_pairs(s, float(model.sliding_window or 0))
     n_slide = model.num_sliding_layers
     return np.asarray(((model.num_layers - n_slide) * full + n_slide * windowed) / model.num_layers,
                       dtype=np.float64)
+
+
+def window_pairs(tokens: ArrayLike, window: float) -> NDArray[np.float64]:
+    """(query, key) pairs of a causal window of ``window`` tokens per sample in the dense model's
+    ``s^2`` units (twice the pairs less ``s``): ``s^2 - m(m + 1)``, ``m = max(0, s - w)`` [B20]."""
+    s = np.asarray(tokens, dtype=np.float64)
+    past = np.maximum(s - float(window), 0.0)
+    return np.asarray(s * s - past * (past + 1.0), dtype=np.float64)
 
 
 def expert_alltoall_bytes_per_token_layer(model: ModelSpec, *, dtype_bytes: int = BF16_BYTES) -> float:

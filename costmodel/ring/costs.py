@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from costmodel.layer_mix import window_pairs
 from costmodel.ring.layout import GroupLayout
 from costmodel.ring.timing import (
     RingLayerTime,
@@ -29,13 +30,19 @@ from costmodel.ring.timing import (
     default_p2p_links,
     kv_bytes_per_token,
     microbatches_exposed_s,
+    reduce_columns,
     ring_attention_time_s,
     ring_steps_s,
 )
+from costmodel.ring.window import remote_steps
 from costmodel.schema import CostModelFile, P2PLinks, RingCoefficients
 from costmodel.specs import ClusterSpec
 
 FloatArray = NDArray[np.float64]
+
+WINDOW_COLUMNS = 10
+"""Columns of a sample under a model with sliding-window layers (:meth:`RingCosts._ring_columns`);
+5 without: tokens and the full layers' four weighted pairs."""
 
 
 class RingCosts:
@@ -113,8 +120,11 @@ class RingCosts:
                     hbm_bytes_per_s=self.cluster.hardware.hbm_bandwidth_bytes_per_s, ring=self.ring_coefficients)
 
     def ring_layer_time(self, tokens: Sequence[float], *, layout: GroupLayout,
-                        links: P2PLinks | None = None, additive_only: bool = False) -> RingLayerTime:
-        """One layer's attention and its all-to-alls on one rank of a ``u x r`` group, per pass.
+                        links: P2PLinks | None = None, additive_only: bool = False,
+                        sliding: bool = False) -> RingLayerTime:
+        """One layer's attention and its all-to-alls on one rank of a ``u x r`` group, per pass
+        (``sliding``: a sliding-window layer of the model, which runs only the steps its window
+        needs).
 
         The ring from :func:`costmodel.ring.timing.ring_attention_time_s` with this file's attention
         coefficients (``compute.forward/backward.per_attn_pair`` and their efficiency), its ring
@@ -124,8 +134,11 @@ class RingCosts:
         (``sum s_i / d`` tokens per rank).
         """
         u, r = layout.ulysses_degree, layout.ring_degree
+        window = self.file.model.sliding_window
+        if sliding and window is None:
+            raise ValueError(f"model {self.file.model.name!r} has no sliding_window: no sliding layer to time")
         forward, backward, exp_f, exp_b = ring_attention_time_s(
-            tokens, ulysses_degree=u, ring_degree=r,
+            tokens, ulysses_degree=u, ring_degree=r, window=window if sliding else None,
             forward_s_per_pair=self.file.compute.forward.per_attn_pair,
             backward_s_per_pair=self.file.compute.backward.per_attn_pair,
             block_multipliers=lambda s: self._block_multipliers(s, layout),
@@ -137,24 +150,53 @@ class RingCosts:
                              exposed_backward_s=exp_b, alltoall_forward_s=a2a)
 
     def _ring_columns(self, tokens: FloatArray, layout: GroupLayout) -> FloatArray:
-        """Per sample: tokens and its pairs per step weighted by the four multipliers (block forward,
-        block backward, charged forward, charged backward): what a call's ring depends on, additive
-        over its samples."""
+        """Per sample what a call's ring depends on: its tokens and, per layer type, its pairs on
+        one rank weighted by the four multipliers (block forward, block backward, charged forward,
+        charged backward), additive over a call's samples (:func:`reduce_columns`); a model with
+        sliding-window layers adds their windowed pairs (:func:`costmodel.layer_mix.window_pairs`)
+        and, last, the remote steps the sample's window needs
+        (:func:`costmodel.ring.window.remote_steps`), which a call reduces by its maximum."""
         u, r = layout.ulysses_degree, layout.ring_degree
-        pairs = tokens * tokens / (u * r * r)
         bf, bb = self._block_multipliers(tokens, layout)
         cf, cb = self._charged_multipliers(tokens, layout.group_size)
-        return np.stack([tokens, pairs * bf, pairs * bb, pairs * cf, pairs * cb], axis=-1)
+        pairs = tokens * tokens / (u * r)
+        columns = [tokens, pairs * bf, pairs * bb, pairs * cf, pairs * cb]
+        model = self.file.model
+        if model.num_sliding_layers and model.sliding_window is not None:
+            slide = window_pairs(tokens, model.sliding_window) / (u * r)
+            remote = remote_steps(tokens, window=model.sliding_window, ring_degree=r).astype(np.float64)
+            columns += [slide * bf, slide * bb, slide * cf, slide * cb, remote]
+        return np.stack(columns, axis=-1)
 
     def _exposed_from_columns(self, sums: FloatArray, layout: GroupLayout, *, additive_only: bool = False,
                               compute_weight: float = 1.0) -> tuple[FloatArray, FloatArray]:
-        fwd, bwd = self.file.compute.forward.per_attn_pair, self.file.compute.backward.per_attn_pair
-        steps = StepSeconds(forward=fwd * sums[..., 1], backward=bwd * sums[..., 2],
-                            forward_charged=fwd * sums[..., 3], backward_charged=bwd * sums[..., 4])
-        _, _, exp_f, exp_b = ring_steps_s(steps, sums[..., 0] / layout.ring_degree, ring_degree=layout.ring_degree,
-                                          additive_only=additive_only, compute_weight=compute_weight,
-                                          **self._ring_kwargs(layout))  # type: ignore[arg-type]
-        return np.asarray(exp_f, dtype=np.float64), np.asarray(exp_b, dtype=np.float64)
+        """Exposed ``(forward, backward)`` of one layer's ring per call from its reduced columns,
+        averaged over the layer mix: full layers run all ``r`` steps, sliding-window ones the
+        local block and the remote steps the call needs, each layer's pairs split over its steps
+        (``additive_only`` and ``compute_weight``: :func:`costmodel.ring.timing.ring_steps_s`)."""
+        r = layout.ring_degree
+        model = self.file.model
+        kwargs = self._ring_kwargs(layout)
+        block_tokens = sums[..., 0] / r
+
+        def exposed(first: int, run: FloatArray | float) -> tuple[FloatArray, FloatArray]:
+            fwd, bwd = self.file.compute.forward.per_attn_pair, self.file.compute.backward.per_attn_pair
+            steps = StepSeconds(forward=fwd * sums[..., first] / run, backward=bwd * sums[..., first + 1] / run,
+                                forward_charged=fwd * sums[..., first + 2] / run,
+                                backward_charged=bwd * sums[..., first + 3] / run)
+            _, _, exp_f, exp_b = ring_steps_s(steps, block_tokens, ring_degree=r, additive_only=additive_only,
+                                              compute_weight=compute_weight, steps_run=np.asarray(run, dtype=np.float64),
+                                              **kwargs)  # type: ignore[arg-type]
+            return np.asarray(exp_f, dtype=np.float64), np.asarray(exp_b, dtype=np.float64)
+
+        full_f, full_b = exposed(1, float(r))
+        sliding = model.num_sliding_layers if sums.shape[-1] == WINDOW_COLUMNS else 0
+        if not sliding:
+            return full_f, full_b
+        slide_f, slide_b = exposed(5, 1.0 + sums[..., 9])
+        full = model.num_layers - sliding
+        return ((full * full_f + sliding * slide_f) / model.num_layers,
+                (full * full_b + sliding * slide_b) / model.num_layers)
 
     def ring_alone_exposed_s(self, tokens: ArrayLike, *, layout: GroupLayout, additive_only: bool = False,
                              weights: ArrayLike | None = None) -> tuple[FloatArray, FloatArray]:
@@ -186,8 +228,9 @@ class RingCosts:
             return 0.0
 
         def exposed(call_tokens: list[float]) -> tuple[float, float]:
-            f, b = self._exposed_from_columns(
-                self._ring_columns(np.asarray(call_tokens, dtype=np.float64), layout).sum(axis=0), layout)
+            columns = self._ring_columns(np.asarray(call_tokens, dtype=np.float64), layout)
+            sums = reduce_columns(columns, max_columns=int(columns.shape[-1] == WINDOW_COLUMNS))
+            f, b = self._exposed_from_columns(sums, layout)
             return float(f), float(b)
 
         return calls_exposed_s(tokens, recompute_layers, num_layers=self.num_layers, exposed=exposed)
@@ -202,5 +245,5 @@ class RingCosts:
             return np.zeros(num_mbs)
         columns = self._ring_columns(np.asarray(tokens, dtype=np.float64), layout)
         return microbatches_exposed_s(columns, np.asarray(recompute_layers), np.asarray(starts),
-                                      num_layers=self.num_layers,
+                                      num_layers=self.num_layers, max_columns=int(columns.shape[-1] == WINDOW_COLUMNS),
                                       exposed=lambda sums: self._exposed_from_columns(sums, layout))

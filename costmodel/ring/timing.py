@@ -19,6 +19,11 @@ The one definition of a ring's cost: :mod:`costmodel.evaluate` prices ``u x r`` 
   bandwidth). Backward sends keys and values and their gradients (twice the bytes) per step and
   the gradients' last hop home.
 
+A sliding-window layer runs only the steps whose blocks some local query's window reaches
+(:mod:`costmodel.ring.window`): the local block and ``n - 1`` remote ones, its windowed pairs split
+evenly over them, ``n - 1`` hops and merges; :mod:`costmodel.ring.costs` averages full and
+windowed layers over the model's layer mix.
+
 A p2p transfer costs ``alpha + bytes / bandwidth`` (:func:`p2p_time_s`) on an intra-node or an
 inter-node link (:class:`costmodel.schema.P2PLinks`). Memory: the ring holds the block in hand
 and the one arriving (forward), keys, values and their gradients of both (backward):
@@ -34,6 +39,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from costmodel.layer_mix import window_pairs
+from costmodel.ring.window import call_remote_steps, check_window
 from costmodel.schema import LinkFit, P2PLinks, RingCoefficients
 from costmodel.specs import HardwareSpec, ModelSpec
 
@@ -97,8 +104,13 @@ def ring_attention_time_s(tokens: Sequence[int] | Sequence[float], *, ulysses_de
                           hbm_bytes_per_s: float, ring: RingCoefficients | None = None,
                           block_multipliers: Multipliers | None = None,
                           charged_multipliers: Multipliers | None = None,
-                          additive_only: bool = False) -> tuple[float, float, float, float]:
+                          additive_only: bool = False, window: int | None = None
+                          ) -> tuple[float, float, float, float]:
     """``(forward, backward, exposed forward, exposed backward)`` seconds of one layer's ring.
+
+    Under a sliding ``window`` the ring runs only the steps whose blocks some query's window
+    reaches (:func:`costmodel.ring.window.call_remote_steps`, zig-zag chunks, on the busiest
+    position) and the rank's windowed pairs (``window_pairs / (u r)``) are split evenly over them.
 
     Args:
         tokens: Tokens of each sample of the micro-batch (or of one layer call's samples).
@@ -121,15 +133,21 @@ def ring_attention_time_s(tokens: Sequence[int] | Sequence[float], *, ulysses_de
             from below (:func:`ring_steps_s`, compute-bound form): the blocks' lower efficiency,
             the exposed fraction of each hop's bytes, the merges (forward), the bytes of the
             gradients' hop home (backward); no latency, no per-step cost. For lower bounds.
+        window: A sliding-window layer's window in tokens (None: full attention, every step).
 
     Raises:
-        ValueError: for a degree below 1 or a non-positive sample.
+        ValueError: for a degree below 1, a non-positive sample or window.
     """
     u, r = ulysses_degree, ring_degree
     s = np.asarray(tokens, dtype=np.float64)
     if u < 1 or r < 1 or (s <= 0).any():
         raise ValueError(f"need u, r >= 1 and positive tokens; got u={u}, r={r}, tokens={list(tokens)}")
-    per_step = s**2 / (u * r * r)
+    check_window(window)
+    if window is None:
+        run, per_step = float(r), s**2 / (u * r * r)
+    else:
+        run = 1.0 + call_remote_steps(s, window=window, ring_degree=r)
+        per_step = window_pairs(s, window) / (u * r * run)
     block_f, block_b = (block_multipliers or _ones)(s)
     charged_f, charged_b = (charged_multipliers or _ones)(s)
     out = ring_steps_s(StepSeconds(
@@ -139,7 +157,7 @@ def ring_attention_time_s(tokens: Sequence[int] | Sequence[float], *, ulysses_de
         backward_charged=np.asarray(backward_s_per_pair * float((per_step * charged_b).sum()))),
         np.asarray(float(s.sum()) / r), ring_degree=r, kv_bytes_per_token=kv_bytes_per_token,
         query_channels=query_channels, links=links, crosses_nodes=crosses_nodes, hbm_bytes_per_s=hbm_bytes_per_s,
-        ring=ring or RingCoefficients(), additive_only=additive_only)
+        ring=ring or RingCoefficients(), additive_only=additive_only, steps_run=np.asarray(run))
     return float(out[0]), float(out[1]), float(out[2]), float(out[3])
 
 
@@ -167,13 +185,15 @@ def step_s(compute_s: np.ndarray, hop_s: np.ndarray, ring: RingCoefficients) -> 
 
 def ring_steps_s(steps: StepSeconds, block_tokens: np.ndarray, *, ring_degree: int, kv_bytes_per_token: float,
                  query_channels: int, links: P2PLinks, crosses_nodes: bool, hbm_bytes_per_s: float,
-                 ring: RingCoefficients, additive_only: bool = False, compute_weight: float = 1.0
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                 ring: RingCoefficients, additive_only: bool = False, compute_weight: float = 1.0,
+                 steps_run: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """:func:`ring_attention_time_s` from each call's step seconds and block tokens (arrays: one
-    entry per call, e.g. every sample alone), the one formula of a ring's steps: ``r - 1`` steps
-    with a hop (:func:`step_s`; backward hops carry keys, values and their gradients, twice the
-    bytes), the last block's step without one, ``r - 1`` merges (forward) and the gradients' hop
-    home (backward).
+    entry per call, e.g. every sample alone), the one formula of a ring's steps: of the ``n``
+    steps that run (``steps_run``, default all ``r``; fewer in a sliding-window layer,
+    :mod:`costmodel.ring.window`), ``n - 1`` steps with a hop (:func:`step_s`; backward hops carry
+    keys, values and their gradients, twice the bytes), the last block's step without one,
+    ``n - 1`` merges (forward) and, when a block travelled, the gradients' hop home (backward).
+    The per-sample terms charge ``n`` times a step's charged seconds.
 
     ``additive_only``: a lower bound that is additive over a call's samples. A step is
     ``max(c, h) + f min(c, h) + o = (1 - f) max(c, h) + f (c + h) + o`` with ``c`` the call's
@@ -184,28 +204,34 @@ def ring_steps_s(steps: StepSeconds, block_tokens: np.ndarray, *, ring_degree: i
     samples: every sample's share bounds its part of any call from below, provided one ``lam``
     (``compute_weight``) is used for all of them (1: compute-bound steps; 0: hop-bound ones).
     The last block's step has no hop; the merges and the gradients' hop home (bytes only) are
-    additive as they stand."""
+    additive as they stand. Under a window a call runs ``n`` steps, at least each of its samples'
+    own ``n_s`` and at most ``r``: its ``n - 1`` hops and merges are charged at the sample's
+    ``n_s``, and its attention ``C`` (over ``n`` steps, ``C ((n - 1) w_c + 1) / n``, which falls
+    as ``n`` grows) at ``n = r``, so the sample's share stays below its part of any call."""
     r = ring_degree
-    fwd_charged, bwd_charged = r * steps.forward_charged, r * steps.backward_charged
+    n = np.asarray(float(r) if steps_run is None else steps_run, dtype=np.float64)
+    fwd_charged, bwd_charged = n * steps.forward_charged, n * steps.backward_charged
     if r == 1:
         zero = np.zeros_like(fwd_charged)
         return fwd_charged, bwd_charged, zero, zero
     link = links.link(crosses_nodes=crosses_nodes)
     block_bytes = block_tokens * kv_bytes_per_token
-    merges = (r - 1) * block_tokens * query_channels * ring.merge_bytes_per_channel / hbm_bytes_per_s
+    travelled = n > 1  # a step brought a remote block: its gradients go home
+    merges = (n - 1) * block_tokens * query_channels * ring.merge_bytes_per_channel / hbm_bytes_per_s
     if additive_only:  # no latency and no per-step cost (per call); see the docstring
         if not 0.0 <= compute_weight <= 1.0:
             raise ValueError(f"compute_weight must be in [0, 1], got {compute_weight}")
         f = ring.exposed_fraction
         w_compute, w_hop = compute_weight * (1 - f) + f, (1 - compute_weight) * (1 - f) + f
+        share = w_compute + (1 - w_compute) / r  # of a call's attention, at its most steps (r)
         hop_bytes_s = block_bytes / link.bytes_per_s
-        forward = (r - 1) * (w_compute * steps.forward + w_hop * hop_bytes_s) + steps.forward + merges
-        backward = (r - 1) * (w_compute * steps.backward + w_hop * 2 * hop_bytes_s) + steps.backward + hop_bytes_s
+        forward = share * n * steps.forward + (n - 1) * w_hop * hop_bytes_s + merges
+        backward = share * n * steps.backward + (n - 1) * w_hop * 2 * hop_bytes_s + travelled * hop_bytes_s
     else:
         hop, hop2 = link.alpha_s + block_bytes / link.bytes_per_s, link.alpha_s + 2 * block_bytes / link.bytes_per_s
         last = ring.step_overhead_s
-        forward = (r - 1) * step_s(steps.forward, hop, ring) + steps.forward + last + merges
-        backward = (r - 1) * step_s(steps.backward, hop2, ring) + steps.backward + last + hop
+        forward = (n - 1) * step_s(steps.forward, hop, ring) + steps.forward + last + merges
+        backward = (n - 1) * step_s(steps.backward, hop2, ring) + steps.backward + last + travelled * hop
     return forward, backward, forward - fwd_charged, backward - bwd_charged
 
 
@@ -254,9 +280,19 @@ def calls_exposed_s(tokens: Sequence[float], recompute_layers: Sequence[int], *,
     return total
 
 
+def reduce_columns(columns: np.ndarray, *, max_columns: int = 0) -> np.ndarray:
+    """One call's columns from its samples' (rows): the sum of each, but the last ``max_columns``
+    (a sliding-window layer's remote steps: the call runs the most any of its samples needs)."""
+    cols = np.asarray(columns, dtype=np.float64)
+    if not max_columns:
+        return np.asarray(cols.sum(axis=0), dtype=np.float64)
+    cut = cols.shape[-1] - max_columns
+    return np.concatenate([cols[:, :cut].sum(axis=0), cols[:, cut:].max(axis=0)])
+
+
 def microbatches_exposed_s(columns: np.ndarray, recompute_layers: np.ndarray, starts: np.ndarray, *,
-                           num_layers: int, exposed: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
-                           ) -> np.ndarray:
+                           num_layers: int, exposed: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
+                           max_columns: int = 0) -> np.ndarray:
     """:func:`calls_exposed_s` of many micro-batches at once, the same sums in the same order.
 
     Args:
@@ -269,6 +305,8 @@ def microbatches_exposed_s(columns: np.ndarray, recompute_layers: np.ndarray, st
         num_layers: ``L``.
         exposed: ``exposed(column sums of each call)`` -> ``(forward, backward)`` seconds of one
             layer's ring for those calls (arrays, one entry per call).
+        max_columns: The last columns a call reduces by their maximum, not their sum
+            (:func:`reduce_columns`).
 
     Returns:
         Seconds each micro-batch's rings add (one entry per micro-batch).
@@ -279,6 +317,9 @@ def microbatches_exposed_s(columns: np.ndarray, recompute_layers: np.ndarray, st
     if len(starts) == 0:
         return np.zeros(0)
     sums = np.add.reduceat(cols, starts, axis=0)
+    if max_columns:
+        cut = cols.shape[-1] - max_columns
+        sums[:, cut:] = np.maximum.reduceat(cols[:, cut:], starts, axis=0)
     k_hi, k_lo = np.maximum.reduceat(k, starts), np.minimum.reduceat(k, starts)
     # One policy per micro-batch (the common case): one call per layer, the first k recomputed.
     f, b = exposed(sums)
@@ -299,7 +340,7 @@ def microbatches_exposed_s(columns: np.ndarray, recompute_layers: np.ndarray, st
                 for part in (seg_c[seg_k > lo], seg_c[seg_k <= lo]):
                     if len(part):
                         ids.append(len(call_sums))
-                        call_sums.append(part.sum(axis=0))
+                        call_sums.append(reduce_columns(part, max_columns=max_columns))
                     else:
                         ids.append(-1)
                 calls.append((m, hi - lo, ids[0], ids[1]))
