@@ -10,7 +10,10 @@ every ring position does the same attention work: an early chunk with few keys b
 paired with its mirror, which has many. The two chunks, in position order, form the ring
 position's *sub-sample*; inside the ``u`` ranks of a ring position the sub-sample is cut into
 ``u`` contiguous pieces as :class:`executor.layout.PackedLayout` cuts a whole sample, and
-Ulysses (:mod:`executor.ulysses`) swaps those pieces for heads, unchanged.
+Ulysses (:mod:`executor.ulysses`) swaps those pieces for heads, unchanged. ``chunking =
+"contiguous"`` cuts ``r`` chunks instead, position ``j`` owning chunk ``j``: unbalanced under a
+full causal mask, but under a sliding window each position then needs only its predecessor's
+block (:func:`block_needed`, :mod:`executor.ring_window`).
 
 :class:`RingLayout` answers the questions the executor and the models ask a ``PackedLayout``
 (pieces per rank, local positions and rows, shards, subsets), so token weights, per-sample
@@ -50,30 +53,45 @@ def check_layout_degrees(*, group_size: int, ulysses_degree: int, ring_degree: i
                          f"does not multiply to the group size {group_size}")
 
 
-def check_ring_chunks(tokens: Sequence[int], *, ring_degree: int, where: str = "") -> None:
-    """Check that every sample can be cut into the ``2 x ring_degree`` zig-zag chunks.
+CHUNKINGS = ("zigzag", "contiguous")
+"""How a ring cuts every sample: ``2r`` zig-zag chunks (the default) or ``r`` contiguous ones."""
+
+
+def check_ring_chunks(tokens: Sequence[int], *, ring_degree: int, where: str = "", chunking: str = "zigzag") -> None:
+    """Check that every sample can be cut into the ring's chunks (``2 x ring_degree`` zig-zag, or
+    ``ring_degree`` contiguous).
 
     Raises:
-        ValueError: naming the sample, its tokens, the ring degree (and ``where``, e.g. the group).
+        ValueError: naming the sample, its tokens, the ring degree (and ``where``, e.g. the group),
+            or an unknown chunking.
     """
+    if chunking not in CHUNKINGS:
+        raise ValueError(f"{where}ring chunking must be one of {CHUNKINGS}, got {chunking!r}")
     if ring_degree <= 1:
         return
+    chunks, how = (2 * ring_degree, "2 x ring_degree") if chunking == "zigzag" else (ring_degree, "ring_degree")
     for s, t in enumerate(tokens):
-        if t < 2 * ring_degree:
-            raise ValueError(f"{where}sample {s} has {t} tokens, fewer than the {2 * ring_degree} chunks "
-                             f"(2 x ring_degree={ring_degree}) a ring of {ring_degree} cuts every sample into")
+        if t < chunks:
+            raise ValueError(f"{where}sample {s} has {t} tokens, fewer than the {chunks} chunks "
+                             f"({how}={ring_degree}) a ring of {ring_degree} cuts every sample into")
 
 
 @functools.lru_cache(maxsize=4096)
-def _sub_positions(tokens: int, ring_degree: int, ring_index: int) -> torch.Tensor:
-    """Positions (ascending) of the two zig-zag chunks ring position ``ring_index`` owns."""
-    sizes = piece_sizes(tokens, 2 * ring_degree)
+def sub_ranges(tokens: int, ring_degree: int, ring_index: int, chunking: str = "zigzag") -> tuple[tuple[int, int], ...]:
+    """``(start, end)`` position ranges (ascending) of the chunks ring position ``ring_index`` owns
+    in a sample of ``tokens``: two zig-zag chunks, or one contiguous chunk."""
+    chunks = 2 * ring_degree if chunking == "zigzag" else ring_degree
     starts = [0]
-    for size in sizes:
+    for size in piece_sizes(tokens, chunks):
         starts.append(starts[-1] + size)
-    first, mirror = ring_index, 2 * ring_degree - 1 - ring_index
-    return torch.cat([torch.arange(starts[first], starts[first + 1]),
-                      torch.arange(starts[mirror], starts[mirror + 1])])
+    owned = (ring_index,) if chunking == "contiguous" else (ring_index, 2 * ring_degree - 1 - ring_index)
+    return tuple((starts[c], starts[c + 1]) for c in owned)
+
+
+@functools.lru_cache(maxsize=4096)
+def _sub_positions(tokens: int, ring_degree: int, ring_index: int, chunking: str = "zigzag") -> torch.Tensor:
+    """Positions (ascending) of the chunks ring position ``ring_index`` owns."""
+    return torch.cat([torch.arange(a, b) for a, b in sub_ranges(tokens, ring_degree, ring_index, chunking)])
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -88,6 +106,8 @@ class RingLayout(PiecewiseTokens):
     """``r``: rank-sets the key/value blocks travel around."""
     index_in_group: int
     """This rank's position in its group, ``0..u*r-1``."""
+    chunking: str = "zigzag"
+    """How every sample is cut (:data:`CHUNKINGS`)."""
     pieces: tuple[tuple[int, ...], ...] = field(init=False)
     """``pieces[s][g]``: tokens of sample ``s`` held by group rank ``g``."""
 
@@ -98,7 +118,7 @@ class RingLayout(PiecewiseTokens):
         check_layout_degrees(group_size=size, ulysses_degree=self.ulysses_degree, ring_degree=self.ring_degree)
         if not 0 <= self.index_in_group < size:
             raise ValueError(f"index_in_group={self.index_in_group} outside group of {size}")
-        check_ring_chunks([s.tokens for s in self.samples], ring_degree=self.ring_degree)
+        check_ring_chunks([s.tokens for s in self.samples], ring_degree=self.ring_degree, chunking=self.chunking)
         u, r = self.ulysses_degree, self.ring_degree
         object.__setattr__(self, "pieces", tuple(
             tuple(p for j in range(r) for p in piece_sizes(self.sub_tokens(s, j), u))
@@ -121,8 +141,13 @@ class RingLayout(PiecewiseTokens):
         return self.index_in_group % self.ulysses_degree
 
     def sub_tokens(self, sample: int, ring_index: int) -> int:
-        """Tokens of sample ``sample`` that ring position ``ring_index`` owns (its two chunks)."""
-        return int(_sub_positions(self.samples[sample].tokens, self.ring_degree, ring_index).numel())
+        """Tokens of sample ``sample`` that ring position ``ring_index`` owns (its chunks)."""
+        return sum(b - a for a, b in self.sub_ranges(sample, ring_index))
+
+    def sub_ranges(self, sample: int, ring_index: int) -> tuple[tuple[int, int], ...]:
+        """``(start, end)`` positions of the chunks of sample ``sample`` ring position
+        ``ring_index`` owns (:func:`sub_ranges`)."""
+        return sub_ranges(self.samples[sample].tokens, self.ring_degree, ring_index, self.chunking)
 
     def sample_offsets(self) -> list[int]:
         """Start of each sample in the packed full sequence, plus the total at the end."""
@@ -152,7 +177,7 @@ class RingLayout(PiecewiseTokens):
 
     # ------------------------------------------------------- local tokens
     def _local_piece(self, sample: int) -> torch.Tensor:
-        positions = _sub_positions(self.samples[sample].tokens, self.ring_degree, self.ring_index)
+        positions = _sub_positions(self.samples[sample].tokens, self.ring_degree, self.ring_index, self.chunking)
         sizes = piece_sizes(int(positions.numel()), self.ulysses_degree)
         start = sum(sizes[: self.ulysses_index])
         return positions[start:start + sizes[self.ulysses_index]]
@@ -170,7 +195,7 @@ class RingLayout(PiecewiseTokens):
         """The layout of some of the samples (same group, same per-sample pieces)."""
         return RingLayout(samples=tuple(self.samples[s] for s in sample_indices),
                           ulysses_degree=self.ulysses_degree, ring_degree=self.ring_degree,
-                          index_in_group=self.index_in_group)
+                          index_in_group=self.index_in_group, chunking=self.chunking)
 
     def shard(self, full: torch.Tensor, sample: int) -> torch.Tensor:
         """This rank's tokens of a full per-sample tensor (first dim = the sample's tokens)."""
@@ -188,6 +213,30 @@ def _ulysses_layout(layout: RingLayout) -> PackedLayout:
 
 @functools.lru_cache(maxsize=1024)
 def _ring_table(layout: RingLayout, ring_index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    positions = [_sub_positions(s.tokens, layout.ring_degree, ring_index) for s in layout.samples]
+    positions = [_sub_positions(s.tokens, layout.ring_degree, ring_index, layout.chunking) for s in layout.samples]
     index = [torch.full((int(p.numel()),), s, dtype=torch.long) for s, p in enumerate(positions)]
     return torch.cat(index), torch.cat(positions)
+
+
+def block_needed(layout: RingLayout, *, query_index: int, key_index: int, causal: bool,
+                 window: int | None = None) -> bool:
+    """Whether some query of ring position ``query_index`` sees some key of ring position
+    ``key_index``'s block: a pair of the same sample with ``0 <= q - k < window`` (causal and
+    windowed), ``q >= k`` (causal) or any pair (neither). Computed on the chunks' position ranges:
+    over the positions ``q in [a, b)``, ``k in [c, e)`` the difference ``q - k`` takes every value
+    in ``[a - e + 1, b - 1 - c]``. Every rank of a ring answers the same for a pair of positions,
+    so a step's send and receive are skipped together.
+
+    Raises:
+        ValueError: for a window below 1, or a window on non-causal attention.
+    """
+    if window is not None and (window < 1 or not causal):
+        raise ValueError(f"a ring's window must be a positive number of tokens on causal attention, got "
+                         f"window={window!r} (causal={causal})")
+    for s in range(layout.num_samples):
+        for a, b in layout.sub_ranges(s, query_index):
+            for c, e in layout.sub_ranges(s, key_index):
+                low, high = a - e + 1, b - 1 - c
+                if not causal or (high >= 0 and (window is None or low <= window - 1)):
+                    return True
+    return False

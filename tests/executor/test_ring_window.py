@@ -1,0 +1,171 @@
+"""A ring over a sliding-window layer runs only the steps whose blocks some query's window reaches,
+and its outputs and gradients equal plain windowed attention (fp64, 4 gloo ranks).
+
+A ring of 4 over a 128-token window on samples of 1,096 and 1,040 tokens: with the zig-zag chunks
+(137 and 130 tokens, at least the window less one) a ring position needs only its neighbours'
+blocks, 2 of its 3 remote steps (the two ends 1); with contiguous chunks only its predecessor's,
+1 of 3 (the first none). The steps are counted from the ring's own events on the real ranks (a
+block's attention, its send and receive, forward and backward), and every send has its receive
+at the same step on the other side. The reference is per-sample softmax attention under the
+window mask, written here on the whole tensors in one process. Also: a packed short sample (its
+window covers every block: all steps run), a Ulysses 2 x ring 2 group, and a window of one token
+(no remote step at all)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from costmodel.ring import remote_steps
+from dcp_cli.net import free_port
+from executor.layout import SampleShape
+from executor.ring_layout import RingGroups, RingLayout
+from tests.executor.helpers import gloo_rank, load_rank_results
+
+WORLD = 4
+WINDOW = 128
+HEADS, HEAD_DIM = 2, 4
+LONG = (SampleShape(tokens=1096), SampleShape(tokens=1040))
+CASES: dict[str, tuple[tuple[SampleShape, ...], int, int, str, int]] = {
+    # name: (samples, u, r, chunking, window)
+    "zigzag": (LONG, 1, 4, "zigzag", WINDOW),
+    "contiguous": (LONG, 1, 4, "contiguous", WINDOW),
+    "short_packed": ((SampleShape(tokens=1096), SampleShape(tokens=40)), 1, 4, "zigzag", WINDOW),
+    "hybrid": (LONG, 2, 2, "zigzag", WINDOW),
+    "window_one": (LONG, 1, 4, "zigzag", 1),
+}
+
+
+def _full_tensors(samples: tuple[SampleShape, ...], seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    total = sum(s.tokens for s in samples)
+    return tuple(torch.randn(total, HEADS, HEAD_DIM, generator=gen, dtype=torch.float64) for _ in range(4))
+
+
+def _reference(samples: tuple[SampleShape, ...], window: int) -> tuple[torch.Tensor, ...]:
+    """Output and gradients of q, k, v (loss: sum(out * g)) of plain per-sample windowed attention."""
+    q, k, v, g = _full_tensors(samples, 0)
+    q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
+    outs, start = [], 0
+    for s in samples:
+        end = start + s.tokens
+        scores = torch.einsum("thd,uhd->htu", q[start:end], k[start:end]) / math.sqrt(HEAD_DIM)
+        pos = torch.arange(s.tokens)
+        seen = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - window)  # (query, key)
+        scores = scores.masked_fill(~seen, float("-inf"))
+        outs.append(torch.einsum("htu,uhd->thd", torch.softmax(scores, dim=-1), v[start:end]))
+        start = end
+    out = torch.cat(outs)
+    (out * g).sum().backward()
+    return out.detach(), q.grad, k.grad, v.grad  # type: ignore[return-value]
+
+
+def _layout(name: str, rank: int) -> RingLayout:
+    samples, u, r, chunking, _ = CASES[name]
+    return RingLayout(samples=samples, ulysses_degree=u, ring_degree=r, index_in_group=rank % (u * r),
+                      chunking=chunking)
+
+
+def _local(full: torch.Tensor, layout: RingLayout) -> torch.Tensor:
+    offsets = layout.sample_offsets()
+    return torch.cat([layout.shard(full[offsets[s]:offsets[s + 1]], s) for s in range(layout.num_samples)])
+
+
+def _worker(rank: int, port: int, out_dir: str) -> None:
+    from executor.ring import record_ring_events, ring_head_to_seq, ring_packed_attention, ring_seq_to_head
+
+    with gloo_rank(rank, WORLD, port, out_dir) as results:
+        whole = dist.new_group([0, 1, 2, 3])
+        pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        strided = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+        for name, (samples, u, r, _, window) in CASES.items():
+            group = (RingGroups(ulysses=None, ring=whole) if (u, r) == (1, 4)
+                     else RingGroups(ulysses=pairs[rank // 2], ring=strided[rank % 2]))
+            layout = _layout(name, rank)
+            q, k, v, g = (_local(t, layout) for t in _full_tensors(samples, 0))
+            q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
+            with record_ring_events() as events:
+                qh, kh, vh = (ring_seq_to_head(t, layout, group) for t in (q, k, v))
+                o = ring_packed_attention(qh, kh, vh, layout=layout, group=group.ring, kind="causal_1d",
+                                          window=window)
+                out = ring_head_to_seq(o, layout, group)
+                (out * g).sum().backward()
+            results[name] = (out.detach(), q.grad, k.grad, v.grad)
+            results[f"{name}_events"] = list(events)
+
+
+@pytest.fixture(scope="module")
+def window_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object]]:
+    out = Path(tmp_path_factory.mktemp("ring_window"))
+    mp.spawn(_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    return load_rank_results(out, WORLD)
+
+
+def _steps(events: object, pass_: str, what: str) -> list[int]:
+    assert isinstance(events, list)
+    return sorted(step for p, step, w in events if p == pass_ and w == what)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", list(CASES))
+def test_windowed_ring_equals_plain_windowed_attention(window_results: list[dict[str, object]], name: str) -> None:
+    samples, _, _, _, window = CASES[name]
+    want = _reference(samples, window)
+    # a real key gradient (a one-token window has none: each softmax is over one key)
+    assert float(want[2 if window > 1 else 3].abs().max()) > 1e-3
+    for rank, res in enumerate(window_results):
+        layout = _layout(name, rank)
+        got = res[name]
+        assert isinstance(got, tuple)
+        for what, g, w in zip(("out", "dq", "dk", "dv"), got, want, strict=True):
+            diff = float((g - _local(w, layout)).abs().max())
+            assert diff <= 1e-10, f"rank {rank}, {name}: {what} differs by {diff:.2e}"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("name", "remote_by_rank"), [
+    ("zigzag", [[3], [1, 3], [1, 3], [1]]),  # position j needs j - 1 (step 1) and j + 1 (step 3), in the ring
+    ("contiguous", [[], [1], [1], [1]]),  # position j needs j - 1 only
+    ("short_packed", [[1, 2, 3]] * 4),  # the 40-token sample's window spans every block
+    ("window_one", [[]] * 4),  # a token sees only itself: no remote block
+])
+def test_a_ring_of_four_runs_only_the_steps_the_window_reaches(window_results: list[dict[str, object]],
+                                                               name: str, remote_by_rank: list[list[int]]) -> None:
+    samples, _, r, chunking, window = CASES[name]
+    sent: dict[tuple[str, int, int], int] = {}
+    for rank, res in enumerate(window_results):
+        events = res[f"{name}_events"]
+        for pass_ in ("forward", "backward"):
+            attended = [s for s in _steps(events, pass_, "attend") if s > 0]
+            assert attended == remote_by_rank[rank], (rank, pass_)
+            assert _steps(events, pass_, "recv kv") == attended, (rank, pass_)  # a block received is attended
+            for step in _steps(events, pass_, "send kv"):
+                sent[(pass_, step, (rank + step) % r)] = sent.get((pass_, step, (rank + step) % r), 0) + 1
+        assert _steps(events, "backward", "send dkv") == remote_by_rank[rank]  # its gradients go home
+    # every block sent at step k is the one position j + k receives at step k, and only that
+    received = {(pass_, step, rank): 1 for rank, res in enumerate(window_results) for pass_ in ("forward", "backward")
+                for step in _steps(res[f"{name}_events"], pass_, "recv kv")}
+    assert sent == received
+    # the count the cost model charges: the busiest position's remote steps
+    most = max(len(steps) for steps in remote_by_rank)
+    assert int(remote_steps([s.tokens for s in samples], window=window, ring_degree=r, chunking=chunking).max()) == most
+    if name in ("zigzag", "contiguous"):
+        assert most == {"zigzag": 2, "contiguous": 1}[name]
+
+
+def test_window_needs_causal_attention_and_a_positive_size() -> None:
+    from executor.ring import ring_attention
+
+    layout = _layout("zigzag", 0)
+    q = torch.zeros(layout.ring_tokens(0), HEADS, HEAD_DIM)
+    with pytest.raises(ValueError, match="window=0 must be a positive integer"):
+        ring_attention(q, q, q, layout=layout, group=None, causal=True, window=0)
+    with pytest.raises(ValueError, match="causal=False"):
+        ring_attention(q, q, q, layout=layout, group=None, causal=False, window=WINDOW)
+    with pytest.raises(ValueError, match="chunking must be one of"):
+        RingLayout(samples=LONG, ulysses_degree=1, ring_degree=4, index_in_group=0, chunking="striped")
