@@ -50,10 +50,12 @@ from executor.ring_blocks import (
     Pending,
     RingEvent,
     acc_dtype,
+    apply_sinks,
     block_grads,
     block_mask,
     merge,
     note,
+    output_grads,
     post_p2p,
     record_ring_events,
 )
@@ -85,7 +87,7 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: RingLayout,
                 group: dist.ProcessGroup | None, causal: bool, scale: float,
-                overlap_backward: bool) -> torch.Tensor:
+                overlap_backward: bool) -> tuple[torch.Tensor, torch.Tensor]:
         size, rank = layout.ring_degree, layout.ring_index
         q_table = layout.ring_table(rank)
         qh = q.transpose(0, 1)  # (H, Tq, Dh)
@@ -110,12 +112,13 @@ class _RingAttention(torch.autograd.Function):
                 kv = hop[0]
         o = out.transpose(0, 1).contiguous()
         ctx.save_for_backward(q, k, v, o, lse)
+        ctx.set_materialize_grads(False)
         ctx.layout, ctx.group, ctx.causal, ctx.scale = layout, group, causal, scale
         ctx.overlap_backward = overlap_backward
-        return o
+        return o, lse
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         q, k, v, o, lse = ctx.saved_tensors
         layout: RingLayout = ctx.layout
         group, scale, overlap = ctx.group, ctx.scale, ctx.overlap_backward
@@ -123,8 +126,8 @@ class _RingAttention(torch.autograd.Function):
         to, frm = (rank + 1) % size, (rank - 1) % size
         acc = acc_dtype(q.dtype)
         q_table = layout.ring_table(rank)
-        qh, doh = q.transpose(0, 1).to(acc), grads[0].transpose(0, 1).to(acc)  # (H, Tq, Dh)
-        delta = (doh * o.transpose(0, 1).to(acc)).sum(-1, keepdim=True)  # (H, Tq, 1): rowsum(dO * O)
+        qh = q.transpose(0, 1).to(acc)  # (H, Tq, Dh)
+        doh, delta = output_grads(grads, o, acc)  # delta (H, Tq, 1): rowsum(dO * O) - dlse
         safe_lse = torch.where(torch.isfinite(lse), lse, 0.0).to(acc)[..., None]
         dq = torch.zeros_like(qh)
         kv = torch.stack([k, v])
@@ -177,7 +180,8 @@ class _RingAttention(torch.autograd.Function):
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: RingLayout,
                    group: dist.ProcessGroup | None, causal: bool, scale: float | None = None,
-                   overlap_backward: bool = True, window: int | None = None) -> torch.Tensor:
+                   overlap_backward: bool = True, window: int | None = None,
+                   sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of this ring position's queries to every key of their samples, keys and values
     passed around the ring.
 
@@ -197,6 +201,9 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout:
             ``window`` positions before it and itself (transformers' ``sliding_window``). The ring
             then runs only the steps whose blocks some local query's window reaches, sending each
             such block straight from its owner (:mod:`executor.ring_window`); None: every step.
+        sinks: Attention sinks, one logit per head of ``q`` ``(heads,)`` (gpt-oss; after the Ulysses
+            swap this rank's heads' share), joined to every query's softmax
+            (:func:`executor.ring_blocks.apply_sinks`); they depend on no key, so change no step.
 
     Returns:
         ``(layout.ring_tokens(j), heads, head_dim)``.
@@ -212,14 +219,17 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout:
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1 or not causal):
         raise ValueError(f"ring attention: window={window!r} must be a positive integer (tokens) on causal "
                          f"attention (causal={causal})")
+    if sinks is not None and tuple(sinks.shape) != (q.shape[1],):
+        raise ValueError(f"ring attention: sinks {tuple(sinks.shape)} for {q.shape[1]} heads: one logit per head")
     if size > 1 and group is None:
         raise ValueError(f"a ring of {size} ranks needs a process group")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if window is not None:
-        return windowed_ring_attention(q, k, v, layout=layout, group=group, causal=causal, scale=scale,
-                                       window=window)
-    out: torch.Tensor = _RingAttention.apply(q, k, v, layout, group, causal, scale, overlap_backward)
-    return out
+        out, lse = windowed_ring_attention(q, k, v, layout=layout, group=group, causal=causal, scale=scale,
+                                           window=window)
+    else:
+        out, lse = _RingAttention.apply(q, k, v, layout, group, causal, scale, overlap_backward)
+    return apply_sinks(out, lse, sinks)
 
 
 def ring_seq_to_head(x: torch.Tensor, layout: RingLayout, groups: RingGroups) -> torch.Tensor:
@@ -234,11 +244,13 @@ def ring_head_to_seq(y: torch.Tensor, layout: RingLayout, groups: RingGroups) ->
 
 def ring_packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: RingLayout,
                           group: dist.ProcessGroup | None, kind: AttentionKind,
-                          scale: float | None = None, window: int | None = None) -> torch.Tensor:
+                          scale: float | None = None, window: int | None = None,
+                          sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The ring's part of a layer's attention, on the head-sharded side (after the Ulysses swap
     over ``layout.ulysses_layout()``, e.g. :func:`ring_seq_to_head`), for the whole-sample kinds of
     :data:`RING_KINDS`; ``group`` is the ring's process group (``SPContext.ring_group``);
-    ``window``: a sliding-window layer's window (``causal_1d`` only, :func:`ring_attention`).
+    ``window``: a sliding-window layer's window (``causal_1d`` only) and ``sinks`` its heads' sink
+    logits, as :func:`ring_attention` takes them.
 
     Raises:
         ValueError: for a 2D kind (spatial or temporal attention is not cut by a ring), or a
@@ -247,4 +259,5 @@ def ring_packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     if kind not in RING_KINDS:
         raise ValueError(f"attention kind {kind!r} cannot run on a ring (ring_degree={layout.ring_degree}); "
                          f"ring kinds: {sorted(RING_KINDS)}")
-    return ring_attention(q, k, v, layout=layout, group=group, causal=RING_KINDS[kind], scale=scale, window=window)
+    return ring_attention(q, k, v, layout=layout, group=group, causal=RING_KINDS[kind], scale=scale, window=window,
+                          sinks=sinks)

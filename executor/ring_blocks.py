@@ -124,3 +124,30 @@ def block_grads(qh: torch.Tensor, doh: torch.Tensor, delta: torch.Tensor, safe_l
     dkv = torch.stack([((d_scores.transpose(1, 2) @ qh) * scale).transpose(0, 1),
                        (probs.transpose(1, 2) @ doh).transpose(0, 1)])
     return dkv, d_scores, kb
+
+
+def output_grads(grads: tuple[torch.Tensor | None, ...], o: torch.Tensor, acc: torch.dtype
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dO (H, Tq, Dh), delta (H, Tq, 1))`` in the accumulation dtype from a ring's output
+    gradients ``(dO, dlse)`` (either may be None: not used downstream). ``delta = rowsum(dO * O) -
+    dlse``: a gradient on the log-sum-exp adds ``P * dlse`` to every score's (``d lse / d s = P``),
+    which is what the sinks' correction (:func:`apply_sinks`) sends back."""
+    grad_o, grad_lse = grads
+    oh = o.transpose(0, 1).to(acc)
+    doh = torch.zeros_like(oh) if grad_o is None else grad_o.transpose(0, 1).to(acc)
+    delta = (doh * oh).sum(-1, keepdim=True)
+    if grad_lse is not None:
+        delta = delta - grad_lse.to(acc)[..., None]
+    return doh, delta
+
+
+def apply_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Attention sinks on a ring's output ``(Tq, H, Dh)`` and log-sum-exp ``(H, Tq)``: a learned
+    logit per head (gpt-oss, ``sinks (H,)``) joins every query's softmax and carries no value, so
+    ``o' = o e^lse / (e^lse + e^sink) = o sigmoid(lse - sink)``; autograd takes the sinks'
+    gradients and sends the log-sum-exp's back into the ring (:func:`output_grads`). A sink adds
+    no key or value: no ring step depends on it."""
+    if sinks is None:
+        return out
+    weight = torch.sigmoid(lse.to(sinks.dtype) - sinks[:, None]).transpose(0, 1)  # (Tq, H)
+    return out * weight.to(out.dtype)[..., None]

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executor.ring_blocks import Pending, acc_dtype, block_grads, block_mask, merge, note, post_p2p
+from executor.ring_blocks import Pending, acc_dtype, block_grads, block_mask, merge, note, output_grads, post_p2p
 from executor.ring_layout import RingLayout, block_needed
 
 
@@ -89,7 +89,8 @@ class _WindowedRing(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: RingLayout,
-                group: dist.ProcessGroup | None, causal: bool, scale: float, window: int | None) -> torch.Tensor:
+                group: dist.ProcessGroup | None, causal: bool, scale: float, window: int | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         size, rank = layout.ring_degree, layout.ring_index
         receive, send = needed_steps(layout, causal=causal, window=window)
         q_table = layout.ring_table(rank)
@@ -108,20 +109,21 @@ class _WindowedRing(torch.autograd.Function):
             note("forward", step, "attended")
         o = out.transpose(0, 1).contiguous()
         ctx.save_for_backward(q, k, v, o, lse)
+        ctx.set_materialize_grads(False)
         ctx.layout, ctx.group, ctx.causal, ctx.scale, ctx.window = layout, group, causal, scale, window
         ctx.steps = (receive, send)
-        return o
+        return o, lse
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         q, k, v, o, lse = ctx.saved_tensors
         layout: RingLayout = ctx.layout
         size, rank = layout.ring_degree, layout.ring_index
         receive, send = ctx.steps
         acc = acc_dtype(q.dtype)
         q_table = layout.ring_table(rank)
-        qh, doh = q.transpose(0, 1).to(acc), grads[0].transpose(0, 1).to(acc)  # (H, Tq, Dh)
-        delta = (doh * o.transpose(0, 1).to(acc)).sum(-1, keepdim=True)  # (H, Tq, 1): rowsum(dO * O)
+        qh = q.transpose(0, 1).to(acc)  # (H, Tq, Dh)
+        doh, delta = output_grads(grads, o, acc)  # delta (H, Tq, 1): rowsum(dO * O) - dlse
         safe_lse = torch.where(torch.isfinite(lse), lse, 0.0).to(acc)[..., None]
         dq = torch.zeros_like(qh)
         dkv = torch.zeros((2, *k.shape), dtype=acc, device=q.device)  # this position's own block
@@ -158,8 +160,8 @@ class _WindowedRing(torch.autograd.Function):
 
 def windowed_ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: RingLayout,
                             group: dist.ProcessGroup | None, causal: bool, scale: float,
-                            window: int | None) -> torch.Tensor:
+                            window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The ring of :func:`executor.ring.ring_attention` that runs only the needed steps (arguments
-    checked there)."""
-    out: torch.Tensor = _WindowedRing.apply(q, k, v, layout, group, causal, scale, window)
-    return out
+    checked there): its output and log-sum-exp ``(H, Tq)``."""
+    out, lse = _WindowedRing.apply(q, k, v, layout, group, causal, scale, window)
+    return out, lse

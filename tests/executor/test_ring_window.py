@@ -8,8 +8,9 @@ blocks, 2 of its 3 remote steps (the two ends 1); with contiguous chunks only it
 block's attention, its send and receive, forward and backward), and every send has its receive
 at the same step on the other side. The reference is per-sample softmax attention under the
 window mask, written here on the whole tensors in one process. Also: a packed short sample (its
-window covers every block: all steps run), a Ulysses 2 x ring 2 group, and a window of one token
-(no remote step at all)."""
+window covers every block: all steps run), a Ulysses 2 x ring 2 group, a window of one token
+(no remote step at all), and gpt-oss' attention sinks (a logit per head in every softmax, no key
+or value) on a windowed and on a full ring, their gradients summed over the ranks."""
 
 from __future__ import annotations
 
@@ -31,14 +32,20 @@ WORLD = 4
 WINDOW = 128
 HEADS, HEAD_DIM = 2, 4
 LONG = (SampleShape(tokens=1096), SampleShape(tokens=1040))
-CASES: dict[str, tuple[tuple[SampleShape, ...], int, int, str, int]] = {
-    # name: (samples, u, r, chunking, window)
-    "zigzag": (LONG, 1, 4, "zigzag", WINDOW),
-    "contiguous": (LONG, 1, 4, "contiguous", WINDOW),
-    "short_packed": ((SampleShape(tokens=1096), SampleShape(tokens=40)), 1, 4, "zigzag", WINDOW),
-    "hybrid": (LONG, 2, 2, "zigzag", WINDOW),
-    "window_one": (LONG, 1, 4, "zigzag", 1),
+CASES: dict[str, tuple[tuple[SampleShape, ...], int, int, str, int | None, bool]] = {
+    # name: (samples, u, r, chunking, window, sinks)
+    "zigzag": (LONG, 1, 4, "zigzag", WINDOW, False),
+    "contiguous": (LONG, 1, 4, "contiguous", WINDOW, False),
+    "short_packed": ((SampleShape(tokens=1096), SampleShape(tokens=40)), 1, 4, "zigzag", WINDOW, False),
+    "hybrid": (LONG, 2, 2, "zigzag", WINDOW, False),
+    "window_one": (LONG, 1, 4, "zigzag", 1, False),
+    "zigzag_sinks": (LONG, 1, 4, "zigzag", WINDOW, True),  # gpt-oss' sliding layers
+    "full_sinks": ((SampleShape(tokens=96), SampleShape(tokens=40)), 1, 4, "zigzag", None, True),  # its full ones
 }
+
+
+def _sinks() -> torch.Tensor:
+    return torch.tensor([0.7, -1.3], dtype=torch.float64)
 
 
 def _full_tensors(samples: tuple[SampleShape, ...], seed: int) -> tuple[torch.Tensor, ...]:
@@ -47,26 +54,34 @@ def _full_tensors(samples: tuple[SampleShape, ...], seed: int) -> tuple[torch.Te
     return tuple(torch.randn(total, HEADS, HEAD_DIM, generator=gen, dtype=torch.float64) for _ in range(4))
 
 
-def _reference(samples: tuple[SampleShape, ...], window: int) -> tuple[torch.Tensor, ...]:
-    """Output and gradients of q, k, v (loss: sum(out * g)) of plain per-sample windowed attention."""
+def _reference(samples: tuple[SampleShape, ...], window: int | None, sinks: bool) -> tuple[torch.Tensor, ...]:
+    """Output and gradients of q, k, v and the sinks (loss: sum(out * g)) of plain per-sample
+    windowed attention; sinks as transformers' gpt-oss joins them (a logit per head concatenated
+    to the scores, dropped after the softmax)."""
     q, k, v, g = _full_tensors(samples, 0)
     q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
+    sink = _sinks().requires_grad_(True)
     outs, start = [], 0
     for s in samples:
         end = start + s.tokens
         scores = torch.einsum("thd,uhd->htu", q[start:end], k[start:end]) / math.sqrt(HEAD_DIM)
         pos = torch.arange(s.tokens)
-        seen = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - window)  # (query, key)
+        seen = pos[None, :] <= pos[:, None]  # (query, key)
+        if window is not None:
+            seen &= pos[None, :] > pos[:, None] - window
         scores = scores.masked_fill(~seen, float("-inf"))
-        outs.append(torch.einsum("htu,uhd->thd", torch.softmax(scores, dim=-1), v[start:end]))
+        if sinks:
+            scores = torch.cat([scores, sink[:, None, None].expand(-1, s.tokens, 1)], dim=-1)
+        probs = torch.softmax(scores, dim=-1)[..., :s.tokens]
+        outs.append(torch.einsum("htu,uhd->thd", probs, v[start:end]))
         start = end
     out = torch.cat(outs)
     (out * g).sum().backward()
-    return out.detach(), q.grad, k.grad, v.grad  # type: ignore[return-value]
+    return out.detach(), q.grad, k.grad, v.grad, sink.grad  # type: ignore[return-value]
 
 
 def _layout(name: str, rank: int) -> RingLayout:
-    samples, u, r, chunking, _ = CASES[name]
+    samples, u, r, chunking, _, _ = CASES[name]
     return RingLayout(samples=samples, ulysses_degree=u, ring_degree=r, index_in_group=rank % (u * r),
                       chunking=chunking)
 
@@ -83,19 +98,21 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         whole = dist.new_group([0, 1, 2, 3])
         pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
         strided = [dist.new_group([0, 2]), dist.new_group([1, 3])]
-        for name, (samples, u, r, _, window) in CASES.items():
+        for name, (samples, u, r, _, window, sinks) in CASES.items():
             group = (RingGroups(ulysses=None, ring=whole) if (u, r) == (1, 4)
                      else RingGroups(ulysses=pairs[rank // 2], ring=strided[rank % 2]))
             layout = _layout(name, rank)
             q, k, v, g = (_local(t, layout) for t in _full_tensors(samples, 0))
             q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
+            sink = _sinks().requires_grad_(True) if sinks else None  # u = 1: every head on every rank
             with record_ring_events() as events:
                 qh, kh, vh = (ring_seq_to_head(t, layout, group) for t in (q, k, v))
                 o = ring_packed_attention(qh, kh, vh, layout=layout, group=group.ring, kind="causal_1d",
-                                          window=window)
+                                          window=window, sinks=sink)
                 out = ring_head_to_seq(o, layout, group)
                 (out * g).sum().backward()
             results[name] = (out.detach(), q.grad, k.grad, v.grad)
+            results[f"{name}_sinks"] = None if sink is None else sink.grad
             results[f"{name}_events"] = list(events)
 
 
@@ -114,17 +131,23 @@ def _steps(events: object, pass_: str, what: str) -> list[int]:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", list(CASES))
 def test_windowed_ring_equals_plain_windowed_attention(window_results: list[dict[str, object]], name: str) -> None:
-    samples, _, _, _, window = CASES[name]
-    want = _reference(samples, window)
+    samples, _, _, _, window, sinks = CASES[name]
+    want = _reference(samples, window, sinks)
     # a real key gradient (a one-token window has none: each softmax is over one key)
-    assert float(want[2 if window > 1 else 3].abs().max()) > 1e-3
+    assert float(want[3 if window == 1 else 2].abs().max()) > 1e-3
     for rank, res in enumerate(window_results):
         layout = _layout(name, rank)
         got = res[name]
         assert isinstance(got, tuple)
-        for what, g, w in zip(("out", "dq", "dk", "dv"), got, want, strict=True):
+        for what, g, w in zip(("out", "dq", "dk", "dv"), got, want[:4], strict=True):
             diff = float((g - _local(w, layout)).abs().max())
             assert diff <= 1e-10, f"rank {rank}, {name}: {what} differs by {diff:.2e}"
+    if sinks:  # each rank's sinks gradient is its queries' share: the ranks' sum is the whole
+        parts = [res[f"{name}_sinks"] for res in window_results]
+        assert all(isinstance(p, torch.Tensor) for p in parts)
+        total = torch.stack(parts).sum(0)  # type: ignore[arg-type]
+        assert float(want[4].abs().max()) > 1e-3
+        assert float((total - want[4]).abs().max()) <= 1e-10
 
 
 @pytest.mark.timeout(300)
@@ -133,10 +156,12 @@ def test_windowed_ring_equals_plain_windowed_attention(window_results: list[dict
     ("contiguous", [[], [1], [1], [1]]),  # position j needs j - 1 only
     ("short_packed", [[1, 2, 3]] * 4),  # the 40-token sample's window spans every block
     ("window_one", [[]] * 4),  # a token sees only itself: no remote block
+    ("zigzag_sinks", [[3], [1, 3], [1, 3], [1]]),  # sinks depend on no block: the same steps
 ])
 def test_a_ring_of_four_runs_only_the_steps_the_window_reaches(window_results: list[dict[str, object]],
                                                                name: str, remote_by_rank: list[list[int]]) -> None:
-    samples, _, r, chunking, window = CASES[name]
+    samples, _, r, chunking, window, _ = CASES[name]
+    assert window is not None
     sent: dict[tuple[str, int, int], int] = {}
     for rank, res in enumerate(window_results):
         events = res[f"{name}_events"]
