@@ -184,8 +184,9 @@ class RingCosts:
             steps = StepSeconds(forward=fwd * sums[..., first] / run, backward=bwd * sums[..., first + 1] / run,
                                 forward_charged=fwd * sums[..., first + 2] / run,
                                 backward_charged=bwd * sums[..., first + 3] / run)
+            run_steps = np.asarray(run, dtype=np.float64)
             _, _, exp_f, exp_b = ring_steps_s(steps, block_tokens, ring_degree=r, additive_only=additive_only,
-                                              compute_weight=compute_weight, steps_run=np.asarray(run, dtype=np.float64),
+                                              compute_weight=compute_weight, steps_run=run_steps,
                                               **kwargs)  # type: ignore[arg-type]
             return np.asarray(exp_f, dtype=np.float64), np.asarray(exp_b, dtype=np.float64)
 

@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 
 from costmodel.evaluate import CostModel
-from costmodel.ring import RingCoefficients, call_remote_steps, needed_positions, remote_steps, ring_attention_time_s
+from costmodel.ring import (
+    P2PLinks,
+    RingCoefficients,
+    call_remote_steps,
+    needed_positions,
+    remote_steps,
+    ring_attention_time_s,
+)
 from costmodel.ring.window import chunk_reach
 from costmodel.specs import ModelSpec
 from tests.costmodel.test_ring import IDEAL, LINKS, RING
@@ -161,3 +168,30 @@ def test_sliding_needs_a_window() -> None:
     with pytest.raises(ValueError, match="no sliding_window"):
         _cost_model().ring_layer_time([4096.0], layout=_cost_model().place(first_rank=0, group_size=4,
                                                                            ring_degree=4), sliding=True)
+
+
+def test_additive_shares_stay_under_a_windowed_call() -> None:
+    """The bounds' per-sample shares (``additive_only``, compute- or hop-bound form) sum under the
+    ring of any call of those samples, though a call runs as many steps as its neediest sample."""
+    base = _cost_model(gpus=8, gpn=4)
+    # no latency and no per-step cost, which the shares leave out and which would hide a loose share
+    links = P2PLinks(intra=LINKS.intra.model_copy(update={"alpha_s": 0.0}),
+                     inter=LINKS.inter.model_copy(update={"alpha_s": 0.0}))  # type: ignore[union-attr]
+    comm = base.file.comm.model_copy(update={"p2p": links, "ring": RingCoefficients(step_overhead_s=0.0)})
+    base = CostModel(file=base.file.model_copy(update={"comm": comm}), cluster=base.cluster)
+    cm = _windowed(base, ("sliding_attention", "full_attention", "sliding_attention"), 3000)
+    rng = np.random.default_rng(3)
+    for layout in (cm.place(first_rank=0, group_size=4, ring_degree=4), cm.place(first_rank=2, group_size=8,
+                                                                                 ring_degree=4)):
+        for _ in range(30):
+            tokens = rng.integers(16, 30_000, int(rng.integers(1, 6))).astype(np.float64)
+            if rng.random() < 0.5:
+                tokens[0] = float(rng.integers(16, 3000))  # a sample the window covers: every step runs
+            call = cm.ring_exposed_s(tokens.tolist(), [0] * len(tokens), layout=layout)
+            for weights in (None, tokens):
+                low_f, low_b = cm.ring_alone_exposed_s(tokens, layout=layout, additive_only=True, weights=weights)
+                assert cm.num_layers * float((low_f + low_b).sum()) <= call * (1 + 1e-12)
+            columns = cm._ring_columns(tokens, layout)  # every form, the hop-bound ones too
+            for lam in (0.0, 0.5, 1.0):
+                low_f, low_b = cm._exposed_from_columns(columns, layout, additive_only=True, compute_weight=lam)
+                assert cm.num_layers * float((low_f + low_b).sum()) <= call * (1 + 1e-12), lam
