@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch.multiprocessing as mp
 
 from dcp_cli.net import free_port
 from tests.executor import scenarios
 from tests.executor.helpers import load_rank_results
+from tests.executor.service import Service, running_service
 
 
 @pytest.fixture(scope="session")
@@ -17,3 +20,10 @@ def world4_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, o
     mp.spawn(scenarios.worker, args=(free_port(), str(out)), nprocs=scenarios.WORLD, join=True)
     loaded = load_rank_results(out, scenarios.WORLD)
     return loaded
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """A real ``dcp serve`` for the module's tests (a store of its own), stopped after them."""
+    with running_service(tmp_path_factory.mktemp("service")) as svc:
+        yield svc

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -16,6 +18,7 @@ from costmodel.analytic import analytic_cost_model
 from costmodel.presets import load_cluster
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec, ModelSpec, Sample
+from dcp_cli.net import free_port
 from tests.executor.helpers import CONFIG
 
 OPTIONS: dict[str, object] = {"time_limit_s": 5.0, "use_cpsat": False, "layout": "ulysses"}
@@ -63,6 +66,17 @@ class Service:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
+
+
+@contextlib.contextmanager
+def running_service(tmp: Path) -> Iterator[Service]:
+    """A :class:`Service` on a free port with its store and log in ``tmp``, running for the block."""
+    svc = Service(port=free_port(), db_path=tmp / "plans.sqlite", log_path=tmp / "serve.log")
+    svc.start()
+    try:
+        yield svc
+    finally:
+        svc.stop()
 
 
 def tiny_setup() -> tuple[ClusterSpec, CostModelFile]:

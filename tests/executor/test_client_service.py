@@ -8,7 +8,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from dcp_cli.net import free_port
 from executor.client import (
     PlannerClient,
     PlanPrefetcher,
@@ -18,7 +17,7 @@ from executor.client import (
 )
 from planner.epoch import BatchRule, make_steps, plan_samples, step_seed
 from planner.plan import Plan
-from tests.executor.service import OPTIONS, Service, start_epoch, tiny_manifest, tiny_setup
+from tests.executor.service import OPTIONS, Service, running_service, start_epoch, tiny_manifest, tiny_setup
 
 EPOCH = "client-test"
 NUM_SAMPLES, PER_STEP, SEED = 24, 6, 3
@@ -26,14 +25,11 @@ NUM_SAMPLES, PER_STEP, SEED = 24, 6, 3
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    tmp = tmp_path_factory.mktemp("service")
-    svc = Service(port=free_port(), db_path=tmp / "plans.sqlite", log_path=tmp / "serve.log")
-    svc.start()
-    cluster, cost_model = tiny_setup()
-    start_epoch(svc.url, epoch_id=EPOCH, samples=tiny_manifest(NUM_SAMPLES), samples_per_step=PER_STEP,
-                seed=SEED, cluster=cluster, cost_model=cost_model)
-    yield svc
-    svc.stop()
+    with running_service(tmp_path_factory.mktemp("service")) as svc:
+        cluster, cost_model = tiny_setup()
+        start_epoch(svc.url, epoch_id=EPOCH, samples=tiny_manifest(NUM_SAMPLES), samples_per_step=PER_STEP,
+                    seed=SEED, cluster=cluster, cost_model=cost_model)
+        yield svc
 
 
 def _local_plan(step: int) -> Plan:

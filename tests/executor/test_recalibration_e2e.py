@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -40,15 +39,6 @@ pytestmark = pytest.mark.alone
 EPOCH = "recal-e2e"
 STEPS_A, STEPS_B = 5, 6
 SAMPLES_PER_STEP = 8
-
-
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    tmp = tmp_path_factory.mktemp("recal")
-    svc = Service(port=free_port(), db_path=tmp / "plans.sqlite", log_path=tmp / "serve.log")
-    svc.start()
-    yield svc
-    svc.stop()
 
 
 def wrong_setup(world: int, kind: str = "1d") -> tuple[ClusterSpec, list[Sample], dict[str, object]]:

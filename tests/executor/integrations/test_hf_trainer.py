@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +31,6 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 EPOCH = "hf-trainer-equivalence"
 TOLERANCE = 1e-8
-
-
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    tmp = tmp_path_factory.mktemp("hf_trainer_serve")
-    svc = Service(port=free_port(), db_path=tmp / "plans.sqlite", log_path=tmp / "serve.log")
-    svc.start()
-    yield svc
-    svc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import re
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -68,15 +67,6 @@ def test_the_trl_block_runs_as_written(tmp_path: Path) -> None:
     losses = [float(x) for x in re.findall(r"^step \d+: loss ([0-9.]+)", result.stdout, re.MULTILINE)]
     assert len(losses) == 2 and losses[1] < losses[0], result.stdout  # it trains
     assert "done: 2 steps on 4 ranks (local plans)" in result.stdout
-
-
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    tmp = tmp_path_factory.mktemp("hf_trainer_example_serve")
-    svc = Service(port=free_port(), db_path=tmp / "plans.sqlite", log_path=tmp / "serve.log")
-    svc.start()
-    yield svc
-    svc.stop()
 
 
 @pytest.mark.slow
