@@ -81,13 +81,22 @@ def needed_positions(position: int, *, reach: int, ring_degree: int, chunking: s
                      for b in range(max(0, a - reach), a + 1))
 
 
-@functools.lru_cache(maxsize=256)
-def _busiest_remote(ring_degree: int, chunking: str) -> tuple[int, ...]:
-    """Remote steps of the busiest position at each reach ``G = 0 .. chunks - 1``."""
-    chunks = 2 * ring_degree if chunking == "zigzag" else ring_degree
-    return tuple(max(len(needed_positions(i, reach=g, ring_degree=ring_degree, chunking=chunking)) - 1
-                     for i in range(ring_degree))
-                 for g in range(chunks))
+@functools.lru_cache(maxsize=4096)
+def _busiest_remote(ring_degree: int, chunking: str, reach: int) -> int:
+    """Remote steps of the busiest position at chunk reach ``reach`` (:func:`needed_positions` for
+    every position at once: ``O(r^2)`` booleans)."""
+    r = ring_degree
+    pos = np.arange(r)[:, None]
+    if chunking == "contiguous":
+        chunk = np.arange(r)[None, :]
+        owners = (chunk <= pos) & (chunk >= pos - reach)
+    else:
+        chunk = np.arange(2 * r)[None, :]
+        mirror = 2 * r - 1 - pos
+        needed = ((chunk <= pos) & (chunk >= pos - reach)) | ((chunk <= mirror) & (chunk >= mirror - reach))
+        owners = needed[:, :r] | needed[:, r:][:, ::-1]  # chunk r + m belongs to position r - 1 - m
+    owners[np.arange(r), np.arange(r)] = False
+    return int(owners.sum(axis=1).max())
 
 
 def remote_steps(tokens: ArrayLike, *, window: int, ring_degree: int, chunking: str = "zigzag") -> NDArray[np.int64]:
@@ -103,7 +112,9 @@ def remote_steps(tokens: ArrayLike, *, window: int, ring_degree: int, chunking: 
         raise ValueError(f"ring_degree must be >= 1, got {ring_degree}")
     chunks = 2 * ring_degree if chunking == "zigzag" else ring_degree
     reach = chunk_reach(tokens, window=window, chunks=chunks)
-    return np.asarray(_busiest_remote(ring_degree, chunking), dtype=np.int64)[reach]
+    values, where = np.unique(reach, return_inverse=True)
+    steps = np.array([_busiest_remote(ring_degree, chunking, int(g)) for g in values], dtype=np.int64)
+    return steps[where].reshape(reach.shape)
 
 
 def call_remote_steps(tokens: ArrayLike, *, window: int, ring_degree: int, chunking: str = "zigzag") -> int:
