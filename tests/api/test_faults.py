@@ -29,17 +29,29 @@ import sqlite3, sys, time
 conn = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)
 conn.execute("BEGIN EXCLUSIVE")
 print("locked", flush=True)
-time.sleep(float(sys.argv[2]))
+if sys.argv[2] == "released":
+    sys.stdin.readline()
+else:
+    time.sleep(float(sys.argv[2]))
 conn.execute("COMMIT")
 """
 
 
-def hold_lock(db: Path, seconds: float) -> subprocess.Popen[str]:
-    """Another process holding the store's write lock for ``seconds``."""
-    proc = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(db), str(seconds)],
-                            stdout=subprocess.PIPE, text=True)
+def hold_lock(db: Path, seconds: float | None) -> subprocess.Popen[str]:
+    """Another process holding the store's write lock for ``seconds``, or (None) until a line is
+    written to its stdin (``release_lock``)."""
+    proc = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(db), "released" if seconds is None else str(seconds)],
+                            stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
     return proc
+
+
+def release_lock(holder: subprocess.Popen[str]) -> None:
+    """Let a holder started with ``hold_lock(db, None)`` commit, and wait for it."""
+    assert holder.stdin is not None
+    holder.stdin.write("release\n")
+    holder.stdin.flush()
+    holder.wait(timeout=60)
 
 
 def healthz_latencies_s(url: str, *, count: int, pause_s: float = 0.01) -> list[float]:

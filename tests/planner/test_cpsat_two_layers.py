@@ -38,10 +38,12 @@ def test_latte_step_plans_without_a_bound_error() -> None:
     file = analytic_cost_model(SPEC, cluster.hardware)
     samples = [Sample(id=i, frames=f, height=h, width=w) for i, f, h, w in SHAPES]
     plan = plan_batch(samples, cluster=cluster, cost_model=file,
-                      config=PlannerConfig(time_limit_s=0.5, seed=1384580204), step=2)
+                      config=PlannerConfig(time_limit_s=0.5, seed=1384580204, exact_time_limit_s=600.0), step=2)
     assert plan.lower_bound.value_s <= plan.predicted_step_time_s * (1 + 1e-9)
     assert validate_plan(plan, samples, cost_model=CostModel(file=file, cluster=cluster)) == []
-    assert plan.solver.status == "OPTIMAL"  # the exact model proves it, with a bound that holds
+    # the exact model proves it, with a bound that holds (its wall-clock cap set far out: on a busy
+    # 2-core machine the default 5 s can end the proof early)
+    assert plan.solver.status == "OPTIMAL"
 
 
 def test_exact_model_accepts_one_recomputed_layer_of_two() -> None:
