@@ -18,9 +18,10 @@ from numpy.typing import ArrayLike, NDArray
 
 from costmodel.expert_costs import expert_model_state
 from costmodel.grad_sync import ModelStateBytes, model_state
+from costmodel.part import CostModelPart
 from costmodel.ring.layout import GroupLayout
 from costmodel.schema import CostModelFile
-from costmodel.specs import ClusterSpec, Sample
+from costmodel.specs import Sample
 
 FloatArray = NDArray[np.float64]
 
@@ -32,18 +33,12 @@ def reserved_fraction(safety_fraction: float, margin: float) -> float:
     return max(safety_fraction, margin / (1.0 + margin))
 
 
-class MemoryCosts:
+class MemoryCosts(CostModelPart):
     """Memory of a cost model bound to a cluster (a mixin of ``CostModel``)."""
 
     __slots__ = ()
 
     if TYPE_CHECKING:  # provided by CostModel
-        file: CostModelFile
-        cluster: ClusterSpec
-
-        @property
-        def num_layers(self) -> int: ...
-
         def kv_replicas(self, group_size: int) -> int: ...
 
         def kv_bytes_per_token(self, ulysses_degree: int) -> float: ...

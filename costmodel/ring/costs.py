@@ -22,6 +22,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from costmodel.layer_mix import window_pairs
+from costmodel.part import CostModelPart
 from costmodel.ring.layout import GroupLayout
 from costmodel.ring.timing import (
     RingLayerTime,
@@ -35,8 +36,7 @@ from costmodel.ring.timing import (
     ring_steps_s,
 )
 from costmodel.ring.window import remote_steps
-from costmodel.schema import CostModelFile, P2PLinks, RingCoefficients
-from costmodel.specs import ClusterSpec
+from costmodel.schema import P2PLinks, RingCoefficients
 
 FloatArray = NDArray[np.float64]
 
@@ -45,18 +45,12 @@ WINDOW_COLUMNS = 10
 5 without: tokens and the full layers' four weighted pairs."""
 
 
-class RingCosts:
+class RingCosts(CostModelPart):
     """Ring attention costs of a cost model bound to a cluster (a mixin of ``CostModel``)."""
 
     __slots__ = ()
 
     if TYPE_CHECKING:  # provided by CostModel
-        file: CostModelFile
-        cluster: ClusterSpec
-
-        @property
-        def num_layers(self) -> int: ...
-
         def _alltoall_per_pass(self, group_size: int, num_nodes: int | None) -> tuple[float, float]: ...
 
     @property
