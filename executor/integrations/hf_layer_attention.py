@@ -23,25 +23,16 @@ their window reaches, so a windowed layer's masks grow with ``T x window``, not 
 layer without sinks keeps :func:`executor.attention.packed_attention` (``is_causal``, the fused
 kernels).
 
-In a Ulysses x ring group a windowed or sink layer does not go round the ring (the ring, ``executor/
-ring.py``, merges blocks by log-sum-exp under a causal mask and has no sink term):
-:func:`gathered_ring_attention` gathers the keys and values of the ring's ``r`` positions (one
-differentiable all-gather over the ring's process group) and
-attends each local query to its sample's keys by position. That is exact, and holds the sample's
-whole keys and values for this rank's heads during the layer (``r`` times the ring's block). Full
-layers without sinks keep the ring.
+In a Ulysses x ring group the ring runs both (``executor/ring.py``, ``window=`` and ``sinks=``);
+:func:`local_sinks` picks the sinks of a rank's heads for either.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F  # noqa: N812
 
 from executor.layout import SampleShape
-from executor.ring_layout import RingLayout
 
 
 def check_window(window: int | None, *, where: str) -> int | None:
@@ -134,72 +125,3 @@ def packed_layer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     if start != q.shape[0]:
         raise ValueError(f"packed attention: {q.shape[0]} tokens but the samples hold {start}")
     return torch.cat(outs, dim=0)
-
-
-class _AllGather(torch.autograd.Function):
-    """All-gather of equal-shaped tensors over a group; backward: the sum over the group of each
-    gathered piece's gradient, this rank's piece kept (an all-reduce: gloo has no reduce-scatter,
-    and ``torch.distributed.nn.functional.all_gather``'s gloo backward fails on a subgroup)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.group = group
-        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, x.contiguous(), group=group)
-        return torch.stack(parts)
-
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, None]:
-        total = grads[0].contiguous().clone()
-        dist.all_reduce(total, group=ctx.group)
-        return total[dist.get_rank(ctx.group)], None
-
-
-def _all_gather_rows(x: torch.Tensor, *, rows: list[int], group: dist.ProcessGroup | None) -> list[torch.Tensor]:
-    """Every ring position's ``x`` (``rows[j]`` rows each), differentiable; one collective."""
-    if len(rows) == 1:
-        return [x]
-    if group is None:
-        raise ValueError(f"a ring of {len(rows)} needs a process group")
-    longest = max(rows)
-    padded = torch.cat([x, x.new_zeros((longest - x.shape[0], *x.shape[1:]))]) if x.shape[0] < longest else x
-    gathered = _AllGather.apply(padded, group)
-    return [gathered[o, :n] for o, n in enumerate(rows)]
-
-
-def gathered_ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: RingLayout,
-                            group: dist.ProcessGroup | None, window: int | None, sinks: torch.Tensor | None,
-                            scale: float) -> torch.Tensor:
-    """A windowed or sink layer's attention in a Ulysses x ring group, on the head-sharded side: this
-    ring position's packed sub-samples attend to their samples' keys gathered from every position.
-
-    Args:
-        q: ``(layout.ring_tokens(j), H/u, Dh)`` for this ring position ``j``.
-        k: ``(layout.ring_tokens(j), H_kv/u or 1, Dh)``.
-        v: Like ``k``.
-        layout: The micro-batch's ring layout.
-        group: The ring's process group (``r`` ranks; ``None`` for a ring of one).
-        window: The layer's window (``None``: causal over the whole sample).
-        sinks: This rank's heads' sinks, or ``None``.
-        scale: Factor of ``q k^T``.
-
-    Returns:
-        ``(layout.ring_tokens(j), H/u, Dh)``.
-    """
-    r, j = layout.ring_degree, layout.ring_index
-    rows = [layout.ring_tokens(o) for o in range(r)]
-    if q.shape[0] != rows[j]:
-        raise ValueError(f"ring attention: q {tuple(q.shape)} for {rows[j]} tokens of ring position {j}")
-    kv = torch.cat(_all_gather_rows(torch.stack([k, v], dim=1), rows=rows, group=group))  # (sum rows, 2, h, Dh)
-    tables = [layout.ring_table(o) for o in range(r)]
-    k_sample, k_pos = torch.cat([t[0] for t in tables]), torch.cat([t[1] for t in tables])
-    q_sample, q_pos = tables[j]
-    out = torch.empty_like(q)
-    for s in range(layout.num_samples):
-        qi = torch.nonzero(q_sample == s).flatten().to(q.device)
-        ki = torch.nonzero(k_sample == s).flatten().to(q.device)
-        sample_kv = kv.index_select(0, ki)
-        o = sample_attention(q.index_select(0, qi), sample_kv[:, 0], sample_kv[:, 1], q_pos=q_pos[qi.cpu()],
-                             k_pos=k_pos[ki.cpu()], window=window, sinks=sinks, scale=scale)
-        out = out.index_copy(0, qi, o)
-    return out

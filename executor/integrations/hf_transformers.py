@@ -12,8 +12,9 @@ The model's code is not changed. Three things plug in through the library's own 
   attention goes round the ring (:func:`executor.ring.ring_packed_attention`, key/value heads
   repeated to the query heads), as the executor's own models do (``executor/models.py``). A layer
   with a ``sliding_window`` or sinks (gpt-oss, Gemma 3's local layers, Mistral with a window) gets
-  its own mask (:mod:`executor.integrations.hf_layer_attention`; in a ring group such a layer
-  gathers the ring's keys instead of going round it). MoE layers are the model's own code.
+  its own mask (:mod:`executor.integrations.hf_layer_attention`; in a ring group the ring's
+  ``window=`` and ``sinks=``: a windowed layer runs only the ring steps its window reaches). MoE
+  layers are the model's own code.
 - Inputs: :func:`model_inputs` turns a :class:`~executor.runtime.MicroBatchWork` into the
   model's keyword arguments: the local token ids as a batch of one, ``position_ids`` = each
   token's position inside its sample (so RoPE is the unsharded one; in a ring group the tokens
@@ -61,7 +62,6 @@ from executor.chunked_loss import check_chunk_tokens, head_chunked_losses
 from executor.context import SPContext
 from executor.integrations.hf_layer_attention import (
     check_window,
-    gathered_ring_attention,
     local_sinks,
     packed_layer_attention,
 )
@@ -275,13 +275,11 @@ def ulysses_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     scale = float(scaling) if scaling is not None else head_dim ** -0.5
     sinks = local_sinks(kwargs.get("s_aux"), group_size=ctx.layout.group_size,
                         index_in_group=ctx.layout.index_in_group)
-    if ctx.ring is not None and (window is not None or sinks is not None):  # keys gathered over the ring
-        o = gathered_ring_attention(q, k, v, layout=ctx.ring, group=ctx.ring_group, window=window, sinks=sinks,
-                                    scale=scale)
-    elif ctx.ring is not None:  # Ulysses x ring: the ring between the all-to-alls (executor.ring)
+    if ctx.ring is not None:  # Ulysses x ring: the ring between the all-to-alls (executor.ring)
         if k.shape[1] != q.shape[1]:  # the ring takes a key/value head per query head
             k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
-        o = ring_packed_attention(q, k, v, layout=ctx.ring, group=ctx.ring_group, kind="causal_1d", scale=scale)
+        o = ring_packed_attention(q, k, v, layout=ctx.ring, group=ctx.ring_group, kind="causal_1d", scale=scale,
+                                  window=window, sinks=sinks)
     elif window is not None or sinks is not None:
         o = packed_layer_attention(q, k, v, samples=ctx.layout.samples, window=window, sinks=sinks, scale=scale)
     else:

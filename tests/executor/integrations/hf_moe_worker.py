@@ -7,8 +7,8 @@ For each model of ``hf_moe_models.NAMES`` (fp64, the DCP attention, ``hf.prepare
    ranks, the groups of 4 past the 2 key/value heads, packed micro-batches, mixed per-sample
    checkpoint policies, an idle rank, token and sample normalisation);
 2. ``ring``: the ring scenarios of ``test_ring_step.py`` (1 x 2 beside a Ulysses pair, 2 x 2, 1 x 4),
-   the ring's forward steps counted (``executor.ring.record_ring_events``): full layers without
-   sinks go round the ring, windowed and sink layers gather their keys instead;
+   the ring's forward steps counted (``executor.ring.record_ring_events``): every layer goes round
+   the ring (windowed layers on the window-aware ring, gpt-oss's sinks on the ring's output);
    gpt-oss and Gemma 3 also with the loss in chunks on the 4-rank plan;
 3. ``fsdp2`` (Qwen3-MoE and gpt-oss): plans 0 and 1 of (1) under FSDP2 (``fully_shard`` per decoder
    layer, then the root: the experts' weights sharded over the 4 ranks like every other weight).
