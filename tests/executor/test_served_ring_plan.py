@@ -34,7 +34,7 @@ from executor.runtime import Executor
 from planner.layouts import num_process_groups
 from tests.executor.helpers import CONFIG, gloo_rank, init_gloo, load_rank_results, reference_backward
 from tests.executor.scenarios import run_step
-from tests.executor.service import OPTIONS, Service, start_epoch
+from tests.executor.service import OPTIONS, Service, running_service, start_epoch
 
 WORLD = 4
 EPOCH = "served-rings"
@@ -87,16 +87,11 @@ def _worker(rank: int, url: str, port: int, num_steps: int, out_dir: str) -> Non
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, dict[str, object]]]:
-    tmp = tmp_path_factory.mktemp("served-rings")
-    svc = Service(port=free_port(), db_path=tmp / "plans.sqlite", log_path=tmp / "serve.log")
-    svc.start()
-    try:
+    with running_service(tmp_path_factory.mktemp("served-rings")) as svc:
         cluster, cost_model = _setup()
         status = start_epoch(svc.url, epoch_id=EPOCH, samples=_manifest(), samples_per_step=PER_STEP, seed=SEED,
                              cluster=cluster, cost_model=cost_model, options={**OPTIONS, "layout": "auto"})
         yield svc, status
-    finally:
-        svc.stop()
 
 
 @pytest.mark.timeout(400)

@@ -36,7 +36,7 @@ from costmodel.specs import ClusterSpec, ModelSpec, Sample
 from dcp_cli.net import free_port
 from executor.client import PlannerClient
 from tests.executor.helpers import CONFIG, load_rank_results
-from tests.executor.service import OPTIONS, Service, start_epoch
+from tests.executor.service import OPTIONS, Service, running_service, start_epoch
 
 pytest.importorskip("transformers")
 pytest.importorskip("diffusers")
@@ -66,17 +66,12 @@ def _cluster_and_cost_model(tokens_per_rank: int = 16) -> tuple[ClusterSpec, Cos
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, dict[str, object]]]:
-    tmp = tmp_path_factory.mktemp("hf-rings-serve")
-    svc = Service(port=free_port(), db_path=tmp / "plans.sqlite", log_path=tmp / "serve.log")
-    svc.start()
-    try:
+    with running_service(tmp_path_factory.mktemp("hf-rings-serve")) as svc:
         cluster, cost_model = _cluster_and_cost_model()
         samples = [Sample(id=f"t{i}", tokens=4 + (i * 37) % 48) for i in range(12)]
         status = start_epoch(svc.url, epoch_id=EPOCH, samples=samples, samples_per_step=4, seed=1,
                              cluster=cluster, cost_model=cost_model, options={**OPTIONS, "layout": "ring"})
         yield svc, status
-    finally:
-        svc.stop()
 
 
 @pytest.fixture(scope="module")
