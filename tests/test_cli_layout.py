@@ -6,11 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,22 +15,11 @@ import pytest
 from typer.testing import CliRunner
 
 from dcp_cli.main import app
-from dcp_cli.net import free_port, wait_ready
+from tests.cli_run import run_dcp, serving_config
 
 ROOT = Path(__file__).resolve().parents[1]
-DCP = str(Path(sys.executable).parent / "dcp")
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DCP_")}
-    env.update({"COLUMNS": "200", **extra})
-    return env
-
-
-def _dcp(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([DCP, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=200)
 
 
 def _plan_json(*extra: str) -> dict[str, Any]:
@@ -80,55 +65,47 @@ def test_dcp_epoch_layout_flag_and_config_key(tmp_path: Path) -> None:
     manifest = tmp_path / "train.jsonl"
     manifest.write_text("".join(ROOT.joinpath("examples/manifests/train.jsonl").read_text().splitlines(True)[:64]))
     common = ("--cluster", "h200x8", "--samples-per-step", "32", "--max-steps", "1", "--workers", "1", "-q")
-    result = _dcp("epoch", "train.jsonl", *common, "--layout", "ring", "--out", "flag.sqlite", cwd=tmp_path)
+    result = run_dcp("epoch", "train.jsonl", *common, "--layout", "ring", "--out", "flag.sqlite", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     spec = _spec(tmp_path / "flag.sqlite")
     assert spec["options"]["layout"] == "ring"
     # llama-7b (32 heads) on 8 ranks: every size a pure ring
     assert spec["layouts"] == [[d, 1, d] for d in (1, 2, 4, 8)]
     (tmp_path / "dcp.toml").write_text('[epoch]\nlayout = "auto"\nout = "cfg.sqlite"\n')
-    result = _dcp("epoch", "train.jsonl", *common, "--config", "dcp.toml", cwd=tmp_path)
+    result = run_dcp("epoch", "train.jsonl", *common, "--config", "dcp.toml", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     spec = _spec(tmp_path / "cfg.sqlite")
     assert spec["options"]["layout"] == "auto"
     assert spec["layouts"] == [[1, 1, 1], [2, 1, 2], [2, 2, 1], [4, 1, 4], [4, 4, 1], [8, 1, 8], [8, 8, 1]]
-    result = _dcp("epoch", "train.jsonl", *common, "--out", "plain.sqlite", cwd=tmp_path)
+    result = run_dcp("epoch", "train.jsonl", *common, "--out", "plain.sqlite", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     # the default, auto, stored explicitly (a job stored without a layout plans as ulysses)
     plain = _spec(tmp_path / "plain.sqlite")
     assert plain["options"]["layout"] == "auto" and plain["layouts"] == spec["layouts"]
     (tmp_path / "bad.toml").write_text('[epoch]\nlayout = "spiral"\nout = "bad.sqlite"\n')
-    result = _dcp("epoch", "train.jsonl", *common, "--config", "bad.toml", cwd=tmp_path)
+    result = run_dcp("epoch", "train.jsonl", *common, "--config", "bad.toml", cwd=tmp_path)
     assert result.returncode == 2 and "--layout 'spiral' is not one of" in result.stderr, result.stderr
     assert not (tmp_path / "bad.sqlite").exists()
 
 
 def test_service_plan_layout_from_the_config_file(tmp_path: Path) -> None:
     (tmp_path / "dcp.toml").write_text('[service]\nplan_layout = "auto"\nnum_workers = 1\n')
-    shown = _dcp("config", "show", "--config", "dcp.toml", cwd=tmp_path)
+    shown = run_dcp("config", "show", "--config", "dcp.toml", cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
     assert any(line.split()[:3] == ["plan_layout", "auto", "dcp.toml"] for line in shown.stdout.splitlines()), \
         shown.stdout
     (tmp_path / "bad.toml").write_text('[service]\nplan_layout = "spiral"\n')
-    bad = _dcp("config", "show", "--config", "bad.toml", cwd=tmp_path)
+    bad = run_dcp("config", "show", "--config", "bad.toml", cwd=tmp_path)
     assert bad.returncode == 2 and "plan_layout" in bad.stderr, bad.stderr
-    port = free_port()
-    with (tmp_path / "serve.log").open("wb") as log:
-        server = subprocess.Popen([DCP, "serve", "--config", "dcp.toml", "--port", str(port)], cwd=tmp_path,
-                                  env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_ready(server, f"http://127.0.0.1:{port}", log=tmp_path / "serve.log")
+    with serving_config(tmp_path) as (url, _):
         # 4M tokens fit no Ulysses group of Llama-3.1-8B (2M do, with the loss in chunks): the
         # request names no layout and the service's default (auto) plans it on a ring
         samples = [{"id": "huge", "tokens": 4 * 1024 * 1024}, {"id": "a", "tokens": 8192}]
         body = {"samples": samples, "cluster": "h200x64", "model": "llama-3.1-8b",
                 "options": {"time_limit_s": 5.0, "use_cpsat": False}}
-        response = httpx.post(f"http://127.0.0.1:{port}/v1/plans", json=body, timeout=120)
+        response = httpx.post(f"{url}/v1/plans", json=body, timeout=120)
         assert response.status_code == 200, response.text
         assert any(g.get("ring_degree", 1) > 1 for g in response.json()["plan"]["groups"])
         body["options"] = {"time_limit_s": 5.0, "use_cpsat": False, "layout": "ulysses"}
-        refused = httpx.post(f"http://127.0.0.1:{port}/v1/plans", json=body, timeout=120)
+        refused = httpx.post(f"{url}/v1/plans", json=body, timeout=120)
         assert refused.status_code == 422 and "fits nowhere" in refused.text, refused.text
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
