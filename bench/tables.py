@@ -149,11 +149,16 @@ def _statuses(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _points(gap: float | None, reference: float | None) -> str:
+    """A gap's difference to another, in percentage points (signed)."""
+    return "-" if gap is None or reference is None else f"{(gap - reference) * 100:+.2f}"
+
+
 def _layouts(data: dict[str, Any]) -> list[str]:
     head = ["workload", "GPUs", "batch", "layout", "steps planned / valid", "step time s (mean)",
             "**x strongest** (under auto)", "x strongest of this layout", "x ring-cp", "x usp",
-            "gap to bound (mean)", "steps with a wrong bound dropped", "steps with groups past the heads",
-            "auto x this layout"]
+            "gap to bound (mean)", "gap - ulysses' gap (points)", "steps with a wrong bound dropped",
+            "steps with groups past the heads", "auto x this layout", "planning CPU s (p50)"]
     lines = [_row(head), "|---|---:|---:|---|" + "---:|" * (len(head) - 4)]
     for cell in data["cells"]:
         s = cell["summary"]
@@ -165,8 +170,10 @@ def _layouts(data: dict[str, Any]) -> list[str]:
                 f"{m['feasible_steps']} / {m['valid_steps']} of {s['steps']}", step,
                 f"**{_x(m['speedup_strongest_mean'])}**", _x(m["speedup_own_strongest_mean"]),
                 _x(m["speedup_ring-cp_mean"]), _x(m["speedup_usp_mean"]), _pct(m["gap_mean"]),
+                _points(m["gap_mean"], s["ulysses"]["gap_mean"]) if mode != "ulysses" else "-",
                 str(m["dropped_bound_steps"]), str(m["groups_past_heads_steps"]),
                 "-" if mode == "auto" else _x(s.get(f"auto_over_{mode}_mean")),
+                "-" if m.get("cpu_p50_s") is None else f"{m['cpu_p50_s']:.3f}",
             ]))
     return lines
 

@@ -148,8 +148,9 @@ class PlannerConfig:
     the groups a plan can have, a sample never split between groups), run after the search on
     batches of at most ``pattern_bound_max_samples`` samples when the gap is over
     ``pattern_bound_min_gap`` (0: never). It only changes the reported bound, never the plan.
-    On 16 Wan2.1-1.3B clips at h200x64 it took the bound from 2-10% to 0.1-3% under the plans
-    for 0.05-0.07 s CPU a step; on text batches of 16 it stays under 0.5 s."""
+    On 16 Wan2.1-1.3B clips at h200x64 it took the bound from 2-12% to 0.2-3% under the plans
+    for 0.05-0.07 s CPU a step. With ``cover_search`` a batch of at most 32 samples costs
+    0.1-0.8 s CPU instead of 0.02-0.07 s (``bench/plan_quality_layouts.py``, 16 samples)."""
     cover_search: bool = True
     """On batches of at most ``pattern_bound_max_samples`` samples, also plan from a whole cover
     of maximal patterns at the least deadline found (``planner.search.cover``), kept where
@@ -157,6 +158,9 @@ class PlannerConfig:
     pattern_bound_max_samples: int = 32
     """The pattern bound runs on batches of at most this many samples (its patterns multiply
     with the distinct lengths a group holds; on larger batches the other bounds are as tight)."""
+    pattern_max_visits: int = 20_000
+    """Search nodes of one pattern enumeration (one deadline) at most, for the pattern bound and
+    the cover search: their work limit (past it they keep what they proved, or give up)."""
     pattern_bound_min_gap: float = 0.01
     """Relative gap above which the pattern bound is computed."""
     strict_bounds: bool = True

@@ -332,7 +332,8 @@ def _search(prep: Prepared, samples: Sequence[Sample], *, config: PlannerConfig,
 
         # whole groups of the pattern cover at the least deadline found, packed and polished
         cover = cover_draft(table, lower_s=prep.bounds.compute_makespan_s, iterations=config.pattern_bound_iterations,
-                            max_moves=config.local_search_max_moves, intra=config.intra_policies)
+                            max_visits=config.pattern_max_visits, max_moves=config.local_search_max_moves,
+                            intra=config.intra_policies)
         if cover is not None:
             cover = apply_layouts(cover, table)
             cover_time = draft_step_time_s(cover, arrays, cm, grad_sync_s=table.grad_sync_s)
@@ -445,7 +446,8 @@ def _finish(found: _Found, prep: Prepared, samples: Sequence[Sample], *, config:
 
         # whole samples per group: a configuration LP from the bound so far (never the plan's time)
         patterns = pattern_bound(table.for_bounds(), lower_s=bound_value - table.grad_sync_s,
-                                 iterations=config.pattern_bound_iterations) + table.grad_sync_s
+                                 iterations=config.pattern_bound_iterations,
+                                 max_visits=config.pattern_max_visits) + table.grad_sync_s
         if patterns > bound_value:
             bound_value, bound_kind = _valid_best([("patterns", patterns), (bound_kind, bound_value)], best_time,
                                                   status=status, tie_witnessed=witnessed, samples=samples,

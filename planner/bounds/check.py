@@ -33,8 +33,8 @@ PROVEN_STATUS = "OPTIMAL"
 WITNESSED_KINDS = frozenset({"longest", "area", "deadline-area", "largest-choice"})
 """The simple bounds a plan nothing proved optimal may meet, when the plan itself shows why
 (:func:`plan_witnesses_tie`). Every other kind never may: the partition LP and the pattern bound
-report a deadline they proved infeasible (less a margin), so they stay strictly below every plan; CP-SAT's objective bound
-meets a plan only with its proof."""
+report a deadline they proved infeasible (less a margin), so they stay strictly below every plan;
+CP-SAT's objective bound meets a plan only with its proof."""
 
 
 def plan_witnesses_tie(plan: Plan) -> bool:

@@ -57,7 +57,7 @@ REL_TOL = 1e-9
 the deadline proven infeasible less this margin."""
 
 
-class _TooMany(Exception):
+class _TooManyError(Exception):
     """The enumeration passed its work limit."""
 
 
@@ -67,7 +67,7 @@ def maximal_patterns(times_s: np.ndarray, counts: np.ndarray, capacity_s: float,
     ``times_s`` is at most ``capacity_s``: no class with ``a_c < counts[c]`` fits in what is left.
 
     Classes of infinite time never enter. ``budget``: ``[visits left]``, decremented per search
-    node; the search raises ``_TooMany`` when it runs out.
+    node; the search raises ``_TooManyError`` when it runs out.
     """
     order = [int(c) for c in np.argsort(-times_s, kind="stable") if math.isfinite(times_s[c])]
     num = len(times_s)
@@ -82,7 +82,7 @@ def maximal_patterns(times_s: np.ndarray, counts: np.ndarray, capacity_s: float,
         one of them still fits whatever the rest adds, the pattern cannot be maximal."""
         budget[0] -= 1
         if budget[0] < 0:
-            raise _TooMany
+            raise _TooManyError
         if short_s <= limit - used_s - rest_s[i]:
             return
         if i == len(order):
@@ -104,8 +104,8 @@ def maximal_patterns(times_s: np.ndarray, counts: np.ndarray, capacity_s: float,
     return out
 
 
-def cover_patterns(table: CostTable, deadline_s: float, *, overhead_s: np.ndarray | None = None
-                   ) -> tuple[np.ndarray, np.ndarray] | None:
+def cover_patterns(table: CostTable, deadline_s: float, *, overhead_s: np.ndarray | None = None,
+                   max_visits: int = MAX_VISITS) -> tuple[np.ndarray, np.ndarray] | None:
     """The maximal patterns at compute makespan ``deadline_s``: ``(counts, sizes)``, a (classes x
     patterns) array of how many samples of each class a pattern holds and each pattern's group
     size (both empty when nothing fits); None when the enumeration gives up."""
@@ -114,7 +114,7 @@ def cover_patterns(table: CostTable, deadline_s: float, *, overhead_s: np.ndarra
     num_gpus = table.cost_model.cluster.num_gpus
     columns: list[tuple[int, ...]] = []
     sizes: list[int] = []
-    budget = [MAX_VISITS]
+    budget = [max_visits]
     try:
         for j, d in enumerate(table.sizes):
             if d > num_gpus or not deadline_s > overhead[j]:
@@ -124,21 +124,21 @@ def cover_patterns(table: CostTable, deadline_s: float, *, overhead_s: np.ndarra
             columns += found
             sizes += [d] * len(found)
             if len(columns) > MAX_PATTERNS:
-                raise _TooMany
-    except _TooMany:
-        logger.debug("patterns: more than %d patterns or %d visits at %.6g s", MAX_PATTERNS, MAX_VISITS, deadline_s)
+                raise _TooManyError
+    except _TooManyError:
+        logger.debug("patterns: more than %d patterns or %d visits at %.6g s", MAX_PATTERNS, max_visits, deadline_s)
         return None
     a = np.array(columns, dtype=np.int64).T.reshape(len(counts), len(columns))
     return a, np.array(sizes, dtype=np.int64)
 
 
 def cover_feasible(table: CostTable, deadline_s: float, *, overhead_s: np.ndarray | None = None,
-                   iteration_limit: int = ITERATION_LIMIT) -> bool | None:
+                   iteration_limit: int = ITERATION_LIMIT, max_visits: int = MAX_VISITS) -> bool | None:
     """Whether the batch's samples can be covered by groups of maximal patterns at compute
     makespan ``deadline_s`` on at most the world's ranks (``table``: the bounds' view). True also
     when the LP reaches its iteration limit; None when the enumeration gives up (too many
     patterns)."""
-    found = cover_patterns(table, deadline_s, overhead_s=overhead_s)
+    found = cover_patterns(table, deadline_s, overhead_s=overhead_s, max_visits=max_visits)
     if found is None:
         return None
     a, sizes = found
@@ -154,7 +154,8 @@ def cover_feasible(table: CostTable, deadline_s: float, *, overhead_s: np.ndarra
     return bool(result.status != 2)
 
 
-def pattern_bound(table: CostTable, *, lower_s: float, iterations: int, iteration_limit: int = ITERATION_LIMIT) -> float:
+def pattern_bound(table: CostTable, *, lower_s: float, iterations: int, iteration_limit: int = ITERATION_LIMIT,
+                  max_visits: int = MAX_VISITS) -> float:
     """The pattern bound on the compute makespan, at least ``lower_s`` (``table``: the bounds'
     view, ``CostTable.for_bounds``).
 
@@ -168,9 +169,10 @@ def pattern_bound(table: CostTable, *, lower_s: float, iterations: int, iteratio
     proven = [lower_s]  # the largest deadline proven infeasible so far
 
     def feasible(deadline_s: float) -> bool:
-        answer = cover_feasible(table, deadline_s, overhead_s=overhead, iteration_limit=iteration_limit)
+        answer = cover_feasible(table, deadline_s, overhead_s=overhead, iteration_limit=iteration_limit,
+                                max_visits=max_visits)
         if answer is None:
-            raise _TooMany
+            raise _TooManyError
         if not answer:
             proven[0] = max(proven[0], deadline_s)
         return answer
@@ -183,7 +185,7 @@ def pattern_bound(table: CostTable, *, lower_s: float, iterations: int, iteratio
             logger.warning("pattern cover infeasible up to %.6g s (lower bound %.6g s)", lo, lower_s)
             return lo
         threshold(feasible, lo, hi, iterations)
-    except _TooMany:  # stop where the enumeration gave up; what was proven stands
+    except _TooManyError:  # stop where the enumeration gave up; what was proven stands
         pass
     logger.debug("pattern bound %.6f s (from %.6f s)", proven[0], lower_s)
     return max(lower_s, proven[0] * (1 - REL_TOL))

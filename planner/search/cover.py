@@ -6,7 +6,8 @@ table's own times (each size's layout, a ring charged as each sample would have 
 upper bound of a call's share) a cover in whole groups is a plan: the groups are placed, each
 packed and polished by the local search (``planner.search.polish``) and priced exactly by the
 caller. The least deadline with such a cover is found from the fractional threshold up (a
-bisection on the LP, then a few integer programs above it), so where the heuristic packs long
+bisection on the LP, then, at a few deadlines above it, whole numbers of the patterns a least-rank
+fractional cover uses), so where the heuristic packs long
 samples poorly (a few long clips, each needing a group of its own, and the short ones spread
 unevenly) this finds the packing the bound saw.
 """
@@ -16,12 +17,12 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
 from planner.assemble import Draft, DraftGroup
 from planner.baselines.common import place_layout
 from planner.bounds.lp import overhead_by_size_s
-from planner.bounds.patterns import cover_patterns, pattern_bound
+from planner.bounds.patterns import ITERATION_LIMIT, cover_patterns, pattern_bound
 from planner.costs import CostTable
 from planner.search.polish import polish
 
@@ -31,14 +32,15 @@ DEADLINE_STEPS = (0.0, 0.005, 0.01, 0.02, 0.04)
 """Relative steps above the fractional threshold at which a whole cover is tried, in order."""
 
 NODE_LIMIT = 200
-"""Branch-and-bound nodes per integer cover: a work limit (no cover found counts as none)."""
+"""Branch-and-bound nodes per integer cover (over the patterns a least-rank fractional cover
+uses, at most the classes + 1): a work limit (no cover found counts as none)."""
 
 
-def integral_cover(table: CostTable, deadline_s: float, *, overhead_s: np.ndarray
+def integral_cover(table: CostTable, deadline_s: float, *, overhead_s: np.ndarray, max_visits: int
                    ) -> list[tuple[int, list[int]]] | None:
     """Groups ``(size, samples per class)`` covering every sample by ``deadline_s`` on at most
     the world's ranks, fewest ranks first; None when none is found within the work limits."""
-    found = cover_patterns(table, deadline_s, overhead_s=overhead_s)
+    found = cover_patterns(table, deadline_s, overhead_s=overhead_s, max_visits=max_visits)
     if found is None or found[0].shape[1] == 0:
         return None
     a, sizes = found
@@ -47,6 +49,14 @@ def integral_cover(table: CostTable, deadline_s: float, *, overhead_s: np.ndarra
         return None
     n = float(table.cost_model.cluster.num_gpus)
     d = sizes.astype(np.float64)
+    # the least-rank fractional cover (a vertex: at most classes + 1 patterns in use), then
+    # whole groups of those patterns only: a small integer program whatever the pattern count
+    lp = linprog(d, A_ub=np.vstack([-a, d[None, :]]), b_ub=np.concatenate([-counts, [n]]), bounds=(0, None),
+                 method="highs", options={"maxiter": ITERATION_LIMIT})
+    if lp.status != 0:
+        return None
+    used = np.flatnonzero(lp.x > 1e-9)
+    a, sizes, d = a[:, used], sizes[used], d[used]
     result = milp(d, integrality=np.ones(len(d)), bounds=Bounds(0, np.floor(n / d)),
                   constraints=[LinearConstraint(a.astype(np.float64), counts, np.inf),
                                LinearConstraint(d[None, :], -np.inf, n)],
@@ -57,7 +67,8 @@ def integral_cover(table: CostTable, deadline_s: float, *, overhead_s: np.ndarra
     return [(int(sizes[p]), [int(v) for v in a[:, p]]) for p in np.flatnonzero(z) for _ in range(z[p])]
 
 
-def cover_draft(table: CostTable, *, lower_s: float, iterations: int, max_moves: int, intra: bool) -> Draft | None:
+def cover_draft(table: CostTable, *, lower_s: float, iterations: int, max_visits: int, max_moves: int,
+                intra: bool) -> Draft | None:
     """A plan of the batch from a whole cover at the least deadline found (None: none found).
 
     ``lower_s``: a lower bound of the compute makespan to start from (the pattern bound on the
@@ -65,9 +76,9 @@ def cover_draft(table: CostTable, *, lower_s: float, iterations: int, max_moves:
     class than the batch has) are left out of the later groups; groups left empty are dropped.
     """
     overhead = overhead_by_size_s(table)
-    start_s = pattern_bound(table, lower_s=lower_s, iterations=iterations)
+    start_s = pattern_bound(table, lower_s=lower_s, iterations=iterations, max_visits=max_visits)
     for step in DEADLINE_STEPS:
-        groups = integral_cover(table, start_s * (1 + step), overhead_s=overhead)
+        groups = integral_cover(table, start_s * (1 + step), overhead_s=overhead, max_visits=max_visits)
         if groups is not None:
             break
     else:

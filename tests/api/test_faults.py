@@ -40,7 +40,8 @@ conn.execute("COMMIT")
 def hold_lock(db: Path, seconds: float | None) -> subprocess.Popen[str]:
     """Another process holding the store's write lock for ``seconds``, or (None) until a line is
     written to its stdin (``release_lock``)."""
-    proc = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(db), "released" if seconds is None else str(seconds)],
+    until = "released" if seconds is None else str(seconds)
+    proc = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(db), until],
                             stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
     return proc

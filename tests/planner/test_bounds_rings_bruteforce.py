@@ -5,9 +5,10 @@ transfer is per micro-batch, not per sample; the bounds read a view of the table
 and size, the least time over every layout and only the ring's additive parts
 (``CostTable.for_bounds``), and the partition LP the least over layouts of its inputs
 (``planner.bounds.lp``). Here every bound the planner computes for a batch (the LP and its MIP
-too, and the pattern bound), and the bound its plan reports, is compared with the optimum over every plan whose groups run any Ulysses x ring
-layout the heads allow (``tests/planner/bruteforce_rings.py``, which prices micro-batches with the
-cost model alone): no bound may exceed it, and the planner's own plan may not beat it.
+too, and the pattern bound), and the bound its plan reports, is compared with the optimum over
+every plan whose groups run any Ulysses x ring layout the heads allow
+(``tests/planner/bruteforce_rings.py``, which prices micro-batches with the cost model alone): no
+bound may exceed it, and the planner's own plan may not beat it.
 """
 
 from __future__ import annotations
