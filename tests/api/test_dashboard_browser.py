@@ -10,7 +10,6 @@ import io
 import os
 import re
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 from PIL import Image
 
 from .conftest import COST_MODEL, FAST, manifest_lines
+from .test_server import _wait
 
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -67,10 +67,7 @@ def test_dashboard_loads_every_asset_and_renders(server_factory: Any, tmp_path: 
     body = {"epoch_id": "browser", "manifest_jsonl": manifest_lines(36), "batch": {"samples_per_step": 12},
             "seed": 0, "cluster": "h200x8", "cost_model_id": COST_MODEL, "options": FAST}
     assert server.request("POST", "/v1/epochs", json=body).status_code == 202
-    deadline = time.monotonic() + 120
-    while server.request("GET", "/v1/epochs/browser").json()["state"] != "done":
-        assert time.monotonic() < deadline, "epoch not done"
-        time.sleep(0.2)
+    assert _wait(server, "browser")["state"] == "done"
     before = _requests(server)
 
     dom = _chromium(tmp_path, f"{server.url}/dashboard", "--dump-dom")
@@ -101,10 +98,7 @@ def test_dashboard_deep_link_and_job_actions(server_factory: Any, tmp_path: Path
     done = {"epoch_id": "small", "manifest_jsonl": manifest_lines(36), "batch": {"samples_per_step": 12},
             "seed": 0, "cluster": "h200x8", "cost_model_id": COST_MODEL, "options": FAST}
     assert server.request("POST", "/v1/epochs", json=done).status_code == 202
-    deadline = time.monotonic() + 120
-    while server.request("GET", "/v1/epochs/small").json()["state"] != "done":
-        assert time.monotonic() < deadline, "epoch not done"
-        time.sleep(0.2)
+    assert _wait(server, "small")["state"] == "done"
     big = {**done, "epoch_id": "big", "manifest_jsonl": manifest_lines(600), "batch": {"samples_per_step": 4}}
     assert server.request("POST", "/v1/epochs", json=big).status_code == 202
     assert server.request("POST", "/v1/epochs/big/cancel").json()["state"] == "cancelled"
@@ -119,9 +113,7 @@ def test_dashboard_deep_link_and_job_actions(server_factory: Any, tmp_path: Path
     assert server.request("DELETE", "/v1/cost-models/team-fit").status_code == 204
     assert server.request("POST", "/v1/cost-models", json={**file, "notes": "refitted"}).status_code == 201
     assert server.request("POST", "/v1/epochs/fails/resume").status_code == 200
-    while server.request("GET", "/v1/epochs/fails").json()["state"] != "failed":
-        assert time.monotonic() < deadline + 60, "epoch not failed"
-        time.sleep(0.2)
+    assert _wait(server, "fails")["state"] == "failed"
 
     dom = _chromium(tmp_path, f"{server.url}/dashboard#epoch=small&step=2", "--dump-dom").stdout
     assert 'data-status="ready"' in dom, dom[:3000]
