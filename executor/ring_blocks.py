@@ -75,11 +75,14 @@ def post_p2p(group: dist.ProcessGroup | None, sends: list[tuple[torch.Tensor, in
 
 
 def block_mask(layout: RingLayout, q_table: tuple[torch.Tensor, torch.Tensor], owner: int,
-               causal: bool, window: int | None = None) -> torch.Tensor:
-    """``(Tq, Tk)``: which keys of ring position ``owner``'s block each local query sees (its own
-    sample; causal: at or before its position; windowed: fewer than ``window`` positions before)."""
+               causal: bool, window: int | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """``(Tq, Tk)``: which keys of ring position ``owner``'s block (or of its ``rows``) each local
+    query sees (its own sample; causal: at or before its position; windowed: fewer than ``window``
+    positions before)."""
     q_sample, q_pos = q_table
     k_sample, k_pos = layout.ring_table(owner)
+    if rows is not None:
+        k_sample, k_pos = k_sample[rows], k_pos[rows]
     mask = q_sample[:, None] == k_sample[None, :]
     if causal:
         mask &= k_pos[None, :] <= q_pos[:, None]

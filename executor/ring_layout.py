@@ -218,14 +218,14 @@ def _ring_table(layout: RingLayout, ring_index: int) -> tuple[torch.Tensor, torc
     return torch.cat(index), torch.cat(positions)
 
 
-def block_needed(layout: RingLayout, *, query_index: int, key_index: int, causal: bool,
-                 window: int | None = None) -> bool:
-    """Whether some query of ring position ``query_index`` sees some key of ring position
-    ``key_index``'s block: a pair of the same sample with ``0 <= q - k < window`` (causal and
-    windowed), ``q >= k`` (causal) or any pair (neither). Computed on the chunks' position ranges:
-    over the positions ``q in [a, b)``, ``k in [c, e)`` the difference ``q - k`` takes every value
-    in ``[a - e + 1, b - 1 - c]``. Every rank of a ring answers the same for a pair of positions,
-    so a step's send and receive are skipped together.
+def needed_rows(layout: RingLayout, *, query_index: int, key_index: int, causal: bool,
+                window: int | None = None) -> torch.Tensor:
+    """Rows (ascending) of ring position ``key_index``'s block whose keys some query of position
+    ``query_index`` sees: a key of the same sample with ``0 <= q - k < window`` (causal and
+    windowed), ``q >= k`` (causal) or any (neither). Computed on the chunks' position ranges: over
+    a query range ``[a, b)`` the keys seen are ``[a - window + 1, b)`` (causal: ``[0, b)``). Every
+    rank of a ring answers the same for a pair of positions, so the sender of a block and its
+    receiver agree on what travels.
 
     Raises:
         ValueError: for a window below 1, or a window on non-causal attention.
@@ -233,10 +233,24 @@ def block_needed(layout: RingLayout, *, query_index: int, key_index: int, causal
     if window is not None and (window < 1 or not causal):
         raise ValueError(f"a ring's window must be a positive number of tokens on causal attention, got "
                          f"window={window!r} (causal={causal})")
+    pieces, row = [], 0
     for s in range(layout.num_samples):
-        for a, b in layout.sub_ranges(s, query_index):
-            for c, e in layout.sub_ranges(s, key_index):
-                low, high = a - e + 1, b - 1 - c
-                if not causal or (high >= 0 and (window is None or low <= window - 1)):
-                    return True
-    return False
+        queries = layout.sub_ranges(s, query_index)
+        for c, e in layout.sub_ranges(s, key_index):
+            seen = [(c, e)] if not causal else [
+                (max(c, 0 if window is None else a - window + 1), min(e, b)) for a, b in queries]
+            mask = torch.zeros(e - c, dtype=torch.bool)
+            for lo, hi in seen:
+                if lo < hi:
+                    mask[lo - c:hi - c] = True
+            pieces.append(torch.nonzero(mask).flatten() + row)
+            row += e - c
+    return torch.cat(pieces)
+
+
+def block_needed(layout: RingLayout, *, query_index: int, key_index: int, causal: bool,
+                 window: int | None = None) -> bool:
+    """Whether some query of ring position ``query_index`` sees some key of position
+    ``key_index``'s block (:func:`needed_rows` is not empty)."""
+    return bool(needed_rows(layout, query_index=query_index, key_index=key_index, causal=causal,
+                            window=window).numel())

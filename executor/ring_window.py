@@ -6,16 +6,18 @@ zig-zag chunks and chunks of at least ``w - 1`` tokens a position needs only its
 blocks, with contiguous chunks only its predecessor's (``costmodel/ring/window.py`` counts them for
 the cost model). A block passed round the ring would still travel through every position, so
 here each block goes straight from its owner to the positions that need it: at step ``k`` ring
-position ``j`` receives the block of ``j - k`` and sends its own to ``j + k``, each only where
-:func:`executor.ring_layout.block_needed` says the receiver's queries see it. Both ends of a
-transfer ask the same question of the same layout, so a skipped step is skipped on both sides: no
-compute, no transfer, nothing left waiting.
+position ``j`` receives from ``j - k`` and sends to ``j + k``, and only the keys the receiver's
+queries see
+(:func:`executor.ring_layout.needed_rows`: under a 128-token window the last 127 keys of a
+neighbour's chunk, not its whole block); nothing where none is seen. Both ends of a transfer ask
+the same question of the same layout, so they agree on what travels and a skipped step is skipped
+on both sides: no compute, no transfer, nothing left waiting.
 
 Forward: the local block, then every needed remote block, each transfer posted one step ahead
 of the compute it overlaps and merged by log-sum-exp (:func:`executor.ring_blocks.merge`).
 Backward: the needed blocks come again the same way; each position computes a remote block's key
 and value gradients and sends them straight back to the block's owner at the same step, which
-adds them to its own. Every rank runs the same ``r`` steps in the same order and posts its
+adds them to its own rows. Every rank runs the same ``r`` steps in the same order and posts its
 transfers at the same points of each step, so every pair of ranks posts its messages to each
 other in the same order (gloo and NCCL match them in that order).
 """
@@ -28,18 +30,20 @@ import torch
 import torch.distributed as dist
 
 from executor.ring_blocks import Pending, acc_dtype, block_grads, block_mask, merge, note, output_grads, post_p2p
-from executor.ring_layout import RingLayout, block_needed
+from executor.ring_layout import RingLayout, needed_rows
 
 
-def needed_steps(layout: RingLayout, *, causal: bool, window: int | None) -> tuple[list[bool], list[bool]]:
-    """``(receive, send)`` per step ``k`` for this rank's ring position ``j``: whether it receives
-    the block of ``j - k`` (its queries see it) and whether it sends its own to ``j + k`` (that
-    position's queries see it); step 0 is the local block (receive: whether it attends it)."""
+def needed_steps(layout: RingLayout, *, causal: bool, window: int | None
+                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """``(receive, send)`` rows per step ``k`` for this rank's ring position ``j``: the rows of
+    ``j - k``'s block its queries see (what it receives), and the rows of its own block that
+    ``j + k``'s queries see (what it sends); empty: no transfer. Step 0 is the local block (receive:
+    the rows it attends; send: none)."""
     size, rank = layout.ring_degree, layout.ring_index
-    receive = [block_needed(layout, query_index=rank, key_index=(rank - k) % size, causal=causal, window=window)
+    receive = [needed_rows(layout, query_index=rank, key_index=(rank - k) % size, causal=causal, window=window)
                for k in range(size)]
-    send = [k > 0 and block_needed(layout, query_index=(rank + k) % size, key_index=rank, causal=causal,
-                                   window=window) for k in range(size)]
+    send = [needed_rows(layout, query_index=(rank + k) % size, key_index=rank, causal=causal, window=window)
+            if k else torch.zeros(0, dtype=torch.long) for k in range(size)]
     return receive, send
 
 
@@ -47,7 +51,7 @@ class _Transfers:
     """One pass's key/value transfers, posted one step ahead (see the module docstring)."""
 
     def __init__(self, layout: RingLayout, group: dist.ProcessGroup | None, kv: torch.Tensor,
-                 receive: list[bool], send: list[bool], pass_: str) -> None:
+                 receive: list[torch.Tensor], send: list[torch.Tensor], pass_: str) -> None:
         self.layout, self.group, self.kv, self.pass_ = layout, group, kv.contiguous(), pass_
         self.receive, self.send = receive, send
         self.posted: dict[int, tuple[torch.Tensor | None, Pending]] = {}
@@ -57,31 +61,33 @@ class _Transfers:
         if not 0 < step < size:
             return
         sends, recvs, block = [], [], None
-        if self.send[step]:
-            sends.append((self.kv, (rank + step) % size))
+        if self.send[step].numel():  # only the keys the receiver's windows reach
+            sends.append((self.kv.index_select(1, self.send[step].to(self.kv.device)).contiguous(),
+                          (rank + step) % size))
             note(self.pass_, step, "send kv")
-        if self.receive[step]:
-            owner = (rank - step) % size
-            block = self.kv.new_empty((2, self.layout.ring_tokens(owner), *self.kv.shape[2:]))
-            recvs.append((block, owner))
+        if self.receive[step].numel():
+            block = self.kv.new_empty((2, self.receive[step].numel(), *self.kv.shape[2:]))
+            recvs.append((block, (rank - step) % size))
             note(self.pass_, step, "recv kv")
         self.posted[step] = (block, post_p2p(self.group, sends, recvs))
 
-    def take(self, step: int) -> torch.Tensor | None:
-        """The block of step ``step`` (the local one at 0), its transfers waited for."""
+    def take(self, step: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """The block of step ``step`` and its rows in the owner's block (None: the whole block, the
+        local one at 0), its transfers waited for; None when nothing of it is seen."""
         if step == 0:
-            return self.kv if self.receive[0] else None
+            return (self.kv, None) if self.receive[0].numel() else None
         block, pending = self.posted.pop(step)
         pending.wait()
-        return block
+        return None if block is None else (block, self.receive[step])
 
 
-def _add_returned(dkv: torch.Tensor, returned: tuple[torch.Tensor | None, Pending]) -> None:
-    """Wait for a step's gradient transfers; add the gradients of this position's block it received."""
-    part, pending = returned
+def _add_returned(dkv: torch.Tensor, returned: tuple[torch.Tensor | None, torch.Tensor, Pending]) -> None:
+    """Wait for a step's gradient transfers; add the gradients of the rows of this position's block
+    it received."""
+    part, rows, pending = returned
     pending.wait()
     if part is not None:
-        dkv += part
+        dkv.index_add_(1, rows.to(dkv.device), part)
 
 
 class _WindowedRing(torch.autograd.Function):
@@ -99,12 +105,13 @@ class _WindowedRing(torch.autograd.Function):
         lse = torch.full(qh.shape[:2], float("-inf"), dtype=q.dtype, device=q.device)
         transfers = _Transfers(layout, group, torch.stack([k, v]), receive, send, "forward")
         for step in range(size):
-            block = transfers.take(step)
+            taken = transfers.take(step)
             transfers.post(step + 1)
-            if block is None:
+            if taken is None:
                 continue
+            block, rows = taken
             note("forward", step, "attend")
-            mask = block_mask(layout, q_table, (rank - step) % size, causal, window)
+            mask = block_mask(layout, q_table, (rank - step) % size, causal, window, rows)
             out, lse = merge(out, lse, qh, block[0].transpose(0, 1), block[1].transpose(0, 1), mask, scale)
             note("forward", step, "attended")
         o = out.transpose(0, 1).contiguous()
@@ -128,15 +135,16 @@ class _WindowedRing(torch.autograd.Function):
         dq = torch.zeros_like(qh)
         dkv = torch.zeros((2, *k.shape), dtype=acc, device=q.device)  # this position's own block
         transfers = _Transfers(layout, ctx.group, torch.stack([k, v]), receive, send, "backward")
-        returned: tuple[torch.Tensor | None, Pending] | None = None
+        returned: tuple[torch.Tensor | None, torch.Tensor, Pending] | None = None
         for step in range(size):
-            block = transfers.take(step)
+            taken = transfers.take(step)
             transfers.post(step + 1)
             owner = (rank - step) % size
             sends: list[tuple[torch.Tensor, int]] = []
-            if block is not None:
+            if taken is not None:
+                block, rows = taken
                 note("backward", step, "attend")
-                mask = block_mask(layout, q_table, owner, ctx.causal, ctx.window).to(q.device)
+                mask = block_mask(layout, q_table, owner, ctx.causal, ctx.window, rows).to(q.device)
                 block_dkv, d_scores, kb = block_grads(qh, doh, delta, safe_lse, block, mask, ctx.scale)
                 note("backward", step, "attended")
                 dq += (d_scores @ kb) * ctx.scale
@@ -146,12 +154,13 @@ class _WindowedRing(torch.autograd.Function):
                     sends.append((block_dkv.contiguous(), owner))
                     note("backward", step, "send dkv")
             recvs: list[tuple[torch.Tensor, int]] = []
-            if step > 0 and send[step]:  # the gradients of the block this position sent at this step
-                recvs.append((torch.empty_like(dkv), (rank + step) % size))
+            rows_home = send[step]
+            if rows_home.numel():  # the gradients of the rows this position sent at this step
+                recvs.append((dkv.new_empty((2, rows_home.numel(), *dkv.shape[2:])), (rank + step) % size))
                 note("backward", step, "recv dkv")
             if returned is not None:  # the previous step's, waited for after this step's compute
                 _add_returned(dkv, returned)
-            returned = (recvs[0][0] if recvs else None, post_p2p(ctx.group, sends, recvs))
+            returned = (recvs[0][0] if recvs else None, rows_home, post_p2p(ctx.group, sends, recvs))
         if returned is not None:
             _add_returned(dkv, returned)
         return (dq.transpose(0, 1).to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype),

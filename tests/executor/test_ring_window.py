@@ -194,3 +194,28 @@ def test_window_needs_causal_attention_and_a_positive_size() -> None:
         ring_attention(q, q, q, layout=layout, group=None, causal=False, window=WINDOW)
     with pytest.raises(ValueError, match="chunking must be one of"):
         RingLayout(samples=LONG, ulysses_degree=1, ring_degree=4, index_in_group=0, chunking="striped")
+
+
+@pytest.mark.parametrize("chunking", ["zigzag", "contiguous"])
+def test_only_the_keys_a_window_reaches_travel(chunking: str) -> None:
+    """The rows a position sends another are exactly the keys some query of the receiver sees,
+    counted here from every (query, key) pair of the two blocks; under the 128-token window the
+    last 127 keys of a neighbour's chunk per sample, not its whole block."""
+    from executor.ring_layout import needed_rows
+
+    samples = (SampleShape(tokens=700), SampleShape(tokens=40), SampleShape(tokens=300))
+    for r in (2, 3, 4):
+        layout = RingLayout(samples=samples, ulysses_degree=1, ring_degree=r, index_in_group=0, chunking=chunking)
+        for window in (None, 1, 2, 5, WINDOW, 500):
+            for q_index in range(r):
+                q_sample, q_pos = layout.ring_table(q_index)
+                for k_index in range(r):
+                    k_sample, k_pos = layout.ring_table(k_index)
+                    seen = (q_sample[:, None] == k_sample[None, :]) & (k_pos[None, :] <= q_pos[:, None])
+                    if window is not None:
+                        seen &= k_pos[None, :] > q_pos[:, None] - window
+                    got = needed_rows(layout, query_index=q_index, key_index=k_index, causal=True, window=window)
+                    assert got.tolist() == torch.nonzero(seen.any(0)).flatten().tolist(), (r, window)
+    ring = RingLayout(samples=LONG, ulysses_degree=1, ring_degree=4, index_in_group=0, chunking=chunking)
+    for j in range(1, 4):
+        assert needed_rows(ring, query_index=j, key_index=j - 1, causal=True, window=WINDOW).numel() == 2 * 127
