@@ -35,12 +35,12 @@ from costmodel.ring.timing import (
     ring_attention_time_s,
     ring_steps_s,
 )
-from costmodel.ring.window import remote_steps
+from costmodel.ring.window import hop_tokens, remote_steps
 from costmodel.schema import P2PLinks, RingCoefficients
 
 FloatArray = NDArray[np.float64]
 
-WINDOW_COLUMNS = 10
+WINDOW_COLUMNS = 11
 """Columns of a sample under a model with sliding-window layers (:meth:`RingCosts._ring_columns`);
 5 without: tokens and the full layers' four weighted pairs."""
 
@@ -148,7 +148,8 @@ class RingCosts(CostModelPart):
         one rank weighted by the four multipliers (block forward, block backward, charged forward,
         charged backward), additive over a call's samples (:func:`reduce_columns`); a model with
         sliding-window layers adds their windowed pairs (:func:`costmodel.layer_mix.window_pairs`)
-        and, last, the remote steps the sample's window needs
+        and the tokens a needed step brings (:func:`costmodel.ring.window.hop_tokens`) and, last,
+        the remote steps the sample's window needs
         (:func:`costmodel.ring.window.remote_steps`), which a call reduces by its maximum."""
         u, r = layout.ulysses_degree, layout.ring_degree
         bf, bb = self._block_multipliers(tokens, layout)
@@ -158,8 +159,9 @@ class RingCosts(CostModelPart):
         model = self.file.model
         if model.num_sliding_layers and model.sliding_window is not None:
             slide = window_pairs(tokens, model.sliding_window) / (u * r)
+            hop = hop_tokens(tokens, window=model.sliding_window, ring_degree=r)
             remote = remote_steps(tokens, window=model.sliding_window, ring_degree=r).astype(np.float64)
-            columns += [slide * bf, slide * bb, slide * cf, slide * cb, remote]
+            columns += [slide * bf, slide * bb, slide * cf, slide * cb, hop, remote]
         return np.stack(columns, axis=-1)
 
     def _exposed_from_columns(self, sums: FloatArray, layout: GroupLayout, *, additive_only: bool = False,
@@ -173,7 +175,8 @@ class RingCosts(CostModelPart):
         kwargs = self._ring_kwargs(layout)
         block_tokens = sums[..., 0] / r
 
-        def exposed(first: int, run: FloatArray | float) -> tuple[FloatArray, FloatArray]:
+        def exposed(first: int, run: FloatArray | float, hop: FloatArray | None = None
+                    ) -> tuple[FloatArray, FloatArray]:
             fwd, bwd = self.file.compute.forward.per_attn_pair, self.file.compute.backward.per_attn_pair
             steps = StepSeconds(forward=fwd * sums[..., first] / run, backward=bwd * sums[..., first + 1] / run,
                                 forward_charged=fwd * sums[..., first + 2] / run,
@@ -181,14 +184,14 @@ class RingCosts(CostModelPart):
             run_steps = np.asarray(run, dtype=np.float64)
             _, _, exp_f, exp_b = ring_steps_s(steps, block_tokens, ring_degree=r, additive_only=additive_only,
                                               compute_weight=compute_weight, steps_run=run_steps,
-                                              **kwargs)  # type: ignore[arg-type]
+                                              hop_tokens=hop, **kwargs)  # type: ignore[arg-type]
             return np.asarray(exp_f, dtype=np.float64), np.asarray(exp_b, dtype=np.float64)
 
         full_f, full_b = exposed(1, float(r))
         sliding = model.num_sliding_layers if sums.shape[-1] == WINDOW_COLUMNS else 0
         if not sliding:
             return full_f, full_b
-        slide_f, slide_b = exposed(5, 1.0 + sums[..., 9])
+        slide_f, slide_b = exposed(5, 1.0 + sums[..., 10], sums[..., 9])
         full = model.num_layers - sliding
         return ((full * full_f + sliding * slide_f) / model.num_layers,
                 (full * full_b + sliding * slide_b) / model.num_layers)
@@ -240,5 +243,6 @@ class RingCosts(CostModelPart):
             return np.zeros(num_mbs)
         columns = self._ring_columns(np.asarray(tokens, dtype=np.float64), layout)
         return microbatches_exposed_s(columns, np.asarray(recompute_layers), np.asarray(starts),
-                                      num_layers=self.num_layers, max_columns=int(columns.shape[-1] == WINDOW_COLUMNS),
+                                      num_layers=self.num_layers,
+                                      max_columns=int(columns.shape[-1] == WINDOW_COLUMNS),
                                       exposed=lambda sums: self._exposed_from_columns(sums, layout))

@@ -21,8 +21,8 @@ The one definition of a ring's cost: :mod:`costmodel.evaluate` prices ``u x r`` 
 
 A sliding-window layer runs only the steps whose blocks some local query's window reaches
 (:mod:`costmodel.ring.window`): the local block and ``n - 1`` remote ones, its windowed pairs split
-evenly over them, ``n - 1`` hops and merges; :mod:`costmodel.ring.costs` averages full and
-windowed layers over the model's layer mix.
+evenly over them, ``n - 1`` hops of only the keys the window reaches and ``n - 1`` merges;
+:mod:`costmodel.ring.costs` averages full and windowed layers over the model's layer mix.
 
 A p2p transfer costs ``alpha + bytes / bandwidth`` (:func:`p2p_time_s`) on an intra-node or an
 inter-node link (:class:`costmodel.schema.P2PLinks`). Memory: the ring holds the block in hand
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.layer_mix import window_pairs
-from costmodel.ring.window import call_remote_steps, check_window
+from costmodel.ring.window import call_remote_steps, check_window, hop_tokens
 from costmodel.schema import LinkFit, P2PLinks, RingCoefficients
 from costmodel.specs import HardwareSpec, ModelSpec
 
@@ -144,10 +144,11 @@ def ring_attention_time_s(tokens: Sequence[int] | Sequence[float], *, ulysses_de
         raise ValueError(f"need u, r >= 1 and positive tokens; got u={u}, r={r}, tokens={list(tokens)}")
     check_window(window)
     if window is None:
-        run, per_step = float(r), s**2 / (u * r * r)
+        run, per_step, hop = float(r), s**2 / (u * r * r), float(s.sum()) / r
     else:
         run = 1.0 + call_remote_steps(s, window=window, ring_degree=r)
         per_step = window_pairs(s, window) / (u * r * run)
+        hop = float(hop_tokens(s, window=window, ring_degree=r).sum())
     block_f, block_b = (block_multipliers or _ones)(s)
     charged_f, charged_b = (charged_multipliers or _ones)(s)
     out = ring_steps_s(StepSeconds(
@@ -157,7 +158,8 @@ def ring_attention_time_s(tokens: Sequence[int] | Sequence[float], *, ulysses_de
         backward_charged=np.asarray(backward_s_per_pair * float((per_step * charged_b).sum()))),
         np.asarray(float(s.sum()) / r), ring_degree=r, kv_bytes_per_token=kv_bytes_per_token,
         query_channels=query_channels, links=links, crosses_nodes=crosses_nodes, hbm_bytes_per_s=hbm_bytes_per_s,
-        ring=ring or RingCoefficients(), additive_only=additive_only, steps_run=np.asarray(run))
+        ring=ring or RingCoefficients(), additive_only=additive_only, steps_run=np.asarray(run),
+        hop_tokens=np.asarray(hop))
     return float(out[0]), float(out[1]), float(out[2]), float(out[3])
 
 
@@ -186,14 +188,18 @@ def step_s(compute_s: np.ndarray, hop_s: np.ndarray, ring: RingCoefficients) -> 
 def ring_steps_s(steps: StepSeconds, block_tokens: np.ndarray, *, ring_degree: int, kv_bytes_per_token: float,
                  query_channels: int, links: P2PLinks, crosses_nodes: bool, hbm_bytes_per_s: float,
                  ring: RingCoefficients, additive_only: bool = False, compute_weight: float = 1.0,
-                 steps_run: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                 steps_run: np.ndarray | None = None, hop_tokens: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """:func:`ring_attention_time_s` from each call's step seconds and block tokens (arrays: one
     entry per call, e.g. every sample alone), the one formula of a ring's steps: of the ``n``
     steps that run (``steps_run``, default all ``r``; fewer in a sliding-window layer,
     :mod:`costmodel.ring.window`), ``n - 1`` steps with a hop (:func:`step_s`; backward hops carry
     keys, values and their gradients, twice the bytes), the last block's step without one,
     ``n - 1`` merges (forward) and, when a block travelled, the gradients' hop home (backward).
-    The per-sample terms charge ``n`` times a step's charged seconds.
+    The per-sample terms charge ``n`` times a step's charged seconds. A hop carries ``hop_tokens``
+    tokens' keys and values (default the whole block, ``block_tokens``; under a window only the
+    keys the receiver's queries reach, :func:`costmodel.ring.window.hop_tokens`); the merges run
+    over the rank's ``block_tokens`` queries.
 
     ``additive_only``: a lower bound that is additive over a call's samples. A step is
     ``max(c, h) + f min(c, h) + o = (1 - f) max(c, h) + f (c + h) + o`` with ``c`` the call's
@@ -215,7 +221,7 @@ def ring_steps_s(steps: StepSeconds, block_tokens: np.ndarray, *, ring_degree: i
         zero = np.zeros_like(fwd_charged)
         return fwd_charged, bwd_charged, zero, zero
     link = links.link(crosses_nodes=crosses_nodes)
-    block_bytes = block_tokens * kv_bytes_per_token
+    block_bytes = (block_tokens if hop_tokens is None else hop_tokens) * kv_bytes_per_token
     travelled = n > 1  # a step brought a remote block: its gradients go home
     merges = (n - 1) * block_tokens * query_channels * ring.merge_bytes_per_channel / hbm_bytes_per_s
     if additive_only:  # no latency and no per-step cost (per call); see the docstring

@@ -12,7 +12,8 @@ chunks a query chunk needs are ``a - G .. a`` with
 
 A ring step brings one position's block; it is needed when it holds one of the chunks the local
 queries need, and every other step is skipped, both its attention and its hop (the executor sends
-each needed block straight from its owner, ``executor/ring.py``). With ``c >= w - 1``
+each needed block straight from its owner, ``executor/ring_window.py``, and of it only the keys
+the receiver's windows reach: :func:`hop_tokens`). With ``c >= w - 1``
 (``G = 1``: a 128-token window once chunks hold 127 tokens, samples of 1,016 tokens on a zig-zag
 ring of 4) a zig-zag position needs its two neighbours' blocks (2 of ``r - 1`` remote steps; the
 ends 1) and a contiguous one only its predecessor's (1 step). The cost model charges the busiest
@@ -124,10 +125,20 @@ def call_remote_steps(tokens: ArrayLike, *, window: int, ring_degree: int, chunk
     return int(steps.max()) if steps.size else 0
 
 
+def hop_tokens(tokens: ArrayLike, *, window: int, ring_degree: int) -> NDArray[np.float64]:
+    """Per sample: tokens whose keys and values one needed remote step brings, ``min(w - 1, s/r)``:
+    the receiver's queries reach at most the ``w - 1`` keys before them (the executor sends only
+    those, ``executor.ring_layout.needed_rows``), and a block holds ``s/r``. Exact for a chunk
+    reach of one (each needed block's tail of ``w - 1``), an upper bound past it."""
+    s = np.asarray(tokens, dtype=np.float64)
+    return np.asarray(np.minimum(float(window - 1), s / ring_degree), dtype=np.float64)
+
+
 def check_window(window: int | None) -> None:
     """Raise ValueError for a window that is set and not a positive integer."""
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ValueError(f"window must be a positive integer (tokens), got {window!r}")
 
 
-__all__ = ["CHUNKINGS", "call_remote_steps", "check_window", "chunk_reach", "needed_positions", "remote_steps"]
+__all__ = ["CHUNKINGS", "call_remote_steps", "check_window", "chunk_reach", "hop_tokens", "needed_positions",
+           "remote_steps"]

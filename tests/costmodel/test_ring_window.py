@@ -20,7 +20,7 @@ from costmodel.ring import (
     remote_steps,
     ring_attention_time_s,
 )
-from costmodel.ring.window import chunk_reach
+from costmodel.ring.window import chunk_reach, hop_tokens
 from costmodel.specs import ModelSpec
 from tests.costmodel.test_ring import IDEAL, LINKS, RING
 from tests.costmodel.test_ring_priced import _cost_model
@@ -68,6 +68,8 @@ def test_a_ring_of_four_over_a_128_token_window_by_hand() -> None:
     # a call runs what its neediest sample needs
     assert call_remote_steps([4096, 64], window=128, ring_degree=4) == 3
     assert call_remote_steps([4096, 65536], window=128, ring_degree=4) == 2
+    # a needed step brings the 127 keys before the receiver's first query, or a short sample's block
+    assert hop_tokens([4096, 256, 64], window=128, ring_degree=4).tolist() == [127, 64, 16]
 
 
 @pytest.mark.parametrize("chunking", ["zigzag", "contiguous"])
@@ -92,12 +94,13 @@ def test_bad_window_or_chunking_names_the_value() -> None:
 
 def test_windowed_ring_time_by_hand() -> None:
     """4,096 tokens, a ring of 4, a 128-token window: the local block and 2 remote ones run, the
-    rank's windowed pairs split over the 3 steps; 2 hops, 2 merges, the gradients' hop home."""
+    rank's windowed pairs split over the 3 steps; 2 hops of the 127 keys the window reaches (not
+    the 1,024-token block), 2 merges, the gradients' hop home."""
     s, w = 4096, 128
     fwd, bwd, exp_f, exp_b = _ring([s], r=4, window=w)
     m = s - w
     step = (s * s - m * (m + 1)) / 4 / 3 * 1e-9  # the rank's quarter of the windowed pairs, a third a step
-    hop, hop2 = 1e-5 + 1024 * 100 / 1e9, 1e-5 + 2 * 1024 * 100 / 1e9
+    hop, hop2 = 1e-5 + 127 * 100 / 1e9, 1e-5 + 2 * 127 * 100 / 1e9
     merges = 2 * 1024 * 64 * 12 / 1e12
     big, small = max(step, hop), min(step, hop)
     assert fwd == pytest.approx(2 * (big + 0.25 * small + 5e-6) + step + 5e-6 + merges, rel=1e-12)
@@ -105,11 +108,11 @@ def test_windowed_ring_time_by_hand() -> None:
     big2, small2 = max(2 * step, hop2), min(2 * step, hop2)
     assert bwd == pytest.approx(2 * (big2 + 0.25 * small2 + 5e-6) + 2 * step + 5e-6 + hop, rel=1e-12)
     assert exp_b == pytest.approx(bwd - 6 * step, rel=1e-12)
-    # ideal overlap: the 2 hops the window's little compute cannot hide, and 2 merges, where the
-    # full-attention ring of the same sample hides its 3 hops under 4 big steps and merges 3 times
-    assert hop > step
+    # ideal overlap: the 2 small hops hide under the steps, only the 2 merges show, where the
+    # full-attention ring of the same sample merges 3 times
+    assert hop < step
     _, _, win_f, _ = _ring([s], r=4, ring=IDEAL, window=w)
-    assert win_f == pytest.approx(2 * (hop - step) + merges, rel=1e-12)
+    assert win_f == pytest.approx(merges, rel=1e-12)
     _, _, full_f, _ = _ring([s], r=4, ring=IDEAL)
     assert full_f == pytest.approx(merges * 3 / 2, rel=1e-12)
 
@@ -143,9 +146,10 @@ def test_layer_mix_charges_each_layer_type_its_steps() -> None:
         3 * (full.exposed_forward_s + full.exposed_backward_s), rel=1e-12)
     # a short sample in the call makes the windowed layer run every step (a call runs its neediest)
     both = cm.ring_layer_time([4096.0, 64.0], layout=layout, sliding=True)
+    long = cm.ring_layer_time([4096.0], layout=layout, sliding=True)
     alone = cm.ring_layer_time([4096.0, 64.0], layout=layout)
-    assert both.forward_s > slide.forward_s
-    assert both.forward_s < alone.forward_s  # fewer pairs on the same 4 steps
+    assert both.exposed_forward_s - long.exposed_forward_s > 5e-6  # a fourth step's cost, at least
+    assert both.forward_s < alone.forward_s  # fewer pairs and keys on the same 4 steps
 
 
 def test_many_equals_one_by_one_with_windows() -> None:

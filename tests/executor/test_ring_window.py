@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from costmodel.ring import remote_steps
+from costmodel.ring.window import hop_tokens
 from dcp_cli.net import free_port
 from executor.layout import SampleShape
 from executor.ring_layout import RingGroups, RingLayout
@@ -217,5 +218,7 @@ def test_only_the_keys_a_window_reaches_travel(chunking: str) -> None:
                     got = needed_rows(layout, query_index=q_index, key_index=k_index, causal=True, window=window)
                     assert got.tolist() == torch.nonzero(seen.any(0)).flatten().tolist(), (r, window)
     ring = RingLayout(samples=LONG, ulysses_degree=1, ring_degree=4, index_in_group=0, chunking=chunking)
+    charged = hop_tokens([s.tokens for s in LONG], window=WINDOW, ring_degree=4).sum()  # what the cost model charges
+    assert charged == 2 * 127
     for j in range(1, 4):
-        assert needed_rows(ring, query_index=j, key_index=j - 1, causal=True, window=WINDOW).numel() == 2 * 127
+        assert needed_rows(ring, query_index=j, key_index=j - 1, causal=True, window=WINDOW).numel() == charged
