@@ -34,13 +34,16 @@ def feasible_bracket(feasible: Callable[[float], bool], lower_s: float) -> tuple
 
 
 
-def threshold(feasible: Callable[[float], bool], lo: float, hi: float, iterations: int
-               ) -> tuple[float, float]:
-    """Bisection between an infeasible ``lo`` and a feasible ``hi``: the last pair."""
+def threshold(feasible: Callable[[float], bool], lo: float, hi: float, iterations: int, *,
+              rel_tol: float = 0.0) -> tuple[float, float]:
+    """Bisection between an infeasible ``lo`` and a feasible ``hi``: the last pair (after
+    ``iterations`` steps, or earlier once ``hi - lo <= rel_tol * hi``)."""
     for _ in range(iterations):
         mid = 0.5 * (lo + hi)
         if feasible(mid):
             hi = mid
         else:
             lo = mid
+        if hi - lo <= rel_tol * hi:
+            break
     return lo, hi

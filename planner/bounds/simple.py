@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.bounds.bisect import threshold
 from planner.costs import CostTable
 
 
@@ -176,15 +177,7 @@ def _big_groups_bound(time_s: np.ndarray, sizes: np.ndarray, others: np.ndarray,
         return lo
     if not feasible(hi):
         return hi  # cannot happen for a plannable batch; a safe (loose) value
-    for _ in range(iterations):
-        mid = 0.5 * (lo + hi)
-        if feasible(mid):
-            hi = mid
-        else:
-            lo = mid
-        if hi - lo <= 2e-4 * hi:
-            break
-    return lo
+    return threshold(feasible, lo, hi, iterations, rel_tol=2e-4)[0]
 
 
 def _min_over(configs: list[tuple[float, list[tuple[int, float]], np.ndarray]],
