@@ -51,11 +51,11 @@ from executor.ring_blocks import (
     RingEvent,
     acc_dtype,
     apply_sinks,
+    backward_start,
     block_grads,
     block_mask,
     merge,
     note,
-    output_grads,
     post_p2p,
     record_ring_events,
 )
@@ -126,10 +126,7 @@ class _RingAttention(torch.autograd.Function):
         to, frm = (rank + 1) % size, (rank - 1) % size
         acc = acc_dtype(q.dtype)
         q_table = layout.ring_table(rank)
-        qh = q.transpose(0, 1).to(acc)  # (H, Tq, Dh)
-        doh, delta = output_grads(grads, o, acc)  # delta (H, Tq, 1): rowsum(dO * O) - dlse
-        safe_lse = torch.where(torch.isfinite(lse), lse, 0.0).to(acc)[..., None]
-        dq = torch.zeros_like(qh)
+        qh, doh, delta, safe_lse, dq = backward_start(q, o, lse, grads)
         kv = torch.stack([k, v])
         dkv_hop: tuple[torch.Tensor, Pending] | None = None
         for step in range(size):

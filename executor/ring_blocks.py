@@ -144,6 +144,17 @@ def output_grads(grads: tuple[torch.Tensor | None, ...], o: torch.Tensor, acc: t
     return doh, delta
 
 
+def backward_start(q: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, grads: tuple[torch.Tensor | None, ...]
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What every ring's backward starts from, in the accumulation dtype: ``(qh (H, Tq, Dh), dO,
+    delta (:func:`output_grads`), the log-sum-exp with empty rows at 0 (H, Tq, 1), dq = 0)``."""
+    acc = acc_dtype(q.dtype)
+    qh = q.transpose(0, 1).to(acc)
+    doh, delta = output_grads(grads, o, acc)
+    safe_lse = torch.where(torch.isfinite(lse), lse, 0.0).to(acc)[..., None]
+    return qh, doh, delta, safe_lse, torch.zeros_like(qh)
+
+
 def apply_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
     """Attention sinks on a ring's output ``(Tq, H, Dh)`` and log-sum-exp ``(H, Tq)``: a learned
     logit per head (gpt-oss, ``sinks (H,)``) joins every query's softmax and carries no value, so

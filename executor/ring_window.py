@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executor.ring_blocks import Pending, acc_dtype, block_grads, block_mask, merge, note, output_grads, post_p2p
+from executor.ring_blocks import Pending, acc_dtype, backward_start, block_grads, block_mask, merge, note, post_p2p
 from executor.ring_layout import RingLayout, needed_rows
 
 
@@ -129,10 +129,7 @@ class _WindowedRing(torch.autograd.Function):
         receive, send = ctx.steps
         acc = acc_dtype(q.dtype)
         q_table = layout.ring_table(rank)
-        qh = q.transpose(0, 1).to(acc)  # (H, Tq, Dh)
-        doh, delta = output_grads(grads, o, acc)  # delta (H, Tq, 1): rowsum(dO * O) - dlse
-        safe_lse = torch.where(torch.isfinite(lse), lse, 0.0).to(acc)[..., None]
-        dq = torch.zeros_like(qh)
+        qh, doh, delta, safe_lse, dq = backward_start(q, o, lse, grads)
         dkv = torch.zeros((2, *k.shape), dtype=acc, device=q.device)  # this position's own block
         transfers = _Transfers(layout, ctx.group, torch.stack([k, v]), receive, send, "backward")
         returned: tuple[torch.Tensor | None, torch.Tensor, Pending] | None = None
