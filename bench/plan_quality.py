@@ -120,8 +120,9 @@ def run_cell(workload: str, cluster_name: str, num_samples: int, steps: int,
         if lp_bound and plan.gap > 0.02 and plan.solver.status != "OPTIMAL":
             table = prepare(samples, cluster=cluster, cost_model=cmf, config=config).table
             sync = table.grad_sync_s
+            # (the bounds' view: with rings, the table's own times are upper bounds of a sample's share)
             bound_lp = max(bound_lp, sync + partition_lp_bound(
-                table, lower_s=bound_lp - sync, iterations=6, integral_groups=True))
+                table.for_bounds(), lower_s=bound_lp - sync, iterations=6, integral_groups=True))
             check_bound(bound_lp, "partition-lp (offline)", plan.predicted_step_time_s,
                         status=plan.solver.status)
         sync = plan.grad_sync_time_s

@@ -299,8 +299,8 @@ def print_plan_tables(rows: list[dict[str, Any]], summary: dict[str, Any], *, ti
         ("gap", "plan s / lower bound - 1: how far the plan may be from the best possible "
                 f"(all: mean over steps, against {_bound_kinds(summary)}; --json has the bound in seconds)"),
         ("bound", "the tightest lower bound: longest, area, deadline-area, largest-choice (simple bounds), "
-                  "partition-lp (an LP relaxation, planner/bounds/lp.py; at the default budget on batches "
-                  "of at most 64 sample shapes), patterns (whole samples per group: a configuration LP, "
+                  "partition-lp (an LP relaxation, planner/bounds/lp.py; at the default budget over at most "
+                  "64 merged sample shapes), patterns (whole samples per group: a configuration LP, "
                   "planner/bounds/patterns.py; batches of at most 32), cpsat (CP-SAT's bound), "
                   "cpsat-optimal (CP-SAT proved it)"),
         ("status", "where the plan came from: OPTIMAL, FEASIBLE or HEURISTIC (the search), BASELINE "

@@ -420,7 +420,6 @@ def _finish(found: _Found, prep: Prepared, samples: Sequence[Sample], *, config:
     bound_value, bound_kind = _valid_best(candidates, best_time, status=status, tie_witnessed=witnessed,
                                           samples=samples, config=config, stats=stats)
     if (config.lp_bound_iterations > 0 and status != "OPTIMAL"
-            and (config.lp_bound_max_classes is None or table.classes.num_classes <= config.lp_bound_max_classes)
             and best_time > bound_value * (1 + config.lp_bound_min_gap)):
         from planner.bounds.lp import partition_lp_bound  # imports scipy's LP solver
 
@@ -433,7 +432,7 @@ def _finish(found: _Found, prep: Prepared, samples: Sequence[Sample], *, config:
             table.for_bounds(), lower_s=bound_value - table.grad_sync_s,
             iterations=max(1, round(config.lp_bound_iterations * min(1.0, 256 / len(samples)))),
             integral_groups=config.lp_bound_integral and table.classes.num_classes <= 64,
-            micro_batch_buckets=config.lp_bound_micro_batch_buckets,
+            micro_batch_buckets=config.lp_bound_micro_batch_buckets, max_classes=config.lp_bound_max_classes,
         ) + table.grad_sync_s
         if lp > bound_value:
             bound_value, bound_kind = _valid_best([("partition-lp", lp), (bound_kind, bound_value)], best_time,

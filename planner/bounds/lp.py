@@ -281,7 +281,8 @@ def lp_feasible(table: CostTable, deadline_s: float, *, integral_groups: bool = 
 
 
 def partition_lp_bound(table: CostTable, *, lower_s: float, iterations: int, integral_groups: bool = False,
-                       node_limit: int = NODE_LIMIT, micro_batch_buckets: int = MICRO_BATCH_BUCKETS) -> float:
+                       node_limit: int = NODE_LIMIT, micro_batch_buckets: int = MICRO_BATCH_BUCKETS,
+                       max_classes: int | None = None) -> float:
     """The partition LP bound on the compute makespan, at least ``lower_s``.
 
     First a bracket from the problem alone (:func:`feasible_bracket`: probes at ``lower_s``
@@ -302,6 +303,8 @@ def partition_lp_bound(table: CostTable, *, lower_s: float, iterations: int, int
         node_limit: Branch-and-bound nodes per MIP test (``lp_feasible``).
         micro_batch_buckets: ``M`` of the finer problem (``lp_feasible``; more is tighter
             and slower).
+        max_classes: Merge the classes into at most this many buckets first
+            (``planner.bounds.lp_merge``: still a relaxation, cheaper, looser); None: never.
 
     Returns:
         The largest deadline the LP (or MIP) was proven infeasible at (less a 1e-9 relative
@@ -311,6 +314,10 @@ def partition_lp_bound(table: CostTable, *, lower_s: float, iterations: int, int
     if iterations <= 0 or not lower_s > 0:
         return lower_s
     inputs = LPInputs.of(table)
+    if max_classes is not None:
+        from planner.bounds.lp_merge import merged_problem
+
+        table, inputs = merged_problem(table, inputs, max_classes)
 
     def coarse(deadline_s: float) -> bool:
         return lp_feasible(table, deadline_s, inputs=inputs, micro_batch_buckets=1)
