@@ -63,6 +63,17 @@ def allowed_sizes(cost_model: CostModel, *, mode: str, max_group_size: int | Non
     return sizes
 
 
+def ring_bound_weights(tokens: np.ndarray, counts: np.ndarray | None) -> np.ndarray:
+    """How much each class counts when the lower bounds pick a ring column's additive form
+    (``CostModel.ring_alone_exposed_s``): its samples times their attention work (``s^2``), so the
+    long samples the bounds hinge on (the longest, the largest choices) keep their tighter form;
+    weighting by counts alone let many short hop-bound samples pick the hop-bound form, and the
+    bound of 256 text samples on Qwen3-30B-A3B fell from 3.27% to 4.32% under the plans."""
+    s = np.asarray(tokens, dtype=np.float64)
+    n = np.ones_like(s) if counts is None else np.asarray(counts, dtype=np.float64)
+    return n * (s / max(float(s.max(initial=1.0)), 1.0)) ** 2
+
+
 @dataclass(frozen=True, slots=True)
 class SampleClasses:
     """The batch grouped by shape.
@@ -294,8 +305,8 @@ class CostTable:
             # k: L x (forward + backward) plus one forward per recomputed layer
             exp = np.stack(cm.ring_alone_exposed_s(c.tokens, layout=layout), axis=1)
             # the additive part (a lower bound of each sample's share of any call it is in)
-            lower = np.stack(cm.ring_alone_exposed_s(c.tokens, layout=layout, additive_only=True, weights=counts),
-                             axis=1)
+            lower = np.stack(cm.ring_alone_exposed_s(c.tokens, layout=layout, additive_only=True,
+                                                     weights=ring_bound_weights(c.tokens, counts)), axis=1)
             per_k = exp[:, 0]
             t0 = t0 + layers * exp.sum(axis=1)
             t1 = t1 + layers * exp.sum(axis=1) + per_k

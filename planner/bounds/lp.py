@@ -56,7 +56,7 @@ from scipy.sparse import coo_matrix
 
 from costmodel.evaluate import GroupLayout
 from planner.bounds.bisect import feasible_bracket, threshold
-from planner.costs import CostTable
+from planner.costs import CostTable, ring_bound_weights
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +185,8 @@ def priced_times_s(table: CostTable, j: int, prices_per_byte: np.ndarray, *,
         fits = bytes_ <= budget_bytes
         if layout is not None:
             fwd, bwd = cm.ring_alone_exposed_s(tokens[:, 0], layout=layout, additive_only=True,
-                                               weights=[len(m) for m in classes.members])
+                                               weights=ring_bound_weights(classes.tokens,
+                                                                          np.array([len(m) for m in classes.members])))
             time_s = time_s + (layers * (fwd + bwd))[:, None] + policies * fwd[:, None]
             fits &= tokens >= 2 * layout.ring_degree
         at = np.where(fits[None], time_s[None] + prices_per_byte[:, None, None] * bytes_[None], np.inf)
