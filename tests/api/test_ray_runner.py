@@ -151,6 +151,7 @@ def test_cli_refuses_an_unreachable_cluster_before_creating_the_store(manifest: 
     assert not out.exists()
 
 
+@pytest.mark.timeout(900)  # a hang guard: 200 steps took ~8 min beside a second suite on 2 cores
 def test_service_plans_on_the_cluster_with_the_pool_digests(
         cluster: Any, manifest: Path, pool_digests: list[tuple[int, str]], tmp_path: Path) -> None:
     data = tmp_path / "data"
@@ -164,12 +165,12 @@ def test_service_plans_on_the_cluster_with_the_pool_digests(
     with ReadingClient(create_app(settings)) as client:
         created = client.post("/v1/epochs", json=body, headers=AUTH)
         assert created.status_code == 202, created.text
-        deadline = time.monotonic() + 120
-        while True:
+        while True:  # until the job ends: judged by its state, not a deadline (beside a second
+            # suite on 2 cores it was 51 of 200 steps in at 120 s); the suite's timeout guards a hang
             status = client.get("/v1/epochs/e").json()
             if status["steps_per_s"]:
                 rates.append(status["steps_per_s"])
-            if status["state"] not in ("queued", "running") or time.monotonic() > deadline:
+            if status["state"] not in ("queued", "running"):
                 break
             time.sleep(0.05)
     assert status["state"] == "done", status
