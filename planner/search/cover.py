@@ -19,7 +19,7 @@ import logging
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
-from planner.assemble import Draft, DraftGroup
+from planner.assemble import Draft
 from planner.baselines.common import place_layout
 from planner.bounds.lp import overhead_by_size_s
 from planner.bounds.patterns import ITERATION_LIMIT, cover_patterns, pattern_bound
@@ -95,5 +95,4 @@ def cover_draft(table: CostTable, *, lower_s: float, iterations: int, max_visits
         return None
     for group, (_, taken) in zip(placed, members, strict=False):
         group.micro_batches = [[(i, 0)] for i in sorted(taken)]
-    draft: Draft = [DraftGroup(size=g.size, first_rank=g.first_rank, micro_batches=g.micro_batches) for g in placed]
-    return polish(table, draft, max_moves=max_moves, intra=intra)
+    return polish(table, placed, max_moves=max_moves, intra=intra)
