@@ -122,21 +122,21 @@ def build_reference_model(config: CheckConfig) -> nn.Module:
     return model
 
 
-def init_rank(rank: int, world: int, port: int, *, timeout_s: float | None = None) -> None:
-    """One torch thread and a gloo process group on loopback (``timeout_s``: its collectives'
-    timeout; None: torch's default)."""
+def init_rank(rank: int, world: int, port: int, *, timeout_s: float | None = None, backend: str = "gloo") -> None:
+    """One torch thread and a process group (gloo, or ``backend``) on loopback (``timeout_s``: its
+    collectives' timeout; None: torch's default)."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=None if timeout_s is None else timedelta(seconds=timeout_s))
 
 
 @contextlib.contextmanager
 def joined_rank(rank: int, world: int, port: int, *, save: Callable[[dict[str, Any]], object],
-                timeout_s: float | None = None) -> Iterator[dict[str, Any]]:
+                timeout_s: float | None = None, backend: str = "gloo") -> Iterator[dict[str, Any]]:
     """One spawned rank's life: join the world (:func:`init_rank`), fill the yielded results,
     ``save`` them whatever happens (the traceback under ``error`` when the body raised; the
     exception still propagates, so ``mp.spawn`` fails too), leave the world."""
-    init_rank(rank, world, port, timeout_s=timeout_s)
+    init_rank(rank, world, port, timeout_s=timeout_s, backend=backend)
     results: dict[str, Any] = {}
     try:
         yield results

@@ -12,6 +12,17 @@ block's ``r`` Ulysses subgroups (``u`` consecutive ranks) and its ``u`` rings (r
 after the contiguous groups and in the same order on every rank, each set of ranks once (a
 contiguous subgroup is one of the plain groups when its size is registered). A layout adds at most
 ``2 x world_size`` groups, so the set stays bounded and ``num_groups`` counts it.
+
+Once all are created, every rank runs one all-reduce of a single element on each group it belongs
+to, in creation order (:meth:`GroupRegistry._warm_up`), so that no group's first call is a ring's
+batched p2p that only some of its ranks post. NCCL creates a group's communicator on its first call,
+and ``torch.distributed.batch_isend_irecv``
+(https://pytorch.org/docs/stable/distributed.html#torch.distributed.batch_isend_irecv) says: "if
+this API call is the first collective call in the group passed to dist.P2POp, all ranks of the group
+must participate in this API call; otherwise, the behavior is undefined. If this API call is not the
+first collective call in the group, batched P2P operations involving only a subset of ranks of the
+group are allowed." A sliding-window ring (:mod:`executor.ring_window`) posts a step's transfers only
+on the ranks whose windows reach a block: at some steps some ranks of a ring post and others none.
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 
+import torch
 import torch.distributed as dist
 
 from executor.ring_layout import RingGroups, check_layout_degrees
@@ -100,8 +112,16 @@ class GroupRegistry:
                 self.num_ring_groups += 1
         self.creation_time_s = time.perf_counter() - start
         """Wall time this rank spent creating the groups."""
-        logger.info("rank %d: %d SP groups over sizes %s (%d with this rank) in %.3f s", rank, self.num_groups,
-                    self.sizes, len(self._groups), self.creation_time_s)
+        self.warmed_up: list[tuple[int, ...]] = []
+        """Ranks of every group this rank ran its first collective on (:meth:`_warm_up`), in creation
+        order: each group with this rank once."""
+        start = time.perf_counter()
+        self._warm_up()
+        self.warm_up_time_s = time.perf_counter() - start
+        """Wall time this rank spent on the groups' first collectives."""
+        logger.info("rank %d: %d SP groups over sizes %s (%d with this rank) in %.3f s, first collectives on "
+                    "%d in %.3f s", rank, self.num_groups, self.sizes, len(self._groups), self.creation_time_s,
+                    len(self.warmed_up), self.warm_up_time_s)
 
     @classmethod
     def from_layouts(cls, *, world_size: int, rank: int, layouts: Iterable[Sequence[int]],
@@ -125,6 +145,31 @@ class GroupRegistry:
         # Ulysses degree (``ulysses_degrees``)
         return cls(world_size=world_size, rank=rank, group_sizes=[d for d, _, r in triples if r == 1] or [1],
                    layouts=[(u, r) for _, u, r in triples], backend=backend)
+
+    def _warm_up(self) -> None:
+        """Run each new group's first collective: an all-reduce of one element (the module docstring
+        says why), on the current CUDA device under NCCL (each rank has called
+        ``torch.cuda.set_device``, as NCCL requires), else on the CPU.
+
+        It runs on every backend: on gloo (which needs no warm-up) it costs a few milliseconds a
+        group and connects the group at start-up instead of in the first step. The sum, the group's
+        size, checks that the group links the ranks it should. Every rank visits its groups in the
+        same (creation) order and each all-reduce waits only for the group's members, each of which
+        has finished the earlier groups it belongs to, so no rank waits for one that cannot come.
+
+        Raises:
+            RuntimeError: when a group's all-reduce does not sum to its size.
+        """
+        for ranks, group in self._by_ranks.items():  # creation order, each set of ranks once
+            if self.rank not in ranks:
+                continue
+            nccl = "nccl" in str(dist.get_backend(group))
+            one = torch.ones(1, device=torch.device("cuda", torch.cuda.current_device()) if nccl else "cpu")
+            dist.all_reduce(one, group=group)
+            if int(one.item()) != len(ranks):
+                raise RuntimeError(f"rank {self.rank}: the first all-reduce over ranks {list(ranks)} summed to "
+                                   f"{one.item()}, not their number {len(ranks)}")
+            self.warmed_up.append(ranks)
 
     def _layout_rank_sets(self) -> list[tuple[int, ...]]:
         """Every Ulysses subgroup and ring of every layout, in creation order (repeats included)."""

@@ -115,15 +115,17 @@ def init_gloo(rank: int, world_size: int, port: int) -> None:
     init_rank(rank, world_size, port, timeout_s=60)
 
 
-def gloo_rank(rank: int, world_size: int, port: int,
-              out_dir: str | Path) -> contextlib.AbstractContextManager[dict[str, Any]]:
+def gloo_rank(rank: int, world_size: int, port: int, out_dir: str | Path,
+              backend: str = "gloo") -> contextlib.AbstractContextManager[dict[str, Any]]:
     """One spawned rank's life (``dcp_cli.check_config.joined_rank``, the check's own, 60 s
-    collective timeout), its results (tensors too) saved to ``out_dir/rank<r>.pt`` whatever
+    collective timeout; gloo unless ``backend`` says otherwise, e.g. ``nccl`` after
+    ``torch.cuda.set_device``), its results (tensors too) saved to ``out_dir/rank<r>.pt`` whatever
     happens, with the traceback under ``error`` when the body raised. Read them back with
     :func:`load_rank_results`.
     """
     path = Path(out_dir) / f"rank{rank}.pt"
-    return joined_rank(rank, world_size, port, save=lambda results: torch.save(results, path), timeout_s=60)
+    return joined_rank(rank, world_size, port, save=lambda results: torch.save(results, path), timeout_s=60,
+                       backend=backend)
 
 
 def load_rank_results(out_dir: str | Path, world_size: int) -> list[dict[str, object]]:

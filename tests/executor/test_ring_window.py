@@ -14,7 +14,6 @@ or value) on a windowed and on a full ring, their gradients summed over the rank
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
@@ -28,10 +27,10 @@ from dcp_cli.net import free_port
 from executor.layout import SampleShape
 from executor.ring_layout import RingGroups, RingLayout
 from tests.executor.helpers import gloo_rank, load_rank_results
+from tests.executor.window_reference import HEAD_DIM, HEADS, full_tensors, local_rows, sink_logits, windowed_reference
 
 WORLD = 4
 WINDOW = 128
-HEADS, HEAD_DIM = 2, 4
 LONG = (SampleShape(tokens=1096), SampleShape(tokens=1040))
 CASES: dict[str, tuple[tuple[SampleShape, ...], int, int, str, int | None, bool]] = {
     # name: (samples, u, r, chunking, window, sinks)
@@ -45,51 +44,10 @@ CASES: dict[str, tuple[tuple[SampleShape, ...], int, int, str, int | None, bool]
 }
 
 
-def _sinks() -> torch.Tensor:
-    return torch.tensor([0.7, -1.3], dtype=torch.float64)
-
-
-def _full_tensors(samples: tuple[SampleShape, ...], seed: int) -> tuple[torch.Tensor, ...]:
-    gen = torch.Generator().manual_seed(seed)
-    total = sum(s.tokens for s in samples)
-    return tuple(torch.randn(total, HEADS, HEAD_DIM, generator=gen, dtype=torch.float64) for _ in range(4))
-
-
-def _reference(samples: tuple[SampleShape, ...], window: int | None, sinks: bool) -> tuple[torch.Tensor, ...]:
-    """Output and gradients of q, k, v and the sinks (loss: sum(out * g)) of plain per-sample
-    windowed attention; sinks as transformers' gpt-oss joins them (a logit per head concatenated
-    to the scores, dropped after the softmax)."""
-    q, k, v, g = _full_tensors(samples, 0)
-    q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
-    sink = _sinks().requires_grad_(True)
-    outs, start = [], 0
-    for s in samples:
-        end = start + s.tokens
-        scores = torch.einsum("thd,uhd->htu", q[start:end], k[start:end]) / math.sqrt(HEAD_DIM)
-        pos = torch.arange(s.tokens)
-        seen = pos[None, :] <= pos[:, None]  # (query, key)
-        if window is not None:
-            seen &= pos[None, :] > pos[:, None] - window
-        scores = scores.masked_fill(~seen, float("-inf"))
-        if sinks:
-            scores = torch.cat([scores, sink[:, None, None].expand(-1, s.tokens, 1)], dim=-1)
-        probs = torch.softmax(scores, dim=-1)[..., :s.tokens]
-        outs.append(torch.einsum("htu,uhd->thd", probs, v[start:end]))
-        start = end
-    out = torch.cat(outs)
-    (out * g).sum().backward()
-    return out.detach(), q.grad, k.grad, v.grad, sink.grad  # type: ignore[return-value]
-
-
 def _layout(name: str, rank: int) -> RingLayout:
     samples, u, r, chunking, _, _ = CASES[name]
     return RingLayout(samples=samples, ulysses_degree=u, ring_degree=r, index_in_group=rank % (u * r),
                       chunking=chunking)
-
-
-def _local(full: torch.Tensor, layout: RingLayout) -> torch.Tensor:
-    offsets = layout.sample_offsets()
-    return torch.cat([layout.shard(full[offsets[s]:offsets[s + 1]], s) for s in range(layout.num_samples)])
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
@@ -103,9 +61,9 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             group = (RingGroups(ulysses=None, ring=whole) if (u, r) == (1, 4)
                      else RingGroups(ulysses=pairs[rank // 2], ring=strided[rank % 2]))
             layout = _layout(name, rank)
-            q, k, v, g = (_local(t, layout) for t in _full_tensors(samples, 0))
+            q, k, v, g = (local_rows(t, layout) for t in full_tensors(samples, 0))
             q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
-            sink = _sinks().requires_grad_(True) if sinks else None  # u = 1: every head on every rank
+            sink = sink_logits().requires_grad_(True) if sinks else None  # u = 1: every head on every rank
             with record_ring_events() as events:
                 qh, kh, vh = (ring_seq_to_head(t, layout, group) for t in (q, k, v))
                 o = ring_packed_attention(qh, kh, vh, layout=layout, group=group.ring, kind="causal_1d",
@@ -133,7 +91,7 @@ def _steps(events: object, pass_: str, what: str) -> list[int]:
 @pytest.mark.parametrize("name", list(CASES))
 def test_windowed_ring_equals_plain_windowed_attention(window_results: list[dict[str, object]], name: str) -> None:
     samples, _, _, _, window, sinks = CASES[name]
-    want = _reference(samples, window, sinks)
+    want = windowed_reference(samples, window, sinks)
     # a real key gradient (a one-token window has none: each softmax is over one key)
     assert float(want[3 if window == 1 else 2].abs().max()) > 1e-3
     for rank, res in enumerate(window_results):
@@ -141,7 +99,7 @@ def test_windowed_ring_equals_plain_windowed_attention(window_results: list[dict
         got = res[name]
         assert isinstance(got, tuple)
         for what, g, w in zip(("out", "dq", "dk", "dv"), got, want[:4], strict=True):
-            diff = float((g - _local(w, layout)).abs().max())
+            diff = float((g - local_rows(w, layout)).abs().max())
             assert diff <= 1e-10, f"rank {rank}, {name}: {what} differs by {diff:.2e}"
     if sinks:  # each rank's sinks gradient is its queries' share: the ranks' sum is the whole
         parts = [res[f"{name}_sinks"] for res in window_results]
