@@ -4,7 +4,10 @@ the cost model charges only those (costmodel/ring/window.py, timing.py, costs.py
 The step counts by hand (a ring of 4 over a 128-token window: 2 of 3 remote steps with zig-zag
 chunks, 1 of 3 with contiguous ones) and against every (query, key) pair of small samples counted
 one by one; the ring's time by hand on the steps that run; a model's layer mix averaging full and
-windowed layers; the planner's vectorised form equal to the one-call form with windows."""
+windowed layers; the planner's vectorised form equal to the one-call form with windows. The
+bounds' per-sample shares: under any call of their samples, by hand on one sample, and equal to a
+one-sample call where their inequalities are equalities (steps compute-bound, or hop-bound with
+every step run), so a share loosened anywhere (steps, hops, merges, attention) fails."""
 
 from __future__ import annotations
 
@@ -26,11 +29,12 @@ from tests.costmodel.test_ring import IDEAL, LINKS, RING
 from tests.costmodel.test_ring_priced import _cost_model
 
 
-def _ring(tokens: list[int], *, r: int, ring: RingCoefficients = RING, window: int | None = None
-          ) -> tuple[float, float, float, float]:
+def _ring(tokens: list[int], *, r: int, ring: RingCoefficients = RING, window: int | None = None,
+          additive_only: bool = False) -> tuple[float, float, float, float]:
     return ring_attention_time_s(tokens, ulysses_degree=1, ring_degree=r, forward_s_per_pair=1e-9,
                                  backward_s_per_pair=2e-9, kv_bytes_per_token=100.0, query_channels=64,
-                                 links=LINKS, crosses_nodes=False, hbm_bytes_per_s=1e12, ring=ring, window=window)
+                                 links=LINKS, crosses_nodes=False, hbm_bytes_per_s=1e12, ring=ring, window=window,
+                                 additive_only=additive_only)
 
 
 def _pairs_by_hand(tokens: int, window: int, ring_degree: int, chunking: str) -> int:
@@ -174,16 +178,23 @@ def test_sliding_needs_a_window() -> None:
                                                                            ring_degree=4), sliding=True)
 
 
+def _without_fixed_costs(*, window: int, bytes_per_s: float | None = None) -> CostModel:
+    """The tiny model with 2 of its 3 layers windowed, on links without latency and rings without a
+    per-step cost, which the bounds' shares leave out and which would hide a loose share
+    (``bytes_per_s``: both links' bandwidth, default :data:`LINKS`')."""
+    base = _cost_model(gpus=8, gpn=4)
+    bandwidth = {} if bytes_per_s is None else {"bytes_per_s": bytes_per_s}
+    links = P2PLinks(intra=LINKS.intra.model_copy(update={"alpha_s": 0.0, **bandwidth}),
+                     inter=LINKS.inter.model_copy(update={"alpha_s": 0.0, **bandwidth}))  # type: ignore[union-attr]
+    comm = base.file.comm.model_copy(update={"p2p": links, "ring": RingCoefficients(step_overhead_s=0.0)})
+    base = CostModel(file=base.file.model_copy(update={"comm": comm}), cluster=base.cluster)
+    return _windowed(base, ("sliding_attention", "full_attention", "sliding_attention"), window)
+
+
 def test_additive_shares_stay_under_a_windowed_call() -> None:
     """The bounds' per-sample shares (``additive_only``, compute- or hop-bound form) sum under the
     ring of any call of those samples, though a call runs as many steps as its neediest sample."""
-    base = _cost_model(gpus=8, gpn=4)
-    # no latency and no per-step cost, which the shares leave out and which would hide a loose share
-    links = P2PLinks(intra=LINKS.intra.model_copy(update={"alpha_s": 0.0}),
-                     inter=LINKS.inter.model_copy(update={"alpha_s": 0.0}))  # type: ignore[union-attr]
-    comm = base.file.comm.model_copy(update={"p2p": links, "ring": RingCoefficients(step_overhead_s=0.0)})
-    base = CostModel(file=base.file.model_copy(update={"comm": comm}), cluster=base.cluster)
-    cm = _windowed(base, ("sliding_attention", "full_attention", "sliding_attention"), 3000)
+    cm = _without_fixed_costs(window=3000)
     rng = np.random.default_rng(3)
     for layout in (cm.place(first_rank=0, group_size=4, ring_degree=4), cm.place(first_rank=2, group_size=8,
                                                                                  ring_degree=4)):
@@ -199,3 +210,52 @@ def test_additive_shares_stay_under_a_windowed_call() -> None:
             for lam in (0.0, 0.5, 1.0):
                 low_f, low_b = cm._exposed_from_columns(columns, layout, additive_only=True, compute_weight=lam)
                 assert cm.num_layers * float((low_f + low_b).sum()) <= call * (1 + 1e-12), lam
+
+
+def test_windowed_share_by_hand() -> None:
+    """A sample's share of any call, in the compute-bound form, by hand: 4,096 tokens, a ring of
+    4, a 128-token window: the 2 remote steps the window reaches (3 steps with the local block)
+    each hop the 127 keys it reaches, exposed at the exposed fraction (0.25) and without latency,
+    and merge once; the backward's hops carry twice the bytes, then the gradients' hop home."""
+    hop_bytes_s = 127 * 100 / 1e9
+    merges = 2 * 1024 * 64 * 12 / 1e12
+    fwd, bwd, exp_f, exp_b = _ring([4096], r=4, window=128, additive_only=True)
+    assert exp_f == pytest.approx(2 * 0.25 * hop_bytes_s + merges, rel=1e-12)
+    assert exp_b == pytest.approx(2 * 0.25 * 2 * hop_bytes_s + hop_bytes_s, rel=1e-12)
+    m = 4096 - 128
+    step = (4096 * 4096 - m * (m + 1)) / 4 / 3 * 1e-9  # the rank's quarter of the windowed pairs, a third a step
+    assert fwd - exp_f == pytest.approx(3 * step, rel=1e-12)  # the attention the per-sample terms charge
+    assert bwd - exp_b == pytest.approx(3 * 2 * step, rel=1e-12)
+
+
+@pytest.mark.parametrize(("form", "bytes_per_s", "window", "tokens", "remote"), [
+    # compute-bound steps (fast links) on long samples: the window reaching both neighbours' blocks
+    ("compute", 1e9, 128, [8192.0, 4096.0, 2048.0], 2),
+    # ... or every block
+    ("compute", 1e9, 600, [4096.0, 2560.0], 3),
+    # hop-bound steps (slow links) on samples whose windows reach every block
+    ("hop", 1e6, 128, [32.0, 64.0, 96.0, 200.0, 256.0, 640.0], 3),
+])
+def test_windowed_shares_are_exact_on_one_sample(form: str, bytes_per_s: float, window: int, tokens: list[float],
+                                                 remote: int) -> None:
+    """The bounds' share of a sample alone equals its call's exposed ring where the share's
+    inequalities are equalities: no latency, no per-step cost, and every step compute-bound
+    (compute form: ``max(c, h) = c``) or hop-bound with every step run (hop form: ``max(c, h) =
+    h``, and the share's attention, charged at ``r`` steps, is the call's). A share charged fewer
+    steps, hops, merges or attention than the call falls below it here; the steps it charges are
+    those the window reaches, counted from every (query, key) pair (on the tiny model, 2 of its 3
+    layers windowed, a ring of 4 in one node)."""
+    r = 4
+    cm = _without_fixed_costs(window=window, bytes_per_s=bytes_per_s)
+    layout = cm.place(first_rank=0, group_size=4, ring_degree=r)
+    s = np.asarray(tokens)
+    columns = cm._ring_columns(s, layout)
+    assert [_pairs_by_hand(int(t), window, r, "zigzag") for t in tokens] == [remote] * len(tokens)
+    assert columns[:, -1].tolist() == [remote] * len(tokens)  # the remote steps the share charges
+    low_f, low_b = cm._exposed_from_columns(columns, layout, additive_only=True,
+                                            compute_weight=1.0 if form == "compute" else 0.0)
+    alone_f, alone_b = cm.ring_alone_exposed_s(s, layout=layout, additive_only=True)  # the larger form
+    for i, t in enumerate(tokens):
+        call = cm.ring_exposed_s([t], [0], layout=layout)  # every layer once, forward and backward
+        assert cm.num_layers * float(low_f[i] + low_b[i]) == pytest.approx(call, rel=1e-12), t
+        assert cm.num_layers * float(alone_f[i] + alone_b[i]) == pytest.approx(call, rel=1e-12), t
