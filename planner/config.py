@@ -118,27 +118,28 @@ class PlannerConfig:
     placed in bulk by the heuristic's LPT and packing runs, as FlexSP buckets near-equal
     sequences; costs, the local search and the final plan stay exact per sample (0: bulk
     placement of identical samples only)."""
-    lp_bound_iterations: int = 0
+    lp_bound_iterations: int = 4
     """Bisection steps of the partition LP bound (``planner.bounds.lp``), run after the search
     when the gap to the other bounds is over ``lp_bound_min_gap`` (0: never). It only changes
     the reported bound, never the plan; each step is one LP solve (5-20 ms for 256 samples).
-    ``for_budget`` runs it in every preset: 2 steps over at most ``lp_bound_max_classes``
-    (merged) sample classes in the 50 ms preset, more from 0.2 s. Sized for 256
+    On in every preset: 4 steps over at most ``lp_bound_max_classes`` merged sample classes by
+    default (the 50 ms preset), 5 and more from 0.2 s over every class. Sized for 256
     samples: larger batches get proportionally fewer steps (at least 1)."""
-    lp_bound_max_classes: int | None = None
+    lp_bound_max_classes: int | None = 64
     """Above this many sample classes the partition LP runs on the classes merged into this many
-    buckets, each charged the least of its members' coefficients (``planner.bounds.lp_merge``:
-    still a relaxation, looser; None: never merged). A work limit: an LP solve's cost grows with
-    the classes (about 5 ms at 20 classes, 20 ms at 250 on the 2-core development machine). In
-    the 50 ms preset (64): on 5 steps of text-longtail @ gpt-oss-120b, 256 samples on h200x64,
-    the mean gap fell from 7.66% (the simple bounds: the LP was skipped there) to 4.92% against
-    3.62% for the whole LP, for 0.14 -> 0.32 s CPU a step."""
+    buckets counted in work units (``planner.bounds.lp_merge``: still a relaxation; None: never
+    merged). A work limit: an LP solve's cost grows with the classes (about 5 ms at 20 classes,
+    20 ms at 250 on the 2-core development machine). On 5 steps of text-longtail @ gpt-oss-120b,
+    256 samples on h200x64 (EP 8), 4 steps over 64 buckets gave the bound of 5 over all 256
+    classes, for 55-90 ms CPU a step against 150-300 ms (load 6-7); the mean gap of the default
+    preset's plans to their bound fell from 7.4% (the simple bounds) to under 3%."""
     lp_bound_integral: bool = False
     """Whole group counts in the partition LP bound (a small MIP: tighter, about twice the
     time; ``for_budget`` turns it on from 0.5 s); batches of over 64 sample classes get the
     plain LP."""
-    lp_bound_min_gap: float = 0.01
-    """Relative gap above which the partition LP bound is computed."""
+    lp_bound_min_gap: float = 0.02
+    """Relative gap above which the partition LP bound is computed (a plan within it of the
+    simple bounds is left with them)."""
     lp_bound_micro_batch_buckets: int = 1
     """``M`` of the partition LP (``planner.bounds.lp``): groups at 1 .. ``M - 1`` micro-batches
     and at least ``M``; above 1, a second bisection on that finer problem follows the
@@ -208,13 +209,12 @@ class PlannerConfig:
         from 0.5 s.
         """
         if time_limit_s < 0.1:
-            # The defaults, and the partition LP over at most 64 (merged) classes: on 5 steps of
-            # 256 samples it took video-short @ h200x32's mean gap from 3.28% (deadline-area,
-            # largest-choice) to 2.35% for ~12 ms CPU a step.
-            work: dict[str, object] = dict(lp_bound_iterations=2, lp_bound_min_gap=0.02, lp_bound_max_classes=64)
+            # The defaults (the partition LP over at most 64 merged classes included).
+            work: dict[str, object] = {}
         elif time_limit_s < 0.5:
             work = dict(num_lpt_runs=16, num_refined=2, local_search_max_moves=200,
                         num_target_probes=6, aggregated_cpsat=False, lp_bound_iterations=5,
+                        lp_bound_max_classes=None, lp_bound_min_gap=0.01,
                         max_resize_tries=8, local_search_max_ejections=8)
         else:
             # CP-SAT's deterministic time is ~5-12 s of wall time per unit on the 2-core
@@ -222,6 +222,7 @@ class PlannerConfig:
             work = dict(num_lpt_runs=48, num_refined=3, local_search_max_moves=600,
                         num_target_probes=8, aggregated_cpsat=True, lns_rounds=16,
                         cpsat_deterministic_time=0.005, lp_bound_iterations=8,
+                        lp_bound_max_classes=None, lp_bound_min_gap=0.01,
                         lp_bound_integral=True, lp_bound_micro_batch_buckets=2,
                         max_resize_tries=16, deep_search_min_gap=0.01,
                         local_search_max_ejections=8)

@@ -121,6 +121,12 @@ class LPInputs:
     """``min_k a_ck`` per class and size over the policies that fit (``inf``: none fits)."""
     budget_bytes: float
     """``B``; not positive: the memory constraints are left out."""
+    counts: np.ndarray | None = None
+    """``n_c`` per class in the units ``x`` counts (``planner.bounds.lp_merge``: work units of a
+    merged bucket); None: the class's samples."""
+    samples_per_unit: np.ndarray | None = None
+    """Per class, the fewest samples one unit of ``x`` holds: constraint 5 counts
+    ``samples_per_unit[c] * x[c, d, m]`` samples; None: 1 (a unit is one sample)."""
 
     @classmethod
     def of(cls, table: CostTable) -> LPInputs:
@@ -258,7 +264,9 @@ def lp_feasible(table: CostTable, deadline_s: float, *, integral_groups: bool = 
             for k in range(1, _MAX_SHARED + 1):
                 big = sel & (t_x > cap[j, b] / (k + 1))
                 if big.any():
-                    bucket_row(big, np.ones(int(big.sum())), -float(k), j, b)
+                    weight = (np.ones(int(big.sum())) if inputs.samples_per_unit is None
+                              else inputs.samples_per_unit[cs[big]])
+                    bucket_row(big, weight, -float(k), j, b)
     num_ub = len(rows)
     # The groups partition the world.
     rows.append(np.full(num_y, num_ub))
@@ -268,7 +276,8 @@ def lp_feasible(table: CostTable, deadline_s: float, *, integral_groups: bool = 
     b_ub[-1] = float(table.cost_model.cluster.num_gpus)
     a_ub = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
                       shape=(num_ub + 1, num_x + num_y)).tocsr()
-    counts = np.array([len(m) for m in table.classes.members], dtype=np.float64)
+    counts = (np.array([len(m) for m in table.classes.members], dtype=np.float64) if inputs.counts is None
+              else inputs.counts)
     if integral_groups:
         # (presolve off: 1.2-2.5x slower with it on the MIP)
         result = milp(np.zeros(num_x + num_y), integrality=np.concatenate((np.zeros(num_x), np.ones(num_y))),

@@ -32,7 +32,7 @@ from planner.search.intra import intra_layout
 from planner.search.local_search import local_search
 from planner.search.lpt import lpt
 from planner.search.multisets import candidate_multisets, packed_multiset
-from planner.search.resize import resize_search
+from planner.search.resize import lone_merge, resize_search
 
 logger = logging.getLogger(__name__)
 
@@ -219,6 +219,8 @@ def heuristic_plan(table: CostTable, *, makespan_hint_s: float, num_candidates: 
         if makespan < best_time - 1e-12:
             best_time, best_groups = makespan, groups
     assert best_groups is not None
+    best_groups = lone_merge(table, best_groups, max_moves=deep_moves, max_ejections=max_ejections)
+    best_time = max(g.load_s for g in best_groups)
     if max_resizes > 0 and best_time > far:
         best_groups = resize_search(table, best_groups, max_tries=max_resizes,
                                     max_moves=deep_moves, max_ejections=max_ejections)

@@ -8,6 +8,10 @@ polishes the result. The move is kept only when it lowers the makespan. Candidat
 round: for every size, a split of its least loaded group, a merge of its two least loaded
 groups, then (after those of every size) a merge of its least loaded group with smaller
 groups making up the same size; the best improving one is kept, and rounds repeat while one improves.
+
+``lone_merge`` is the one resize move every preset runs: when the slowest group holds a single
+sample, no move of other samples can lower the makespan, only a larger group for that sample
+(a long-tail batch's longest sample on its most efficient size can outlast every other group).
 """
 
 from __future__ import annotations
@@ -133,3 +137,51 @@ def resize_search(table: CostTable, groups: list[GroupState], *, max_tries: int,
             break
         best_time, best = round_best
     return best
+
+
+def _lone_merges(table: CostTable, groups: list[GroupState], slow: int) -> list[tuple[list[int], list[int]]]:
+    """Merges of the slowest group (size ``d``) into one of ``2d``: with the least loaded other
+    group of size ``d``, and with the least loaded smaller groups making up ``d``."""
+    d = groups[slow].size
+    if 2 * d not in set(table.sizes):
+        return []
+    out: list[tuple[list[int], list[int]]] = []
+    same = sorted((k for k, g in enumerate(groups) if g.size == d and k != slow), key=lambda k: (groups[k].load_s, k))
+    if same:
+        out.append((sorted([slow, same[0]]), [2 * d]))
+    rest, taken = d, [slow]
+    smaller = (k for k, g in enumerate(groups) if g.size < d)
+    for k in sorted(smaller, key=lambda k: (groups[k].load_s, -groups[k].size, k)):
+        if groups[k].size <= rest:
+            taken.append(k)
+            rest -= groups[k].size
+            if rest == 0:
+                out.append((sorted(taken), [2 * d]))
+                break
+    return out
+
+
+def lone_merge(table: CostTable, groups: list[GroupState], *, max_moves: int, max_ejections: int
+               ) -> list[GroupState]:
+    """The groups after merging the slowest group into one of twice its size, while it holds a
+    single sample and the merge (re-placement and local search, as ``resize_search``) lowers the
+    makespan; ``groups`` itself when it does not."""
+    best, best_time = groups, _makespan(groups)
+    while True:
+        slow = max(range(len(best)), key=lambda k: (best[k].load_s, -k))
+        if sum(len(mb) for mb in best[slow].mbs) != 1:
+            return best
+        improved: tuple[float, list[GroupState]] | None = None
+        for remove, add in _lone_merges(table, best, slow):
+            trial = _replaced(table, best, remove, add)
+            if trial is None:
+                continue
+            local_search(table, trial, max_moves=max_moves, max_ejections=max_ejections)
+            for g in trial:
+                repack(table, g)
+            t = _makespan(trial)
+            if t < best_time * (1 - 1e-9) and (improved is None or t < improved[0]):
+                improved = (t, trial)
+        if improved is None:
+            return best
+        best_time, best = improved
