@@ -131,8 +131,9 @@ class PlannerConfig:
     merged). A work limit: an LP solve's cost grows with the classes (about 5 ms at 20 classes,
     20 ms at 250 on the 2-core development machine). On 5 steps of text-longtail @ gpt-oss-120b,
     256 samples on h200x64 (EP 8), 4 steps over 64 buckets gave the bound of 5 over all 256
-    classes, for 55-90 ms CPU a step against 150-300 ms (load 6-7); the mean gap of the default
-    preset's plans to their bound fell from 7.4% (the simple bounds) to under 3%."""
+    classes, for 55-90 ms CPU a step against 150-300 ms (load 6-7); with it the default preset's
+    mean gap to its own bound there fell from 7.37% (the simple bounds) to 2.87%
+    (``bench/results/plan_quality_moe.json``), for about 75-100 ms more CPU a step."""
     lp_bound_integral: bool = False
     """Whole group counts in the partition LP bound (a small MIP: tighter, about twice the
     time; ``for_budget`` turns it on from 0.5 s); batches of over 64 sample classes get the
