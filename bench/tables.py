@@ -395,6 +395,15 @@ TABLES: dict[str, TableSpec] = {
         ("fault", "{name}"), ("what the user sees", "{user_sees}"), ("recovered in s", "{recovery_s:.2f}"),
         ("steps", "{steps}"), ("plans identical to a clean run", lambda r: _yes(r["identical_to_reference"]))],
         left=2)),
+    "fuzz": TableSpec(json_name="fuzz.json", render=_columns(_named("runs"), [
+        ("mode", "{mode}"), ("fuzzing s", "{elapsed_s:.0f}"),
+        ("test cases generated / passed", lambda r: f"{r['test_cases'].get('generated', 0):,} / "
+                                                    f"{r['test_cases'].get('passed', 0):,}"),
+        ("requests the server counted", "{requests:,}"), ("5xx", "{server_5xx}"),
+        ("tracebacks", "{server_tracebacks}"),
+        ("raw-socket probes x rounds (failures)",
+         lambda r: f"{r['raw_phase']['probes']} x {r['raw_phase']['rounds']} ({r['raw_phase']['num_failures']})"),
+        ("passed", lambda r: _yes(r["passed"]))])),
     "epoch-scale": TableSpec(json_name="epoch_scale.json", render=_columns(_named("runs"), [
         ("runner", "{kind}"), ("workers", "{workers}"), ("steps", "{steps}"), ("steps/s", "{steps_per_s:.1f}"),
         ("driver CPU ms / step", lambda r: f"{r['driver_cpu_s_per_step'] * 1e3:.2f}"),
