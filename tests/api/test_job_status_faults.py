@@ -18,18 +18,24 @@ from .test_server import _digests, _wait
 
 pytestmark = pytest.mark.timeout(240)
 
-STEPS = 200
+STEPS = 24
+"""Enough that the job is mid-epoch when the lock is taken (the lock is taken a moment after the
+first write and held until the status has named it, so the job cannot finish while it lasts)."""
 PER_STEP = 16
 OPTIONS = {"time_limit_s": 2.0, "use_cpsat": True}
 
 WRITE_LOCK_HOLDER = """
-import sqlite3, sys, time
+import sqlite3, sys
 conn = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)
+print("ready", flush=True)
+sys.stdin.readline()
 conn.execute("BEGIN IMMEDIATE")  # the write lock; WAL readers go on
 print("locked", flush=True)
-time.sleep(float(sys.argv[2]))
+sys.stdin.readline()
 conn.execute("COMMIT")
 """
+"""Another process: takes the store's write lock on the first line on its stdin, commits on the
+second (started ahead, so the lock lands a moment after the job's progress is seen)."""
 
 
 def _epoch(epoch_id: str) -> dict[str, Any]:
@@ -40,18 +46,29 @@ def _epoch(epoch_id: str) -> dict[str, Any]:
 
 def test_status_names_a_store_that_cannot_be_written(server_factory: Any) -> None:
     server = server_factory(workers=2, env={"DCP_STORE_BUSY_TIMEOUT_S": "0.3"}).start()
+    holder = subprocess.Popen([sys.executable, "-c", WRITE_LOCK_HOLDER, str(server.tmp_path / "plans.sqlite")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdin is not None and holder.stdout is not None
+    assert holder.stdout.readline().strip() == "ready"
     assert server.request("POST", "/v1/epochs", json=_epoch("e")).status_code == 202
     before = _wait(server, "e", until=2)
     assert before["steps_done"] < STEPS, "too fast to interrupt; grow the epoch"
-    holder = subprocess.Popen([sys.executable, "-c", WRITE_LOCK_HOLDER, str(server.tmp_path / "plans.sqlite"), "4"],
-                              stdout=subprocess.PIPE, text=True)
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    holder.stdin.write("lock\n")
+    holder.stdin.flush()
+    assert holder.stdout.readline().strip() == "locked"
+    # The lock lasts until the status has named the fault with a retry to come, or until the
+    # server has logged three failed tries of the job under it (the status should have named the
+    # fault long before: then the assertions below say what it showed instead).
     seen: list[dict[str, Any]] = []
-    while holder.poll() is None:
+    while not any(s["error"] is not None and s["retry_in_s"] for s in seen) and \
+            server.log.read_text().count("epoch e: transient failure") < 3:
         response = server.request("GET", "/v1/epochs/e")
         assert response.status_code == 200, response.text  # reads go on under a write lock
         seen.append(response.json())
         time.sleep(0.1)
+    holder.stdin.write("release\n")
+    holder.stdin.flush()
+    assert holder.wait(timeout=60) == 0
     degraded = [s for s in seen if s["error"] is not None]
     assert degraded, f"the status never named the fault: {[(s['state'], s['error']) for s in seen[-3:]]}"
     last = degraded[-1]
