@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from dcp_cli.net import free_port
 from executor.groups import GroupRegistry
@@ -25,6 +24,7 @@ from planner.plan import Plan
 from tests.executor import test_ring_step
 from tests.executor.helpers import build_model, dataset_for, gloo_rank, load_rank_results, reference_backward
 from tests.executor.scenarios import plans_1d
+from tests.executor.worlds import spawn_world
 
 WORLD = 4
 TOL = 1e-10
@@ -72,7 +72,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object]]:
     out = Path(tmp_path_factory.mktemp("chunked_loss"))
-    mp.spawn(_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    spawn_world(_worker, args=(free_port(), str(out)), nprocs=WORLD)
     return load_rank_results(out, WORLD)
 
 

@@ -5,7 +5,6 @@ one gradient all-reduce per step."""
 from __future__ import annotations
 
 import pytest
-import torch.multiprocessing as mp
 
 from costmodel.analytic import analytic_cost_model
 from costmodel.evaluate import CostModel
@@ -15,6 +14,7 @@ from dcp_cli.net import free_port
 from tests.executor import collectives
 from tests.executor.helpers import CONFIG, load_rank_results
 from tests.executor.scenarios import WORLD, plans_1d, plans_2d
+from tests.executor.worlds import spawn_world
 
 FP32_OVER_BF16 = 2  # the analytic file counts bf16 bytes; the test runs fp32
 
@@ -31,7 +31,7 @@ def _cost_model(kind: str) -> CostModel:
 @pytest.fixture(scope="module")
 def counts(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object]]:
     out = tmp_path_factory.mktemp("collectives")
-    mp.spawn(collectives.worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    spawn_world(collectives.worker, args=(free_port(), str(out)), nprocs=WORLD)
     loaded = load_rank_results(out, WORLD)
     return loaded
 

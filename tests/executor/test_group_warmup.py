@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from dcp_cli.net import free_port
 from executor.groups import GroupRegistry
@@ -29,6 +28,7 @@ from executor.ring_layout import RingGroups, RingLayout
 from planner.plan import GroupPlan
 from tests.executor.helpers import gloo_rank, load_rank_results
 from tests.executor.window_reference import full_tensors, local_rows, windowed_reference
+from tests.executor.worlds import spawn_world
 
 WINDOW = 128
 SAMPLES = {  # world: the samples of the ring over the whole world (contiguous chunks)
@@ -83,7 +83,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str, backend: str) -> Non
 
 
 def _spawn(world: int, backend: str, out: Path) -> list[dict[str, object]]:
-    mp.spawn(_worker, args=(world, free_port(), str(out), backend), nprocs=world, join=True)
+    spawn_world(_worker, args=(world, free_port(), str(out), backend), nprocs=world)
     return load_rank_results(out, world)
 
 

@@ -24,7 +24,6 @@ import functools
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 
 from dcp_cli.net import free_port
@@ -51,6 +50,7 @@ from tests.executor.helpers import (
 )
 from tests.executor.naive_reference import NaiveSample, step_gradients
 from tests.executor.sync_scenarios import idle_item
+from tests.executor.worlds import spawn_world
 
 REL_TOL = 1e-10
 L = CONFIG.num_layers
@@ -98,7 +98,7 @@ def _worker2(rank: int, port: int, out_dir: str) -> None:
 def world2_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object]]:
     """Every rank's results of :func:`_worker2` on a gloo world of 2."""
     out = tmp_path_factory.mktemp("joint_world2")
-    mp.spawn(_worker2, args=(free_port(), str(out)), nprocs=2, join=True)
+    spawn_world(_worker2, args=(free_port(), str(out)), nprocs=2)
     loaded = load_rank_results(out, 2)
     return loaded
 

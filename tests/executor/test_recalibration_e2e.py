@@ -18,7 +18,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch.multiprocessing as mp
 
 from costmodel.analytic import analytic_cost_model
 from costmodel.evaluate import CostModel
@@ -30,6 +29,7 @@ from planner.plan import Plan
 from tests.executor import recalibration_ranks
 from tests.executor.helpers import CONFIG
 from tests.executor.service import OPTIONS, Service
+from tests.executor.worlds import spawn_world
 
 # Its bars compare predictions with the ranks' measured times: run with nothing beside it (make
 # test runs the ``alone`` tests after the two-worker part; a 4-rank run beside a second worker at
@@ -95,9 +95,9 @@ def test_measured_error_drops_after_recalibration_and_fetched_steps_stay(service
     before = {r["step"]: r for r in httpx.get(f"{url}/v1/epochs/{epoch}/steps", params={"stop": 64},
                                               timeout=30).json()}
 
-    mp.spawn(recalibration_ranks.worker, nprocs=world, join=True,
-             args=(world, free_port(), url, epoch, json.dumps([s.model_dump(exclude_none=True) for s in samples]),
-                   STEPS_A, STEPS_B, str(tmp_path), kind))
+    spawn_world(recalibration_ranks.worker, nprocs=world,
+                args=(world, free_port(), url, epoch, json.dumps([s.model_dump(exclude_none=True) for s in samples]),
+                      STEPS_A, STEPS_B, str(tmp_path), kind))
 
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     assert all(r["dropped"] == 0 and r["posted"] == STEPS_A + STEPS_B for r in ranks), ranks

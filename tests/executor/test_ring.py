@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from dcp_cli.net import free_port
 from executor.layout import SampleShape
 from executor.ring_layout import RingGroups, RingLayout
 from tests.executor.helpers import gloo_rank, load_rank_results
+from tests.executor.worlds import spawn_world
 
 WORLD = 4
 SAMPLES = (SampleShape(tokens=11, frames=1), SampleShape(tokens=9, frames=1), SampleShape(tokens=8, frames=2))
@@ -109,7 +109,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def ring_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object]]:
     out = Path(tmp_path_factory.mktemp("ring"))
-    mp.spawn(_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    spawn_world(_worker, args=(free_port(), str(out)), nprocs=WORLD)
     loaded = load_rank_results(out, WORLD)
     return loaded
 

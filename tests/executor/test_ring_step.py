@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch.multiprocessing as mp
 
 from dcp_cli.net import free_port
 from executor.groups import GroupRegistry
@@ -31,6 +30,7 @@ from tests.executor.helpers import (
     s2d,
 )
 from tests.executor.scenarios import run_step
+from tests.executor.worlds import spawn_world
 
 L = CONFIG.num_layers
 TOL = 1e-10
@@ -110,7 +110,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 def _spawn(world: int, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object]]:
     out = Path(tmp_path_factory.mktemp(f"ring{world}"))
-    mp.spawn(_worker, args=(world, free_port(), str(out)), nprocs=world, join=True)
+    spawn_world(_worker, args=(world, free_port(), str(out)), nprocs=world)
     loaded = load_rank_results(out, world)
     return loaded
 

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from costmodel.ring import remote_steps
 from costmodel.ring.window import hop_tokens
@@ -28,6 +27,7 @@ from executor.layout import SampleShape
 from executor.ring_layout import RingGroups, RingLayout
 from tests.executor.helpers import gloo_rank, load_rank_results
 from tests.executor.window_reference import HEAD_DIM, HEADS, full_tensors, local_rows, sink_logits, windowed_reference
+from tests.executor.worlds import spawn_world
 
 WORLD = 4
 WINDOW = 128
@@ -78,7 +78,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def window_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object]]:
     out = Path(tmp_path_factory.mktemp("ring_window"))
-    mp.spawn(_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    spawn_world(_worker, args=(free_port(), str(out)), nprocs=WORLD)
     return load_rank_results(out, WORLD)
 
 

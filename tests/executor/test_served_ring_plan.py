@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from costmodel.analytic import analytic_cost_model
 from costmodel.evaluate import CostModel
@@ -35,6 +34,7 @@ from planner.layouts import num_process_groups
 from tests.executor.helpers import CONFIG, gloo_rank, init_gloo, load_rank_results, reference_backward
 from tests.executor.scenarios import run_step
 from tests.executor.service import OPTIONS, Service, running_service, start_epoch
+from tests.executor.worlds import spawn_world
 
 WORLD = 4
 EPOCH = "served-rings"
@@ -106,7 +106,7 @@ def test_a_served_auto_epoch_with_rings_equals_the_plain_steps(
     rings = [(p.step, g.ulysses_degree, g.ring_degree) for p in plans for g in p.groups if g.ring_degree > 1]
     assert rings, [[(g.size, g.ring_degree) for g in p.groups] for p in plans]
     start = time.perf_counter()
-    mp.spawn(_worker, args=(svc.url, free_port(), num_steps, str(tmp_path)), nprocs=WORLD, join=True)
+    spawn_world(_worker, args=(svc.url, free_port(), num_steps, str(tmp_path)), nprocs=WORLD)
     results = load_rank_results(tmp_path, WORLD)
     # the registry made exactly the groups the count formula says for the declared layouts
     declared = [tuple(t) for t in status["layouts"]]  # type: ignore[union-attr]
@@ -147,7 +147,7 @@ def _count_worker(rank: int, port: int, out_dir: str) -> None:
 
 @pytest.mark.timeout(120)
 def test_the_count_formula_is_the_registrys_real_count(tmp_path: Path) -> None:
-    mp.spawn(_count_worker, args=(free_port(), str(tmp_path)), nprocs=6, join=True)
+    spawn_world(_count_worker, args=(free_port(), str(tmp_path)), nprocs=6)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(6)]
     assert {r["num_groups"] for r in results} == {num_process_groups(6, COUNT_LAYOUTS)}
     # by hand: contiguous 3 of 4 + 1 of 6; rings {a, a+2} a < 4, {a, a+3} a < 3, {a, a+2, a+4} a < 2;

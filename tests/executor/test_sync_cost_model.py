@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from costmodel.analytic import analytic_cost_model
 from costmodel.evaluate import CostModel
@@ -24,6 +23,7 @@ from dcp_cli.net import free_port
 from tests.executor import sync_counts
 from tests.executor.helpers import CONFIG, build_model, load_rank_results
 from tests.executor.scenarios import WORLD
+from tests.executor.worlds import spawn_world
 
 FP32_OVER_BF16 = 2  # the analytic file counts bf16 bytes; the test runs fp32
 FP32_GRAD_BYTES = sum(p.numel() * 4 for p in build_model("1d", dtype=torch.float32).parameters())
@@ -53,7 +53,7 @@ def _fp32_state_bytes(cm: CostModel, *, sharded_params: bool) -> float:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object]]:
     out = tmp_path_factory.mktemp("sync_counts")
-    mp.spawn(sync_counts.worker, args=(free_port(), str(out), DDP_CAPS_MB), nprocs=WORLD, join=True)
+    spawn_world(sync_counts.worker, args=(free_port(), str(out), DDP_CAPS_MB), nprocs=WORLD)
     loaded = load_rank_results(out, WORLD)
     return loaded
 

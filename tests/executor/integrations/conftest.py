@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch.multiprocessing as mp
 
 from dcp_cli.net import free_port
 from tests.executor.helpers import load_rank_results
+from tests.executor.worlds import spawn_world
 
 
 @pytest.fixture(scope="session")
@@ -18,6 +18,6 @@ def hf_world4(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object
     from tests.executor.integrations import hf_worker
 
     out = Path(tmp_path_factory.mktemp("hf_world4"))
-    mp.spawn(hf_worker.worker, args=(free_port(), str(out)), nprocs=hf_worker.WORLD, join=True)
+    spawn_world(hf_worker.worker, args=(free_port(), str(out)), nprocs=hf_worker.WORLD)
     loaded = load_rank_results(out, hf_worker.WORLD)
     return loaded

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from dcp_cli.net import free_port
 from planner.plan import Plan
@@ -34,6 +33,7 @@ from tests.executor.helpers import load_rank_results
 pytest.importorskip("transformers")
 
 from tests.executor.integrations import hf_llama, hf_moe_models, hf_moe_worker
+from tests.executor.worlds import spawn_world
 
 RING_NAMES = list(hf_moe_worker.ring_plans())
 
@@ -43,7 +43,7 @@ RING_NAMES = list(hf_moe_worker.ring_plans())
 def world4(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object]]:
     out = Path(tmp_path_factory.mktemp("hf-moe-world4"))
     start = time.perf_counter()
-    mp.spawn(hf_moe_worker.worker, args=(free_port(), str(out)), nprocs=hf_moe_worker.WORLD, join=True)
+    spawn_world(hf_moe_worker.worker, args=(free_port(), str(out)), nprocs=hf_moe_worker.WORLD)
     loaded = load_rank_results(out, hf_moe_worker.WORLD)
     print(f"MoE and windowed integrations: {time.perf_counter() - start:.1f} s in the ranks")
     return loaded

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from costmodel.analytic import analytic_cost_model
 from costmodel.evaluate import CostModel
@@ -42,6 +41,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("diffusers")
 
 from tests.executor.integrations import hf_llama, hf_ring_worker, hf_wan_model
+from tests.executor.worlds import spawn_world
 
 EPOCH = "hf-rings"
 TOL = 1e-10
@@ -79,8 +79,8 @@ def world4(served: tuple[Service, dict[str, object]], tmp_path_factory: pytest.T
            ) -> list[dict[str, object]]:
     out = Path(tmp_path_factory.mktemp("hf-rings-world4"))
     start = time.perf_counter()
-    mp.spawn(hf_ring_worker.worker, args=(free_port(), served[0].url, EPOCH, str(out)),
-             nprocs=hf_ring_worker.WORLD, join=True)
+    spawn_world(hf_ring_worker.worker, args=(free_port(), served[0].url, EPOCH, str(out)),
+                nprocs=hf_ring_worker.WORLD)
     loaded = load_rank_results(out, hf_ring_worker.WORLD)
     print(f"ring integrations: {time.perf_counter() - start:.1f} s in the ranks")
     return loaded
