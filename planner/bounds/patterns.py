@@ -75,7 +75,12 @@ def maximal_patterns(times_s: np.ndarray, counts: np.ndarray, capacity_s: float,
     chosen = [0] * num
     limit = capacity_s * (1 + REL_TOL)
     # all the samples of the classes from position i on: what the rest of a pattern can add at most
-    rest_s = np.concatenate([np.cumsum([counts[c] * times_s[c] for c in order][::-1])[::-1], [0.0]])
+    rest_s: list[float] = np.concatenate([np.cumsum([counts[c] * times_s[c] for c in order][::-1])[::-1],
+                                          [0.0]]).tolist()
+    # the search reads Python floats and ints: the same values, but numpy scalars cost several
+    # times as much per access and per operation
+    time_of: list[float] = np.asarray(times_s, dtype=np.float64).tolist()
+    count_of: list[int] = np.asarray(counts, dtype=np.int64).tolist()
 
     def visit(i: int, used_s: float, short_s: float) -> None:
         """``short_s``: the least time among the classes decided below their count (inf: none);
@@ -86,18 +91,17 @@ def maximal_patterns(times_s: np.ndarray, counts: np.ndarray, capacity_s: float,
         if short_s <= limit - used_s - rest_s[i]:
             return
         if i == len(order):
-            if used_s <= 0:
-                return
-            left = limit - used_s
-            if any(chosen[c] < counts[c] and times_s[c] <= left for c in order):
-                return  # not maximal
-            out.append(tuple(chosen))
+            # maximal: rest_s[i] is 0, so the test above already refused a pattern where a class
+            # below its count (the least of them, short_s) still fits what is left
+            if used_s > 0:
+                out.append(tuple(chosen))
             return
         c = order[i]
-        most = int(min(counts[c], math.floor((limit - used_s) / times_s[c]) if times_s[c] > 0 else counts[c]))
+        t_c, n_c = time_of[c], count_of[c]
+        most = min(n_c, math.floor((limit - used_s) / t_c)) if t_c > 0 else n_c
         for a in range(most, -1, -1):
             chosen[c] = a
-            visit(i + 1, used_s + a * times_s[c], short_s if a == counts[c] else min(short_s, times_s[c]))
+            visit(i + 1, used_s + a * t_c, short_s if a == n_c else min(short_s, t_c))
         chosen[c] = 0
 
     visit(0, 0.0, math.inf)
