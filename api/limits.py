@@ -37,7 +37,6 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.auth import DOC_PREFIXES, Tokens
-from api.errors import error_response
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +143,10 @@ class RequestGuardMiddleware:
             if replay is not None:
                 await self.app(scope, replay, tracking_send)
         except Exception as exc:
+            # Imported here: api.settings reads this module's cap, and the settings alone
+            # (``dcp config show``, a bad config) must not load fastapi.
+            from api.errors import error_response
+
             status, detail, headers = error_response(exc)
             if started:
                 logger.exception("error after the response started (%s %s)", scope["method"],

@@ -11,9 +11,6 @@ from costmodel.model_config import model_spec_from_config
 from costmodel.presets import load_model
 from costmodel.specs import ModelSpec, Sample
 
-DEFAULT_TEXT_MODEL = "llama-7b"
-"""The model preset a text manifest is planned under when no model is named (``dcp epoch``)."""
-
 
 def select_model(*, model: str | None, model_config: str | Path | Mapping[str, Any] | None,
                  model_option: str = "--model", config_option: str = "--model-config") -> ModelSpec | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich import box
@@ -13,15 +13,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from costmodel.analytic import analytic_cost_model
-from costmodel.efficiency_report import kernel_efficiencies
-from costmodel.evaluate import CostModel, policy_name
-from costmodel.model_choice import check_samples_kind
-from costmodel.presets import load_cluster
-from costmodel.specs import Sample
 from dcp_cli.model_option import apply_loss_chunk, loss_chunk_option, model_config_option, model_option, resolve_model
 from dcp_cli.style import GIB, fmt_count, fmt_gib, fmt_ms, fmt_s, legend
 from dcp_cli.style import console as make_console
+
+if TYPE_CHECKING:
+    from costmodel.evaluate import CostModel
+    from costmodel.specs import Sample
 
 
 def parse_shape(text: str, index: int) -> Sample:
@@ -30,6 +28,8 @@ def parse_shape(text: str, index: int) -> Sample:
     Raises:
         typer.BadParameter: naming the shape.
     """
+    from costmodel.specs import Sample
+
     try:
         parts = [int(p) for p in text.lower().split("x")]
     except ValueError:
@@ -49,6 +49,9 @@ def parse_shape(text: str, index: int) -> Sample:
 
 def cost_rows(cost_model: CostModel, samples: list[Sample]) -> list[dict[str, Any]]:
     """One row per sample x allowed group size: time and memory per policy, all-to-all time."""
+    from costmodel.efficiency_report import kernel_efficiencies
+    from costmodel.evaluate import policy_name
+
     layers = cost_model.num_layers
     policies = sorted({0, layers // 2, layers})
     rows = []
@@ -92,6 +95,11 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     ) -> None:
         """Predicted time, activation memory per policy and all-to-all time per group size."""
+        from costmodel.analytic import analytic_cost_model
+        from costmodel.evaluate import CostModel
+        from costmodel.model_choice import check_samples_kind
+        from costmodel.presets import load_cluster
+
         spec = resolve_model(model, model_config, default="llama-7b")
         assert spec is not None
         samples = [parse_shape(text, i) for i, text in enumerate(shapes)]
@@ -147,6 +155,8 @@ def _short_policy(name: str) -> str:
 
 def print_cost_tables(cm: CostModel, rows: list[dict[str, Any]], console: Console) -> None:
     """One table per sample (80 columns wide), then a legend of the columns."""
+    from costmodel.evaluate import policy_name
+
     layers = cm.num_layers
     policies = [policy_name(k, layers) for k in sorted({0, layers // 2, layers})]
     console.print(f"[bold]{cm.file.id}[/bold] on [bold]{cm.cluster.name}[/bold]: model states "

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
-from costmodel.model_choice import DEFAULT_TEXT_MODEL
 from dcp_cli.model_option import loss_chunk_option, model_config_option, model_option
 from dcp_cli.plan import LAYOUT_CHOICES
 from dcp_cli.progress import make_progress
@@ -25,6 +24,9 @@ if TYPE_CHECKING:
     from api.store import PlanStore
     from costmodel.schema import CostModelFile
     from costmodel.specs import HardwareSpec, Sample
+
+DEFAULT_TEXT_MODEL = "llama-7b"
+"""The model preset a text manifest is planned under when no model is named."""
 
 
 def epoch_table(command: Any, ctx: typer.Context, path: Path) -> dict[str, Any]:

@@ -7,11 +7,12 @@ transformers / diffusers ``config.json`` (``costmodel.model_config``).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from costmodel.model_choice import select_model, with_loss_chunk
-from costmodel.specs import ModelSpec
+if TYPE_CHECKING:
+    from costmodel.specs import ModelSpec
 
 MODEL_HELP = "Model preset (dcp presets models)."
 CONFIG_HELP = ("A transformers (Llama, Qwen2/3, Mistral) or diffusers (Wan, HunyuanVideo) config.json "
@@ -36,6 +37,8 @@ def resolve_model(model: str | None, model_config: Path | None, *, default: str 
     Raises:
         typer.BadParameter: both given, an unknown preset, or a bad config (naming the field).
     """
+    from costmodel.model_choice import select_model
+
     try:
         spec = select_model(model=model, model_config=model_config)
         if spec is None and default is not None:
@@ -62,6 +65,8 @@ def apply_loss_chunk(spec: ModelSpec, loss_chunk_tokens: int | None, *,
     Raises:
         typer.BadParameter: naming the option and the value.
     """
+    from costmodel.model_choice import with_loss_chunk
+
     try:
         return with_loss_chunk(spec, loss_chunk_tokens, max_sample_tokens=max_sample_tokens,
                                option="--loss-chunk-tokens")

@@ -21,9 +21,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from costmodel.fit import FitConfig, FitRefusedError, fit_profiles
-from costmodel.profiling.format import dump_line, read_profile
-from dcp_cli.fit_reserve import reserve_summary, reserve_table
 from dcp_cli.model_option import model_config_option, model_option, resolve_model
 from dcp_cli.progress import progress_bar
 from dcp_cli.style import fail, require_parent
@@ -116,7 +113,7 @@ def register(app: typer.Typer) -> None:
         torch = _torch("profile")
 
         from costmodel.model_config import read_config
-        from costmodel.profiling.format import narrowed
+        from costmodel.profiling.format import dump_line, narrowed
         from costmodel.profiling.real_layers import layer_factory
         from costmodel.profiling.sweep import SweepConfig, make_header, run_sweep
 
@@ -220,7 +217,7 @@ def register(app: typer.Typer) -> None:
         import torch.distributed as dist
 
         from costmodel.profiling.comm import CommSweepConfig, run_comm_sweep
-        from costmodel.profiling.format import ProfileHeader
+        from costmodel.profiling.format import ProfileHeader, dump_line
 
         if backend == "auto":
             backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -322,6 +319,10 @@ def register(app: typer.Typer) -> None:
         """Fit a cost-model file to profiles; refuse it when a term's held-out MAPE is too high.
         Prints the memory margin of a forced fit beside the planner's safety fraction (plans keep
         the larger free, never both) and what each costs in step time on a preset."""
+        from costmodel.fit import FitConfig, FitRefusedError, fit_profiles
+        from costmodel.profiling.format import read_profile
+        from dcp_cli.fit_reserve import reserve_summary, reserve_table
+
         require_parent(out, option="--out")
         if time_statistic not in ("median", "min"):
             raise typer.BadParameter(f"time_statistic={time_statistic!r} is not median or min")

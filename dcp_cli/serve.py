@@ -29,9 +29,6 @@ def register(app: typer.Typer) -> None:
                  "it; `dcp config show` says where each value came from)."),
     ) -> None:
         """Run the planner service: plans, epoch jobs, stored plans per step and rank, metrics."""
-        import uvicorn
-
-        from api.app import create_app
         from api.config_file import load_settings
 
         overrides: dict[str, Any] = {k: v for k, v in {
@@ -51,6 +48,11 @@ def register(app: typer.Typer) -> None:
             except StoreLockedError as exc:
                 typer.echo(f"error: {exc}", err=True)
                 raise typer.Exit(2) from None
+        # The service itself only once its settings are known good: a bad setting is refused
+        # without loading uvicorn, fastapi and the planner.
+        import uvicorn
+
+        from api.app import create_app
         from api.http_guard import server_options
 
         # The guarded protocol, the backlog and asyncio's loop (uvloop accepts one connection per
