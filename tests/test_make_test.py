@@ -23,9 +23,13 @@ def test_the_alone_part_runs_after_a_failure(tmp_path: Path) -> None:
         "@pytest.mark.alone\n"
         f"def test_runs_in_the_alone_part() -> None:\n    pathlib.Path({str(marker)!r}).write_text('ran')\n")
     venv = Path(sys.executable).parent.parent
+    # Without the plugins this file needs none of (schemathesis, hypothesis, anyio): each of the
+    # four pytest processes make starts (two parts, two workers) would import them, ~20 s apiece
+    # on a busy 2-core machine.
+    plugins = "-p no:schemathesis -p no:hypothesispytest -p no:anyio"
     result = subprocess.run(
         ["make", "-C", str(ROOT), "test", f"VENV={venv}", "-o", "install-test", "-o", f"{venv}/.browser-installed",
-         f"PYTEST_ARGS={tmp_path / 'test_two_parts.py'} -p no:cacheprovider"],
+         f"PYTEST_ARGS={tmp_path / 'test_two_parts.py'} -p no:cacheprovider {plugins}"],
         capture_output=True, text=True, check=False)
     assert result.returncode != 0, result.stdout[-2000:]
     assert "1 failed" in result.stdout, result.stdout[-2000:]
