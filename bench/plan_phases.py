@@ -1,6 +1,7 @@
 """Where one plan's CPU time goes, by planner phase (issue 25: planning speed with layouts chosen).
 
-Plans one batch with the default preset (``PlannerConfig(layout=...)``) while the planner's
+Plans one batch with a preset (``PlannerConfig.for_budget(--budget, layout=...)``, by default the
+50 ms one, ``PlannerConfig()``) while the planner's
 phases are wrapped with the process CPU clock: the heuristic and its parts (LPT runs, on-demand
 packing, local search), each baseline's draft, costing drafts, the intra pass, the layout choice,
 the assembly. Nested phases overlap their parents (``heuristic_plan`` holds ``lpt``); the wrappers
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
+import importlib
 import json
 import logging
 import os
@@ -42,9 +44,14 @@ from planner.workload import WorkloadSpec, sample_batch  # noqa: E402
 
 logger = logging.getLogger("plan_phases")
 
-PLANNING_PHASES = ("prepare", "heuristic_plan", "intra_draft", "draft_step_time_s", "baseline_drafts",
-                   "polish", "choose_group_layouts", "assemble_plan")
-"""Names in ``planner.planning`` timed as phases."""
+PLANNING_PHASES = ("prepare", "_search", "_with_ulysses_candidate", "_finish", "heuristic_plan", "intra_draft",
+                   "draft_step_time_s", "baseline_drafts", "polish", "choose_group_layouts", "assemble_plan")
+"""Names in ``planner.planning`` timed as phases (``_search`` is the search, run once more inside
+``_with_ulysses_candidate`` for the Ulysses candidate; ``_finish`` holds the bounds after the search)."""
+EXTRA_PHASES = (("planner.bounds.lp", "partition_lp_bound"), ("planner.bounds.patterns", "pattern_bound"),
+                ("planner.search.cover", "cover_draft"))
+"""Functions ``planner.planning`` imports when it calls them (the extras past the search), timed in
+their own modules."""
 HEURISTIC_PHASES = ("lpt", "packed_multiset", "local_search", "candidate_multisets", "to_draft")
 """Names in ``planner.search.heuristic`` timed as parts of ``heuristic_plan``."""
 
@@ -62,7 +69,7 @@ def _timed(seconds: dict[str, float], calls: collections.Counter[str], label: st
 
 
 def plan_phases(*, workload: str, num_gpus: int, num_samples: int, layout: AttentionLayout,
-                step: int) -> dict[str, Any]:
+                step: int, budget_s: float = 0.05) -> dict[str, Any]:
     """One plan's CPU seconds in total and per phase, with its step time and gap."""
     seconds: dict[str, float] = collections.defaultdict(float)
     calls: collections.Counter[str] = collections.Counter()
@@ -70,6 +77,9 @@ def plan_phases(*, workload: str, num_gpus: int, num_samples: int, layout: Atten
         setattr(planning, name, _timed(seconds, calls, name, getattr(planning, name)))
     for name in HEURISTIC_PHASES:
         setattr(heuristic, name, _timed(seconds, calls, f"heuristic.{name}", getattr(heuristic, name)))
+    for module_name, name in EXTRA_PHASES:
+        module = importlib.import_module(module_name)
+        setattr(module, name, _timed(seconds, calls, name, getattr(module, name)))
     for baseline in REGISTRY.values():
         object.__setattr__(baseline, "build", _timed(seconds, calls, f"baseline.{baseline.name}", baseline.build))
     spec = WorkloadSpec.preset(workload)
@@ -77,11 +87,13 @@ def plan_phases(*, workload: str, num_gpus: int, num_samples: int, layout: Atten
     cmf = default_cost_model_file(spec.model, cluster.hardware.name)
     samples = sample_batch(spec, num_samples=num_samples, seed=0, step=step)
     start = time.process_time()
-    plan = planning.plan_batch(samples, cluster=cluster, cost_model=cmf, config=PlannerConfig(layout=layout),
+    config = PlannerConfig.for_budget(budget_s, layout=layout)
+    plan = planning.plan_batch(samples, cluster=cluster, cost_model=cmf, config=config,
                                reference_sample=spec.max_sample)
     total = time.process_time() - start
     phases = [{"phase": k, "cpu_s": v, "calls": calls[k]} for k, v in sorted(seconds.items(), key=lambda kv: -kv[1])]
     return {"workload": workload, "num_gpus": num_gpus, "num_samples": num_samples, "layout": layout, "step": step,
+            "budget_s": budget_s,
             "cpu_s": total, "predicted_step_time_s": plan.predicted_step_time_s, "gap": plan.gap,
             "method": plan.solver.method, "phases": phases}
 
@@ -93,12 +105,15 @@ def main() -> None:
     parser.add_argument("--point", default="16384x131072", metavar="GPUSxSAMPLES")
     parser.add_argument("--layout", choices=["ulysses", "auto", "ring"], default="auto")
     parser.add_argument("--step", type=int, default=0)
+    parser.add_argument("--budget", type=float, default=0.05,
+                        help="The preset PlannerConfig.for_budget(BUDGET) (0.05: the default PlannerConfig()).")
     parser.add_argument("--out", type=Path, default=default_out("plan_phases"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     gpus, samples = parse_point(args.point)
     load_start = os.getloadavg()
-    row = plan_phases(workload=args.workload, num_gpus=gpus, num_samples=samples, layout=args.layout, step=args.step)
+    row = plan_phases(workload=args.workload, num_gpus=gpus, num_samples=samples, layout=args.layout, step=args.step,
+                      budget_s=args.budget)
     result = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "git_commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,

@@ -134,6 +134,13 @@ class PlannerConfig:
     classes, for 55-90 ms CPU a step against 150-300 ms (load 6-7); with it the default preset's
     mean gap to its own bound there fell from 7.37% (the simple bounds) to 2.87%
     (``bench/results/plan_quality_moe.json``), for about 75-100 ms more CPU a step."""
+    lp_bound_rel_tol: float = 0.005
+    """Each bisection of the partition LP bound stops once its bracket is within this fraction
+    of its top (``planner.bounds.bisect.threshold``; 0: all ``lp_bound_iterations`` steps). A work
+    limit of the 50 ms preset: on 2 steps each of video-long 32 x 256 and video-short 32 x 64
+    it cut the LP's solves from 7 to 4 and its CPU by about 40% (15-20 ms), for a bound 0.05-0.2%
+    of the step time lower (at most 0.28% of mean gap over 3 steps of the 64-1,024-sample cells;
+    none where the bisection stops on its own first); ``for_budget`` sets 0 from 0.2 s."""
     lp_bound_integral: bool = False
     """Whole group counts in the partition LP bound (a small MIP: tighter, about twice the
     time; ``for_budget`` turns it on from 0.5 s); batches of over 64 sample classes get the
@@ -154,12 +161,20 @@ class PlannerConfig:
     batches of at most ``pattern_bound_max_samples`` samples when the gap is over
     ``pattern_bound_min_gap`` (0: never). It only changes the reported bound, never the plan.
     On 16 Wan2.1-1.3B clips at h200x64 it took the bound from 2-12% to 0.2-3% under the plans
-    for 0.05-0.07 s CPU a step. With ``cover_search`` a batch of at most 32 samples costs
-    0.1-0.8 s CPU instead of 0.02-0.07 s (``bench/plan_quality_layouts.py``, 16 samples)."""
+    for 0.05-0.07 s CPU a step. The cover search and this bound share the table's enumerations
+    (``planner.bounds.patterns.PatternMemo``); with ``cover_search`` and ``cover_min_gap`` the 50 ms
+    preset took 0.05-0.42 s CPU a plan on 16-32 samples where each enumeration was repeated
+    (0.31-1.14 s; 3 steps each of five cells, p50, load 9-11 on 2 cores)."""
     cover_search: bool = True
     """On batches of at most ``pattern_bound_max_samples`` samples, also plan from a whole cover
     of maximal patterns at the least deadline found (``planner.search.cover``), kept where
     faster than the search's plan."""
+    cover_min_gap: float = 0.01
+    """The cover search runs only where the plan's step time is over the simple bounds by more
+    than this fraction, and tries whole covers only where it is over the pattern threshold (the
+    pattern bound on the table's own times, computed first and shared with the reported bound) by
+    more than it: a plan within it of either gains at most that much from a cover (0: always).
+    ``for_budget`` sets 0 from 0.2 s."""
     pattern_bound_max_samples: int = 32
     """The pattern bound runs on batches of at most this many samples (its patterns multiply
     with the distinct lengths a group holds; on larger batches the other bounds are as tight)."""
@@ -215,16 +230,16 @@ class PlannerConfig:
         elif time_limit_s < 0.5:
             work = dict(num_lpt_runs=16, num_refined=2, local_search_max_moves=200,
                         num_target_probes=6, aggregated_cpsat=False, lp_bound_iterations=5,
-                        lp_bound_max_classes=None, lp_bound_min_gap=0.01,
-                        max_resize_tries=8, local_search_max_ejections=8)
+                        lp_bound_max_classes=None, lp_bound_min_gap=0.01, lp_bound_rel_tol=0.0,
+                        cover_min_gap=0.0, max_resize_tries=8, local_search_max_ejections=8)
         else:
             # CP-SAT's deterministic time is ~5-12 s of wall time per unit on the 2-core
             # development machine: 16 neighbourhoods at 0.005 take ~0.4-0.8 s.
             work = dict(num_lpt_runs=48, num_refined=3, local_search_max_moves=600,
                         num_target_probes=8, aggregated_cpsat=True, lns_rounds=16,
                         cpsat_deterministic_time=0.005, lp_bound_iterations=8,
-                        lp_bound_max_classes=None, lp_bound_min_gap=0.01,
-                        lp_bound_integral=True, lp_bound_micro_batch_buckets=2,
+                        lp_bound_max_classes=None, lp_bound_min_gap=0.01, lp_bound_rel_tol=0.0,
+                        cover_min_gap=0.0, lp_bound_integral=True, lp_bound_micro_batch_buckets=2,
                         max_resize_tries=16, deep_search_min_gap=0.01,
                         local_search_max_ejections=8)
         work.update(overrides)
@@ -254,6 +269,10 @@ class PlannerConfig:
         if not self.deep_search_min_gap >= 0:
             raise ValueError(
                 f"deep_search_min_gap must be non-negative, got {self.deep_search_min_gap}")
+        if not self.cover_min_gap >= 0:
+            raise ValueError(f"cover_min_gap must be non-negative, got {self.cover_min_gap}")
+        if not 0 <= self.lp_bound_rel_tol < 1:
+            raise ValueError(f"lp_bound_rel_tol must be in [0, 1), got {self.lp_bound_rel_tol}")
         if not self.lp_bound_min_gap >= 0:
             raise ValueError(f"lp_bound_min_gap must be non-negative, got {self.lp_bound_min_gap}")
         for name in ("exact_max_samples", "exact_max_ranks", "local_search_max_moves",

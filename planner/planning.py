@@ -27,6 +27,7 @@ from costmodel.units import fmt_bytes
 from planner.assemble import BatchArrays, Draft, PlanMeta, assemble_plan, draft_step_time_s
 from planner.baselines import baseline_drafts, with_layouts
 from planner.bounds.check import PROVEN_STATUS, bound_problem, plan_witnesses_tie
+from planner.bounds.patterns import PatternMemo
 from planner.bounds.simple import BoundReport, lower_bounds
 from planner.checks import (  # noqa: F401  (BoundError, check_bound, InvalidPlanError: re-exported)
     BOUND_REL_TOL,
@@ -227,6 +228,9 @@ class _Found:
     baselines_s: dict[str, float]
     cpsat_proved: bool = False
     """CP-SAT proved this very plan optimal (the only source of the bound kind ``cpsat-optimal``)."""
+    pattern_memo: PatternMemo | None = None
+    """The pattern enumerations of the cover search on the prepared table (``planner.bounds.patterns``),
+    for the pattern bound to share where that table is its own bounds' view (no ring)."""
 
 
 def _plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: CostModelFile,
@@ -327,13 +331,21 @@ def _search(prep: Prepared, samples: Sequence[Sample], *, config: PlannerConfig,
                 method = result.method
             elif result.status == "OPTIMAL":
                 status, method = "OPTIMAL", result.method  # the hint was already optimal
-    if config.cover_search and len(samples) <= config.pattern_bound_max_samples:
+    pattern_memo: PatternMemo | None = None
+    # a plan within cover_min_gap of the simple bound (or, below, of the pattern threshold), in step
+    # time, leaves the cover at most that much to gain
+    near_simple = best_time <= prep.bounds.best_s * (1 + config.cover_min_gap)
+    if config.cover_search and len(samples) <= config.pattern_bound_max_samples and not (
+            config.cover_min_gap > 0 and near_simple):
         from planner.search.cover import cover_draft  # imports scipy's MILP solver
 
         # whole groups of the pattern cover at the least deadline found, packed and polished
+        pattern_memo = PatternMemo()
         cover = cover_draft(table, lower_s=prep.bounds.compute_makespan_s, iterations=config.pattern_bound_iterations,
                             max_visits=config.pattern_max_visits, max_moves=config.local_search_max_moves,
-                            intra=config.intra_policies)
+                            intra=config.intra_policies, memo=pattern_memo,
+                            skip_within_s=best_time / (1 + config.cover_min_gap) - table.grad_sync_s
+                            if config.cover_min_gap > 0 else None)
         if cover is not None:
             cover = apply_layouts(cover, table)
             cover_time = draft_step_time_s(cover, arrays, cm, grad_sync_s=table.grad_sync_s)
@@ -385,7 +397,8 @@ def _search(prep: Prepared, samples: Sequence[Sample], *, config: PlannerConfig,
         best_time = draft_step_time_s(chosen, arrays, cm, grad_sync_s=table.grad_sync_s)
         draft = chosen
     return _Found(draft=draft, step_time_s=best_time, status=status, method=method, solver_bound_s=solver_bound,
-                  baselines_s=baselines, cpsat_proved=cpsat_proved and status == PROVEN_STATUS)
+                  baselines_s=baselines, cpsat_proved=cpsat_proved and status == PROVEN_STATUS,
+                  pattern_memo=pattern_memo)
 
 
 def _limit_bytes(prep: Prepared) -> float:
@@ -433,6 +446,7 @@ def _finish(found: _Found, prep: Prepared, samples: Sequence[Sample], *, config:
             iterations=max(1, round(config.lp_bound_iterations * min(1.0, 256 / len(samples)))),
             integral_groups=config.lp_bound_integral and table.classes.num_classes <= 64,
             micro_batch_buckets=config.lp_bound_micro_batch_buckets, max_classes=config.lp_bound_max_classes,
+            rel_tol=config.lp_bound_rel_tol,
         ) + table.grad_sync_s
         if lp > bound_value:
             bound_value, bound_kind = _valid_best([("partition-lp", lp), (bound_kind, bound_value)], best_time,
@@ -443,10 +457,15 @@ def _finish(found: _Found, prep: Prepared, samples: Sequence[Sample], *, config:
             and best_time > bound_value * (1 + config.pattern_bound_min_gap)):
         from planner.bounds.patterns import pattern_bound  # imports scipy's LP solver
 
-        # whole samples per group: a configuration LP from the bound so far (never the plan's time)
-        patterns = pattern_bound(table.for_bounds(), lower_s=bound_value - table.grad_sync_s,
-                                 iterations=config.pattern_bound_iterations,
-                                 max_visits=config.pattern_max_visits) + table.grad_sync_s
+        # whole samples per group: a configuration LP from the bound so far (never the plan's time);
+        # on a table that is its own bounds' view, the cover search's threshold (the same bound)
+        bounds_view, memo = table.for_bounds(), found.pattern_memo
+        if memo is not None and bounds_view is table and memo.bound_s is not None:
+            patterns = memo.bound_s + table.grad_sync_s
+        else:
+            patterns = pattern_bound(bounds_view, lower_s=bound_value - table.grad_sync_s,
+                                     iterations=config.pattern_bound_iterations, max_visits=config.pattern_max_visits,
+                                     memo=memo if bounds_view is table else None) + table.grad_sync_s
         if patterns > bound_value:
             bound_value, bound_kind = _valid_best([("patterns", patterns), (bound_kind, bound_value)], best_time,
                                                   status=status, tie_witnessed=witnessed, samples=samples,

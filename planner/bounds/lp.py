@@ -292,7 +292,7 @@ def lp_feasible(table: CostTable, deadline_s: float, *, integral_groups: bool = 
 
 def partition_lp_bound(table: CostTable, *, lower_s: float, iterations: int, integral_groups: bool = False,
                        node_limit: int = NODE_LIMIT, micro_batch_buckets: int = MICRO_BATCH_BUCKETS,
-                       max_classes: int | None = None) -> float:
+                       max_classes: int | None = None, rel_tol: float = 0.0) -> float:
     """The partition LP bound on the compute makespan, at least ``lower_s``.
 
     First a bracket from the problem alone (:func:`feasible_bracket`: probes at ``lower_s``
@@ -315,6 +315,8 @@ def partition_lp_bound(table: CostTable, *, lower_s: float, iterations: int, int
             and slower).
         max_classes: Merge the classes into at most this many buckets first
             (``planner.bounds.lp_merge``: still a relaxation, cheaper, looser); None: never.
+        rel_tol: Each bisection stops early once its bracket is within this fraction of its top
+            (``planner.bounds.bisect.threshold``): fewer solves, a bound up to that much lower.
 
     Returns:
         The largest deadline the LP (or MIP) was proven infeasible at (less a 1e-9 relative
@@ -344,12 +346,12 @@ def partition_lp_bound(table: CostTable, *, lower_s: float, iterations: int, int
         if hi == float("inf"):
             logger.warning("partition LP infeasible up to %.6g s (lower bound %.6g s)", lo, lower_s)
             return lo
-        lo, hi = threshold(coarse, lo, hi, iterations)
+        lo, hi = threshold(coarse, lo, hi, iterations, rel_tol=rel_tol)
     if (integral_groups or micro_batch_buckets > 1) and not fine(hi):
         lo, top = feasible_bracket(fine, hi)
         if top == float("inf"):
             logger.warning("partition MIP infeasible up to %.6g s (lower bound %.6g s)", lo, lower_s)
             return lo
-        lo, _ = threshold(fine, lo, top, iterations)
+        lo, _ = threshold(fine, lo, top, iterations, rel_tol=rel_tol)
     logger.debug("partition LP bound %.6f s (from %.6f s)", lo, lower_s)
     return max(lower_s, lo * (1 - 1e-9))  # margin for the solver's feasibility tolerance

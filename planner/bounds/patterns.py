@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import linprog
@@ -59,6 +60,28 @@ the deadline proven infeasible less this margin."""
 
 class _TooManyError(Exception):
     """The enumeration passed its work limit."""
+
+
+@dataclass(slots=True)
+class PatternMemo:
+    """What the pattern enumerations of one table found, shared by every caller that reads the
+    same table with the same work limit: the cover search and the pattern bound of one plan
+    (``planner.planning``) enumerate at many of the same deadlines, and without a memo each
+    enumeration that gives up costs its whole ``max_visits`` again.
+
+    A memo belongs to one table object and one ``max_visits``. It only saves work and gives up
+    sooner: a deadline enumerated again returns what it returned, and a deadline at or above one
+    where an enumeration gave up gives up at once (a larger deadline admits more and larger
+    patterns, so its search mostly grows). Giving up keeps a bound lower (what was proven stands)
+    and skips a cover attempt, so every bound stays a lower bound.
+    """
+
+    found: dict[float, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    """Per deadline enumerated: its ``(counts, sizes)`` (``cover_patterns``)."""
+    given_up_s: float = math.inf
+    """The least deadline at which an enumeration gave up (inf: none)."""
+    bound_s: float | None = None
+    """What ``pattern_bound`` last returned on this table (None: it has not run)."""
 
 
 def maximal_patterns(times_s: np.ndarray, counts: np.ndarray, capacity_s: float, *,
@@ -109,10 +132,29 @@ def maximal_patterns(times_s: np.ndarray, counts: np.ndarray, capacity_s: float,
 
 
 def cover_patterns(table: CostTable, deadline_s: float, *, overhead_s: np.ndarray | None = None,
-                   max_visits: int = MAX_VISITS) -> tuple[np.ndarray, np.ndarray] | None:
+                   max_visits: int = MAX_VISITS, memo: PatternMemo | None = None
+                   ) -> tuple[np.ndarray, np.ndarray] | None:
     """The maximal patterns at compute makespan ``deadline_s``: ``(counts, sizes)``, a (classes x
     patterns) array of how many samples of each class a pattern holds and each pattern's group
-    size (both empty when nothing fits); None when the enumeration gives up."""
+    size (both empty when nothing fits); None when the enumeration gives up (``memo``: what earlier
+    enumerations of this table found, read and updated)."""
+    if memo is not None:
+        if deadline_s >= memo.given_up_s:
+            return None
+        if deadline_s in memo.found:
+            return memo.found[deadline_s]
+    found = _enumerate(table, deadline_s, overhead_s=overhead_s, max_visits=max_visits)
+    if memo is not None:
+        if found is None:
+            memo.given_up_s = min(memo.given_up_s, deadline_s)
+        else:
+            memo.found[deadline_s] = found
+    return found
+
+
+def _enumerate(table: CostTable, deadline_s: float, *, overhead_s: np.ndarray | None,
+               max_visits: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """``cover_patterns`` without the memo."""
     overhead = overhead_by_size_s(table) if overhead_s is None else overhead_s
     counts = np.array([len(m) for m in table.classes.members], dtype=np.int64)
     num_gpus = table.cost_model.cluster.num_gpus
@@ -137,12 +179,13 @@ def cover_patterns(table: CostTable, deadline_s: float, *, overhead_s: np.ndarra
 
 
 def cover_feasible(table: CostTable, deadline_s: float, *, overhead_s: np.ndarray | None = None,
-                   iteration_limit: int = ITERATION_LIMIT, max_visits: int = MAX_VISITS) -> bool | None:
+                   iteration_limit: int = ITERATION_LIMIT, max_visits: int = MAX_VISITS,
+                   memo: PatternMemo | None = None) -> bool | None:
     """Whether the batch's samples can be covered by groups of maximal patterns at compute
     makespan ``deadline_s`` on at most the world's ranks (``table``: the bounds' view). True also
     when the LP reaches its iteration limit; None when the enumeration gives up (too many
     patterns)."""
-    found = cover_patterns(table, deadline_s, overhead_s=overhead_s, max_visits=max_visits)
+    found = cover_patterns(table, deadline_s, overhead_s=overhead_s, max_visits=max_visits, memo=memo)
     if found is None:
         return None
     a, sizes = found
@@ -159,9 +202,9 @@ def cover_feasible(table: CostTable, deadline_s: float, *, overhead_s: np.ndarra
 
 
 def pattern_bound(table: CostTable, *, lower_s: float, iterations: int, iteration_limit: int = ITERATION_LIMIT,
-                  max_visits: int = MAX_VISITS) -> float:
+                  max_visits: int = MAX_VISITS, memo: PatternMemo | None = None) -> float:
     """The pattern bound on the compute makespan, at least ``lower_s`` (``table``: the bounds'
-    view, ``CostTable.for_bounds``).
+    view, ``CostTable.for_bounds``; ``memo``: enumerations shared with other callers on it).
 
     A bracket probed upward from ``lower_s`` alone, then ``iterations`` bisection steps
     (``planner.bounds.bisect``); no plan's time enters. Returns the largest deadline proven
@@ -174,7 +217,7 @@ def pattern_bound(table: CostTable, *, lower_s: float, iterations: int, iteratio
 
     def feasible(deadline_s: float) -> bool:
         answer = cover_feasible(table, deadline_s, overhead_s=overhead, iteration_limit=iteration_limit,
-                                max_visits=max_visits)
+                                max_visits=max_visits, memo=memo)
         if answer is None:
             raise _TooManyError
         if not answer:
@@ -192,4 +235,7 @@ def pattern_bound(table: CostTable, *, lower_s: float, iterations: int, iteratio
     except _TooManyError:  # stop where the enumeration gave up; what was proven stands
         pass
     logger.debug("pattern bound %.6f s (from %.6f s)", proven[0], lower_s)
-    return max(lower_s, proven[0] * (1 - REL_TOL))
+    bound = max(lower_s, proven[0] * (1 - REL_TOL))
+    if memo is not None:
+        memo.bound_s = bound
+    return bound

@@ -22,7 +22,7 @@ from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 from planner.assemble import Draft
 from planner.baselines.common import place_layout
 from planner.bounds.lp import overhead_by_size_s
-from planner.bounds.patterns import ITERATION_LIMIT, cover_patterns, pattern_bound
+from planner.bounds.patterns import ITERATION_LIMIT, PatternMemo, cover_patterns, pattern_bound
 from planner.costs import CostTable
 from planner.search.polish import polish
 
@@ -36,11 +36,11 @@ NODE_LIMIT = 200
 uses, at most the classes + 1): a work limit (no cover found counts as none)."""
 
 
-def integral_cover(table: CostTable, deadline_s: float, *, overhead_s: np.ndarray, max_visits: int
-                   ) -> list[tuple[int, list[int]]] | None:
+def integral_cover(table: CostTable, deadline_s: float, *, overhead_s: np.ndarray, max_visits: int,
+                   memo: PatternMemo | None = None) -> list[tuple[int, list[int]]] | None:
     """Groups ``(size, samples per class)`` covering every sample by ``deadline_s`` on at most
     the world's ranks, fewest ranks first; None when none is found within the work limits."""
-    found = cover_patterns(table, deadline_s, overhead_s=overhead_s, max_visits=max_visits)
+    found = cover_patterns(table, deadline_s, overhead_s=overhead_s, max_visits=max_visits, memo=memo)
     if found is None or found[0].shape[1] == 0:
         return None
     a, sizes = found
@@ -68,17 +68,24 @@ def integral_cover(table: CostTable, deadline_s: float, *, overhead_s: np.ndarra
 
 
 def cover_draft(table: CostTable, *, lower_s: float, iterations: int, max_visits: int, max_moves: int,
-                intra: bool) -> Draft | None:
+                intra: bool, memo: PatternMemo | None = None, skip_within_s: float | None = None) -> Draft | None:
     """A plan of the batch from a whole cover at the least deadline found (None: none found).
 
     ``lower_s``: a lower bound of the compute makespan to start from (the pattern bound on the
     table's own times is bisected from it). Surplus samples of a cover (it may hold more of a
     class than the batch has) are left out of the later groups; groups left empty are dropped.
+    ``memo``: the table's enumerations, shared with the caller's pattern bound (the threshold
+    found here is left in ``memo.bound_s``). ``skip_within_s``: no whole cover is tried when the
+    pattern threshold reaches this compute makespan (the caller's plan is then within its
+    tolerance of what a cover could give).
     """
     overhead = overhead_by_size_s(table)
-    start_s = pattern_bound(table, lower_s=lower_s, iterations=iterations, max_visits=max_visits)
+    start_s = pattern_bound(table, lower_s=lower_s, iterations=iterations, max_visits=max_visits, memo=memo)
+    if skip_within_s is not None and start_s >= skip_within_s:
+        logger.debug("cover search: the plan is within tolerance of the pattern threshold %.6g s", start_s)
+        return None
     for step in DEADLINE_STEPS:
-        groups = integral_cover(table, start_s * (1 + step), overhead_s=overhead, max_visits=max_visits)
+        groups = integral_cover(table, start_s * (1 + step), overhead_s=overhead, max_visits=max_visits, memo=memo)
         if groups is not None:
             break
     else:
