@@ -61,24 +61,29 @@ def _spec(db: Path) -> dict[str, Any]:
         return dict(json.loads(conn.execute("SELECT spec FROM epochs").fetchone()[0]))
 
 
-def test_dcp_epoch_layout_flag_and_config_key(tmp_path: Path) -> None:
+def test_dcp_epoch_layout_flag_and_config_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planning runs in this process (``dcp epoch`` as a user runs it, in a process of its own,
+    is tested in test_cli_config.py and by the doc pages); the refused config in a ``dcp`` process."""
     manifest = tmp_path / "train.jsonl"
     manifest.write_text("".join(ROOT.joinpath("examples/manifests/train.jsonl").read_text().splitlines(True)[:64]))
+    monkeypatch.chdir(tmp_path)  # relative --out and [epoch] out, as run from the directory
     common = ("--cluster", "h200x8", "--samples-per-step", "32", "--max-steps", "1", "--workers", "1", "-q")
-    result = run_dcp("epoch", "train.jsonl", *common, "--layout", "ring", "--out", "flag.sqlite", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
+
+    def epoch(*args: str) -> None:
+        result = CliRunner().invoke(app, ["epoch", "train.jsonl", *common, *args])
+        assert result.exit_code == 0, result.output
+
+    epoch("--layout", "ring", "--out", "flag.sqlite")
     spec = _spec(tmp_path / "flag.sqlite")
     assert spec["options"]["layout"] == "ring"
     # llama-7b (32 heads) on 8 ranks: every size a pure ring
     assert spec["layouts"] == [[d, 1, d] for d in (1, 2, 4, 8)]
     (tmp_path / "dcp.toml").write_text('[epoch]\nlayout = "auto"\nout = "cfg.sqlite"\n')
-    result = run_dcp("epoch", "train.jsonl", *common, "--config", "dcp.toml", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
+    epoch("--config", "dcp.toml")
     spec = _spec(tmp_path / "cfg.sqlite")
     assert spec["options"]["layout"] == "auto"
     assert spec["layouts"] == [[1, 1, 1], [2, 1, 2], [2, 2, 1], [4, 1, 4], [4, 4, 1], [8, 1, 8], [8, 8, 1]]
-    result = run_dcp("epoch", "train.jsonl", *common, "--out", "plain.sqlite", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
+    epoch("--out", "plain.sqlite")
     # the default, auto, stored explicitly (a job stored without a layout plans as ulysses)
     plain = _spec(tmp_path / "plain.sqlite")
     assert plain["options"]["layout"] == "auto" and plain["layouts"] == spec["layouts"]
