@@ -404,6 +404,11 @@ TABLES: dict[str, TableSpec] = {
         ("raw-socket probes x rounds (failures)",
          lambda r: f"{r['raw_phase']['probes']} x {r['raw_phase']['rounds']} ({r['raw_phase']['num_failures']})"),
         ("passed", lambda r: _yes(r["passed"]))])),
+    "plan-budget": TableSpec(json_name="plan_budget.json", render=_columns(_named("rows"), [
+        ("workload", lambda r: r["cell"].split(":")[0]), ("cluster", lambda r: r["cell"].split(":")[1]),
+        ("samples", lambda r: r["cell"].split(":")[2]), ("CPU p50 ms", lambda r: _ms(r["cpu_p50_s"])),
+        ("CPU max ms", lambda r: _ms(max(r["cpu_s"]))), ("mean gap to own bound", lambda r: _pct(r["gap_mean"]))],
+        left=2)),
     "epoch-scale": TableSpec(json_name="epoch_scale.json", render=_columns(_named("runs"), [
         ("runner", "{kind}"), ("workers", "{workers}"), ("steps", "{steps}"), ("steps/s", "{steps_per_s:.1f}"),
         ("driver CPU ms / step", lambda r: f"{r['driver_cpu_s_per_step'] * 1e3:.2f}"),
