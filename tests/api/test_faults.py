@@ -204,7 +204,7 @@ def test_chunked_over_limit_is_413_and_slow_body_is_408(server_factory: Any) -> 
 
 
 def test_killed_worker_and_locked_store_do_not_fail_a_job(server_factory: Any) -> None:
-    steps = 60
+    steps = 30  # the kill lands after the first write, with over 20 steps (~0.4 s each) to plan
     manifest = manifest_lines(12 * steps, seed=3)
     server = server_factory(workers=2, env={"DCP_STORE_BUSY_TIMEOUT_S": "0.5"}).start()
     assert server.request("POST", "/v1/epochs", json=_epoch("ref", manifest, 12)).status_code == 202
@@ -241,7 +241,7 @@ def _cmdline(pid: int) -> str:
 
 
 def test_failed_and_cancelled_jobs_resume(server_factory: Any) -> None:
-    steps = 150
+    steps = 40  # the cancel and the stop land after the first write, with over 30 steps to plan
     manifest = manifest_lines(8 * steps, seed=9)
     server = server_factory(workers=2).start()
     assert server.request("POST", "/v1/epochs", json=_epoch("ref", manifest, 8)).status_code == 202
