@@ -65,6 +65,22 @@ class PlannerConfig:
     where it is faster (each group then at its size's fastest layout), so ``auto`` is never
     predicted slower than ``ulysses`` (``planner.planning``); costs about the time of that second
     search. Off: the layout search alone."""
+    ulysses_seeded_min_samples: int | None = 65_536
+    """Under ``layout="auto"`` with ``ulysses_candidate``, from this many samples on the layout
+    search is not run: the batch is planned as ``layout="ulysses"`` plans it, each group then at
+    its size's fastest layout (never slower), with ``auto``'s own baselines (one that is faster
+    wins and is polished, as in the search). So ``auto`` costs one search, not two, and is still
+    never predicted slower than ``ulysses``. Measured on text-longtail (docs/planner.md): the
+    second search doubled the plan's CPU time at 16,384 GPUs x 131,072 samples and found plans
+    only 0.03-0.05% faster at 4,096 x 32,768 and 16,384 x 131,072. A batch no pure-Ulysses group
+    holds gets the layout search, and so does one where rings may matter: the pure-Ulysses
+    problem's lower bound more than ``ulysses_seeded_max_bound_gain`` over the layout problem's.
+    None: both searches at every size."""
+    ulysses_seeded_max_bound_gain: float = 0.01
+    """The most by which the pure-Ulysses problem's lower bound may exceed the layout problem's
+    (a fraction of it) for ``ulysses_seeded_min_samples`` to plan from the Ulysses plan: past it,
+    rings could save more than that, and the layout search runs (text-longtail at 16,384 x 131,072:
+    0.03%; millionctx batches, where ring plans win by far, are well over it)."""
     loss_normalization: LossNormalization = "tokens"
     """Global loss normaliser: total tokens or total samples of the step."""
     use_cpsat: bool = True

@@ -240,15 +240,70 @@ def _plan_batch_with_stats(samples: Sequence[Sample], *, cluster: ClusterSpec, c
     config = config or PlannerConfig()
     prep = prepare(samples, cluster=cluster, cost_model=cost_model, config=config)
     stats = SearchStats()
-    found = _search(prep, samples, config=config, start=start, reference_sample=reference_sample, stats=stats)
-    if config.layout == "auto" and config.ulysses_candidate and prep.table.has_ring:
-        found = _with_ulysses_candidate(found, prep, samples, config=config, reference_sample=reference_sample,
-                                        stats=stats)
+    candidate = config.layout == "auto" and config.ulysses_candidate and prep.table.has_ring
+    seeded = candidate and config.ulysses_seeded_min_samples is not None and (
+        len(samples) >= config.ulysses_seeded_min_samples)
+    u_prep = _ulysses_prepare(prep, samples, config=config) if seeded else None
+    if u_prep is not None and u_prep.bounds.best_s <= prep.bounds.best_s * (1 + config.ulysses_seeded_max_bound_gain):
+        found = _from_ulysses_plan(prep, u_prep, samples, config=config, reference_sample=reference_sample,
+                                   stats=stats)
+    else:
+        found = _search(prep, samples, config=config, start=start, reference_sample=reference_sample, stats=stats)
+        if candidate and not seeded:  # prepared after the search, as CP-SAT's deadline counts from the start
+            u_prep = _ulysses_prepare(prep, samples, config=config)
+        if u_prep is not None:
+            found = _with_ulysses_candidate(found, prep, u_prep, samples, config=config,
+                                            reference_sample=reference_sample, stats=stats)
     return _finish(found, prep, samples, config=config, start=start, step=step, stats=stats)
 
 
-def _with_ulysses_candidate(found: _Found, prep: Prepared, samples: Sequence[Sample], *, config: PlannerConfig,
-                            reference_sample: Sample | None, stats: SearchStats) -> _Found:
+def _ulysses_prepare(prep: Prepared, samples: Sequence[Sample], *, config: PlannerConfig) -> Prepared | None:
+    """The batch prepared as ``layout="ulysses"`` prepares it; None when a sample fits no
+    pure-Ulysses group (or no world partition): only rings hold it."""
+    try:
+        return prepare(samples, cluster=prep.cost_model.cluster, cost_model=prep.cost_model.file,
+                       config=dataclasses.replace(config, layout="ulysses"))
+    except ValueError:
+        return None
+
+
+def _ulysses_search(u_prep: Prepared, samples: Sequence[Sample], *, config: PlannerConfig,
+                    reference_sample: Sample | None) -> _Found:
+    """The search ``layout="ulysses"`` runs on the batch (``u_prep``: ``_ulysses_prepare``'s)."""
+    return _search(u_prep, samples, config=dataclasses.replace(config, layout="ulysses"), start=time.perf_counter(),
+                   reference_sample=reference_sample, stats=SearchStats())
+
+
+def _from_ulysses_plan(prep: Prepared, u_prep: Prepared, samples: Sequence[Sample], *, config: PlannerConfig,
+                       reference_sample: Sample | None, stats: SearchStats) -> _Found:
+    """Under ``layout="auto"`` at ``PlannerConfig.ulysses_seeded_min_samples`` and above, where the
+    pure-Ulysses problem's bound is near the layout problem's: the plan ``layout="ulysses"`` makes
+    of the batch, each group then at its size's fastest layout (``choose_group_layouts``, never
+    slower), against ``auto``'s baselines (``_with_baselines``). Its bounds and CP-SAT proof are
+    of the Ulysses problem only, so none is kept."""
+    u_found = _ulysses_search(u_prep, samples, config=config, reference_sample=reference_sample)
+    table, arrays, cm = prep.table, prep.arrays, prep.cost_model
+    stats.ulysses_step_time_s = u_found.step_time_s
+    margin = in_node_ring_margin(config, cm)
+    u_draft = choose_group_layouts(u_found.draft, arrays, table, in_node_margin=margin)
+    u_time = draft_step_time_s(u_draft, arrays, cm, grad_sync_s=table.grad_sync_s)
+    stats.heuristic_step_time_s = stats.search_step_time_s = u_time
+    u_status: SolverStatus = "FEASIBLE" if u_found.status == "OPTIMAL" else u_found.status
+    u_method = f"ulysses:{u_found.method}"
+    draft, best_time, status, method, baselines = _with_baselines(
+        prep, samples, u_draft, u_time, u_status, u_method, config=config, reference_sample=reference_sample,
+        stats=stats)
+    if status == "POLISHED_BASELINE":  # in the table's layouts: each group re-chosen where that is faster
+        chosen = choose_group_layouts(draft, arrays, table, in_node_margin=margin)
+        chosen_time = draft_step_time_s(chosen, arrays, cm, grad_sync_s=table.grad_sync_s)
+        if chosen_time < best_time:
+            draft, best_time = chosen, chosen_time
+    return _Found(draft=draft, step_time_s=best_time, status=status, method=method, solver_bound_s=None,
+                  baselines_s=baselines)
+
+
+def _with_ulysses_candidate(found: _Found, prep: Prepared, u_prep: Prepared, samples: Sequence[Sample], *,
+                            config: PlannerConfig, reference_sample: Sample | None, stats: SearchStats) -> _Found:
     """Under ``layout="auto"``: the search's result, or the plan ``layout="ulysses"`` makes of the same
     batch where that is faster (the same search on the pure-Ulysses table, its own baselines and polish),
     each of its groups then at the fastest layout of its size (``choose_group_layouts``, never slower).
@@ -256,16 +311,10 @@ def _with_ulysses_candidate(found: _Found, prep: Prepared, samples: Sequence[Sam
     Ulysses problem's lower bound (``prepare``'s, cheap) already reaches the search's step time.
     The Ulysses run's own bounds and CP-SAT proof are of the Ulysses problem only: the plan keeps
     ``auto``'s."""
-    u_config = dataclasses.replace(config, layout="ulysses")
-    try:
-        u_prep = prepare(samples, cluster=prep.cost_model.cluster, cost_model=prep.cost_model.file, config=u_config)
-    except ValueError:  # a sample fits no pure-Ulysses group (or no world partition): only rings hold it
-        return found
     if u_prep.bounds.best_s >= found.step_time_s:  # no Ulysses plan can be faster: skip its search
         stats.ulysses_bound_s = u_prep.bounds.best_s
         return found
-    u_found = _search(u_prep, samples, config=u_config, start=time.perf_counter(), reference_sample=reference_sample,
-                      stats=SearchStats())
+    u_found = _ulysses_search(u_prep, samples, config=config, reference_sample=reference_sample)
     stats.ulysses_step_time_s = u_found.step_time_s
     if not u_found.step_time_s < found.step_time_s * (1 - 1e-9):
         return found
@@ -353,6 +402,25 @@ def _search(prep: Prepared, samples: Sequence[Sample], *, config: PlannerConfig,
             if cover_time < best_time * (1 - 1e-9):
                 draft, best_time, status, method = cover, cover_time, "HEURISTIC", "cover"
     stats.search_step_time_s = best_time
+    draft, best_time, status, method, baselines = _with_baselines(
+        prep, samples, draft, best_time, status, method, config=config, reference_sample=reference_sample,
+        stats=stats)
+    if table.has_ring and status not in ("BASELINE",):
+        # each group's layout for its own samples and placement, exactly (never slower)
+        chosen = choose_group_layouts(draft, arrays, table, in_node_margin=in_node_ring_margin(config, cm))
+        best_time = draft_step_time_s(chosen, arrays, cm, grad_sync_s=table.grad_sync_s)
+        draft = chosen
+    return _Found(draft=draft, step_time_s=best_time, status=status, method=method, solver_bound_s=solver_bound,
+                  baselines_s=baselines, cpsat_proved=cpsat_proved and status == PROVEN_STATUS,
+                  pattern_memo=pattern_memo)
+
+
+def _with_baselines(prep: Prepared, samples: Sequence[Sample], draft: Draft, best_time: float,
+                    status: SolverStatus, method: str, *, config: PlannerConfig, reference_sample: Sample | None,
+                    stats: SearchStats) -> tuple[Draft, float, SolverStatus, str, dict[str, float]]:
+    """Every baseline's step time on the prepared table and, where the fastest beats the given
+    plan, that baseline (polished by the search's moves where that helps) in its place."""
+    cm, table, arrays = prep.cost_model, prep.table, prep.arrays
     limit_bytes = _limit_bytes(prep)
     baselines: dict[str, float] = {}
     baseline_best: tuple[float, str, Draft] | None = None
@@ -391,14 +459,7 @@ def _search(prep: Prepared, samples: Sequence[Sample], *, config: PlannerConfig,
                 stats.polished_from_s = best_time
                 best_time, draft = t, polished
                 status, method = "POLISHED_BASELINE", f"{baseline_best[1]}+search"
-    if table.has_ring and status not in ("BASELINE",):
-        # each group's layout for its own samples and placement, exactly (never slower)
-        chosen = choose_group_layouts(draft, arrays, table, in_node_margin=in_node_ring_margin(config, cm))
-        best_time = draft_step_time_s(chosen, arrays, cm, grad_sync_s=table.grad_sync_s)
-        draft = chosen
-    return _Found(draft=draft, step_time_s=best_time, status=status, method=method, solver_bound_s=solver_bound,
-                  baselines_s=baselines, cpsat_proved=cpsat_proved and status == PROVEN_STATUS,
-                  pattern_memo=pattern_memo)
+    return draft, best_time, status, method, baselines
 
 
 def _limit_bytes(prep: Prepared) -> float:

@@ -53,17 +53,37 @@ def test_every_kind_is_covered() -> None:
        cluster_index=st.integers(0, 3))
 def test_auto_is_never_slower_than_ulysses(preset: str, fitted: bool, seed: int, step: int, num_samples: int,
                                            cluster_index: int) -> None:
+    _check_never_slower(preset, fitted, seed, step, num_samples, cluster_index)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("preset", PRESETS)
+@settings(max_examples=3, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**16), step=st.integers(0, 50), num_samples=st.sampled_from([8, 16, 32, 48]),
+       cluster_index=st.integers(0, 3))
+def test_auto_from_the_ulysses_plan_is_never_slower(preset: str, seed: int, step: int, num_samples: int,
+                                                    cluster_index: int) -> None:
+    """The large-batch path (``ulysses_seeded_min_samples``: the Ulysses plan relaid out, against
+    ``auto``'s baselines) on small batches, with the threshold at the batch size."""
+    _check_never_slower(preset, False, seed, step, num_samples, cluster_index, seeded_min_samples=num_samples)
+
+
+def _check_never_slower(preset: str, fitted: bool, seed: int, step: int, num_samples: int, cluster_index: int,
+                        seeded_min_samples: int | None = None) -> None:
     spec = WorkloadSpec.preset(preset)
     clusters = FITTED_CLUSTERS if fitted else ANALYTIC_CLUSTERS
     cluster = load_cluster(clusters[cluster_index % len(clusters)])
     cmf = _fitted(spec.model) if fitted else default_cost_model_file(spec.model, cluster.hardware.name)
     cm = CostModel(file=cmf, cluster=cluster)
     samples = sample_batch(spec, num_samples=num_samples, seed=seed, step=step)
+    seeded = {} if seeded_min_samples is None else {"ulysses_seeded_min_samples": seeded_min_samples}
     plans = {}
     for layout in ("auto", "ulysses"):
         try:
             plans[layout] = plan_batch_with_stats(samples, cluster=cluster, cost_model=cmf,
-                                                  config=PlannerConfig(seed=seed, layout=layout), step=step,
+                                                  config=PlannerConfig(seed=seed, layout=layout, **seeded),
+                                                  step=step,
                                                   reference_sample=spec.max_sample)
         except ValueError:  # a sample fits no group of the layout (auto's groups include ulysses')
             plans[layout] = None
@@ -77,3 +97,5 @@ def test_auto_is_never_slower_than_ulysses(preset: str, fitted: bool, seed: int,
         assert validate_plan(ulysses, samples, cost_model=cm) == []
         assert auto.predicted_step_time_s <= ulysses.predicted_step_time_s * (1 + 1e-9), (
             auto.solver, ulysses.solver, auto_stats.ulysses_step_time_s)
+        if seeded_min_samples is not None and auto_stats.ulysses_step_time_s is not None:  # the path ran
+            assert auto_stats.ulysses_step_time_s == ulysses.predicted_step_time_s  # the same Ulysses plan
