@@ -8,7 +8,9 @@ per-sample model for tiny batches, the large-neighbourhood search otherwise) and
 plan only when it is better; compute the baselines, and where one is predicted faster, polish
 its groups with the local search (or return it as is). Under ``layout="auto"`` the same search
 also runs on the pure-Ulysses table, and its plan is kept where faster, so ``auto`` is never
-predicted slower than ``ulysses``. Every returned plan passes ``validate_plan``: its policies and
+predicted slower than ``ulysses``; on large batches where the two problems' bounds are close, the
+Ulysses plan (relaid out, against ``auto``'s baselines) takes the place of the layout search
+(``PlannerConfig.ulysses_seeded_min_samples``). Every returned plan passes ``validate_plan``: its policies and
 micro-batch peaks are checked before it is returned (``planner.checks``; a failure raises).
 """
 
