@@ -22,15 +22,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from costmodel.evaluate import CostModel
 from costmodel.schema import CostModelFile
 from costmodel.specs import ClusterSpec, Sample
-from costmodel.units import fmt_bytes
-from planner.assemble import BatchArrays, Draft, PlanMeta, assemble_plan, draft_step_time_s
+from planner.assemble import Draft, PlanMeta, assemble_plan, draft_step_time_s
 from planner.baselines import baseline_drafts, with_layouts
 from planner.bounds.check import PROVEN_STATUS, bound_problem, plan_witnesses_tie
 from planner.bounds.patterns import PatternMemo
-from planner.bounds.simple import BoundReport, lower_bounds
 from planner.checks import (  # noqa: F401  (BoundError, check_bound, InvalidPlanError: re-exported)
     BOUND_REL_TOL,
     BoundError,
@@ -40,21 +37,20 @@ from planner.checks import (  # noqa: F401  (BoundError, check_bound, InvalidPla
     check_draft,
 )
 from planner.config import PlannerConfig
-from planner.costs import CostTable
 from planner.gc_pause import paused_gc
 from planner.layouts import (
     apply_layouts,
     choose_group_layouts,
     in_node_ring_margin,
-    layout_options,
     ring_chunks_fit,
     ring_savings_s,
 )
-from planner.placement import representable
 from planner.plan import LowerBound, Plan, SolverStatus
+from planner.prepare import Prepared, prepare
 from planner.search.heuristic import heuristic_plan
 from planner.search.intra import intra_draft
 from planner.search.polish import polish
+from planner.search_stats import SearchStats
 
 logger = logging.getLogger(__name__)
 
@@ -77,108 +73,6 @@ def _valid_best(candidates: Sequence[tuple[str, float]], plan_step_time_s: float
         elif value >= best[0]:
             best = (value, kind)
     return best
-
-
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """A checked batch with its cost table and bounds."""
-
-    cost_model: CostModel
-    table: CostTable
-    bounds: BoundReport
-    arrays: BatchArrays
-
-
-def prepare(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: CostModelFile,
-            config: PlannerConfig) -> Prepared:
-    """Check the input and tabulate costs and bounds.
-
-    Raises:
-        ValueError: for an empty batch, repeated sample ids, a 1D sample for a 2D model, a world
-            the allowed sizes cannot partition, model states over the memory cap, or a sample
-            that fits nowhere.
-    """
-    if len(samples) == 0:
-        raise ValueError("the batch is empty: a plan needs at least one sample")
-    seen: set[str] = set()
-    for s in samples:
-        if s.id in seen:
-            raise ValueError(f"sample id {s.id!r} appears more than once in the batch")
-        seen.add(s.id)
-    cm = CostModel(file=cost_model, cluster=cluster)
-    if cm.is_2d:
-        flat = next((s for s in samples if not s.is_2d), None)
-        if flat is not None:
-            raise ValueError(f"sample {flat.id!r} has tokens but no frames, height and width: "
-                             f"model {cost_model.model.name!r} is 2D (spatial + temporal attention)")
-    options = layout_options(cm, layout=config.layout, mode=config.sizes, max_group_size=config.max_group_size,
-                             explicit=config.group_sizes)
-    sizes = list(options)
-    n = cluster.num_gpus
-    if not sizes or not representable(n, sizes):
-        raise ValueError(f"the world of {n} ranks cannot be partitioned into groups of the "
-                         f"allowed sizes {sizes} (layout={config.layout!r}, num_heads={cost_model.model.num_heads}, "
-                         f"kv_heads={cost_model.model.kv_heads}: a Ulysses degree divides the query heads and "
-                         "divides the key/value heads or is a multiple of them; "
-                         f"max_group_size={config.max_group_size})")
-    budget = cm.activation_budget_bytes()
-    if budget <= 0:
-        raise ValueError(f"model states and working buffers need {fmt_bytes(cm.fixed_bytes())} per "
-                         f"rank, over the memory cap {fmt_bytes(cluster.memory_cap_bytes)}")
-    table = CostTable(cm, samples, sizes=sizes, memory_safety_fraction=config.memory_safety_fraction,
-                      intra_policies=config.intra_policies and config.intra_search, ring_options=options)
-    if not table.fits_anywhere.all():
-        c = int((~table.fits_anywhere).nonzero()[0][0])
-        sample = samples[table.classes.members[c][0]]
-        biggest = max(sizes)
-        act = float(cm.activation_bytes(sample.tokens, group_size=biggest,
-                                        recompute_layers=cm.num_layers))
-        raise ValueError(
-            f"sample {sample.id!r} ({sample.tokens:,} tokens) fits nowhere: even on the largest "
-            f"allowed group ({biggest} ranks) with full checkpointing it needs {fmt_bytes(act)} "
-            f"of activations per rank, over the limit of {fmt_bytes(table.budget_bytes)} "
-            f"(memory cap {fmt_bytes(cluster.memory_cap_bytes)} minus {fmt_bytes(cm.fixed_bytes())} fixed)")
-    return Prepared(cost_model=cm, table=table, bounds=lower_bounds(table.for_bounds()),
-                    arrays=BatchArrays.of_classes(table.classes))
-
-
-@dataclass(slots=True)
-class SearchStats:
-    """How a plan was found, for benchmarks (not part of the plan)."""
-
-    heuristic_step_time_s: float = 0.0
-    """Step time of the heuristic's draft (intra policies applied), before CP-SAT."""
-    cpsat_step_time_s: float | None = None
-    """Step time of CP-SAT's draft when it returned one."""
-    cpsat_improved: bool = False
-    """CP-SAT's draft was kept (faster than the heuristic's)."""
-    cover_step_time_s: float | None = None
-    """Step time of the whole-cover plan (``planner.search.cover``) when one was made."""
-    lns_rounds: int = 0
-    """Neighbourhoods the large-neighbourhood search solved."""
-    lns_improved_rounds: int = 0
-    """Of those, the ones whose result was kept."""
-    search_step_time_s: float = 0.0
-    """Step time of the search's own best plan (heuristic or CP-SAT), before any baseline."""
-    strongest_baseline_step_time_s: float | None = None
-    """Step time of the fastest baseline (``naive`` included only if it is the fastest), if computed."""
-    polished_from_s: float | None = None
-    """When a baseline beat the search and polishing improved it: the baseline's step time."""
-    dropped_bounds: tuple[str, ...] = ()
-    """Kinds of the lower bounds found above the plan's step time and dropped
-    (``PlannerConfig.strict_bounds`` off; each is a bug, logged with the batch digest)."""
-    ulysses_step_time_s: float | None = None
-    """Under ``layout="auto"``: the step time of the plan ``layout="ulysses"`` makes of the batch (a
-    candidate the plan is never slower than); None when not computed (another layout, no ring
-    allowed, ``PlannerConfig.ulysses_candidate`` off, a sample no pure-Ulysses group holds, or
-    ``ulysses_bound_s`` at or above the plan's step time)."""
-    ulysses_bound_s: float | None = None
-    """Under ``layout="auto"``, when the pure-Ulysses problem's lower bound is at or above the
-    search's step time (no Ulysses plan can be faster, so its search is skipped): that bound."""
-    baselines_not_holding: tuple[str, ...] = ()
-    """Baselines computed but unable to hold the batch (a sample fits no group of their rule, or
-    their layout is one ``PlannerConfig.layout`` does not allow, or a ring would cut a sample into
-    more chunks than it has tokens): not in ``Plan.baselines_s``, so not in the strongest."""
 
 
 def plan_batch(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: CostModelFile,

@@ -54,15 +54,15 @@ def test_an_lp_feasible_too_late_is_caught(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_an_inflated_simple_bound_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    import planner.planning as planning
+    import planner.prepare as prepare
 
-    real = planning.lower_bounds
+    real = prepare.lower_bounds
 
     def inflated(table):  # type: ignore[no-untyped-def]
         report = real(table)
         return dataclasses.replace(report, deadline_area_s=report.deadline_area_s * 3)
 
-    monkeypatch.setattr(planning, "lower_bounds", inflated)
+    monkeypatch.setattr(prepare, "lower_bounds", inflated)
     samples, cluster, file = _batch()
     with pytest.raises(BoundError, match="deadline-area"):
         plan_batch(samples, cluster=cluster, cost_model=file, config=CONFIG)  # type: ignore[arg-type]
