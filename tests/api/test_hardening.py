@@ -98,9 +98,11 @@ def _cluster(**hardware: Any) -> dict[str, Any]:
 
 def test_partition_lp_options_reach_the_planner(client: httpx.Client) -> None:
     samples = [{"id": f"s{i}", "tokens": 2048 * (1 + i % 7)} for i in range(48)]
+    # The default preset runs the merged LP too: the plain plan is made with the LP off.
     body = {"samples": samples, "cluster": "h200x8", "cost_model_id": COST_MODEL,
-            "options": {"use_cpsat": False}}
+            "options": {"use_cpsat": False, "lp_bound_iterations": 0}}
     plain = client.post("/v1/plans", json=body)
+    assert plain.json()["plan"]["lower_bound"]["kind"] != "partition-lp", plain.text[:300]
     body["options"] |= {"lp_bound_iterations": 6, "lp_bound_integral": True,
                         "lp_bound_micro_batch_buckets": 3, "lp_bound_min_gap": 0.0}
     with_lp = client.post("/v1/plans", json=body)
