@@ -16,6 +16,9 @@ sample, no move of other samples can lower the makespan, only a larger group for
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable
+
 import numpy as np
 
 from planner.costs import CostTable
@@ -119,24 +122,33 @@ def resize_search(table: CostTable, groups: list[GroupState], *, max_tries: int,
     best_time = _makespan(groups)
     tries = 0
     while tries < max_tries:
-        round_best: tuple[float, list[GroupState]] | None = None
-        for remove, add in _candidates(table, best):
-            if tries >= max_tries:
-                break
-            tries += 1
-            trial = _replaced(table, best, remove, add)
-            if trial is None:
-                continue
-            local_search(table, trial, max_moves=max_moves, max_ejections=max_ejections)
-            for g in trial:
-                repack(table, g)
-            t = _makespan(trial)
-            if t < best_time * (1 - 1e-9) and (round_best is None or t < round_best[0]):
-                round_best = (t, trial)
+        pulled = itertools.count()
+        moves = ((next(pulled), move)[1] for move in itertools.islice(_candidates(table, best), max_tries - tries))
+        round_best = _best_move(table, best, moves, best_time, max_moves=max_moves, max_ejections=max_ejections)
+        tries += next(pulled)
         if round_best is None:
             break
         best_time, best = round_best
     return best
+
+
+def _best_move(table: CostTable, groups: list[GroupState], moves: Iterable[tuple[list[int], list[int]]],
+               best_time: float, *, max_moves: int, max_ejections: int
+               ) -> tuple[float, list[GroupState]] | None:
+    """The fastest of ``moves`` (groups removed, sizes added; each re-placed, local-searched and
+    repacked) whose makespan is below ``best_time``, with that makespan; None when none is."""
+    found: tuple[float, list[GroupState]] | None = None
+    for remove, add in moves:
+        trial = _replaced(table, groups, remove, add)
+        if trial is None:
+            continue
+        local_search(table, trial, max_moves=max_moves, max_ejections=max_ejections)
+        for g in trial:
+            repack(table, g)
+        t = _makespan(trial)
+        if t < best_time * (1 - 1e-9) and (found is None or t < found[0]):
+            found = (t, trial)
+    return found
 
 
 def _lone_merges(table: CostTable, groups: list[GroupState], slow: int) -> list[tuple[list[int], list[int]]]:
@@ -171,17 +183,8 @@ def lone_merge(table: CostTable, groups: list[GroupState], *, max_moves: int, ma
         slow = max(range(len(best)), key=lambda k: (best[k].load_s, -k))
         if sum(len(mb) for mb in best[slow].mbs) != 1:
             return best
-        improved: tuple[float, list[GroupState]] | None = None
-        for remove, add in _lone_merges(table, best, slow):
-            trial = _replaced(table, best, remove, add)
-            if trial is None:
-                continue
-            local_search(table, trial, max_moves=max_moves, max_ejections=max_ejections)
-            for g in trial:
-                repack(table, g)
-            t = _makespan(trial)
-            if t < best_time * (1 - 1e-9) and (improved is None or t < improved[0]):
-                improved = (t, trial)
+        improved = _best_move(table, best, _lone_merges(table, best, slow), best_time, max_moves=max_moves,
+                              max_ejections=max_ejections)
         if improved is None:
             return best
         best_time, best = improved
