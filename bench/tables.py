@@ -323,7 +323,7 @@ TABLES: dict[str, TableSpec] = {
     "plan-scale-sweeps": TableSpec(json_name="plan_scale.json", render=_scale_sweeps),
     "plan-scale-readme": TableSpec(json_name="plan_scale_points_5steps_rerun.json", render=_scale_points),
     "plan-scale-layouts": TableSpec(json_name="plan_scale_layouts.json", render=_scale_points_gap),
-    "plan-scale-layouts-16384": TableSpec(json_name="plan_scale_layouts_16384_quiet_93250d0_ab.json",
+    "plan-scale-layouts-16384": TableSpec(json_name="plan_scale_layouts_16384.json",
                                           render=_scale_points_gap),
     "plan-phases-16384-2c3dc7a": TableSpec(json_name="plan_phases_16384_auto_2c3dc7a_ab1.json", render=_plan_phases),
     "executor-overhead": TableSpec(json_name="executor_overhead.json", render=_columns(_overhead_rows, [
