@@ -17,7 +17,7 @@ sample, no move of other samples can lower the makespan, only a larger group for
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -92,15 +92,9 @@ def _candidates(table: CostTable, groups: list[GroupState]) -> list[tuple[list[i
                 out.append((same[:2], [2 * d]))
             # The least loaded group of size d with smaller groups making up another d (two
             # steps of merges whose first alone would not improve).
-            rest, taken = d, [same[0]]
-            for k in sorted((k for k, g in enumerate(groups) if g.size < d),
-                            key=lambda k: (-groups[k].size, groups[k].load_s, k)):
-                if groups[k].size <= rest:
-                    taken.append(k)
-                    rest -= groups[k].size
-                    if rest == 0:
-                        extra.append((sorted(taken), [2 * d]))
-                        break
+            taken = _with_smaller(groups, same[0], key=lambda k: (-groups[k].size, groups[k].load_s, k))
+            if taken is not None:
+                extra.append((taken, [2 * d]))
     return out + extra
 
 
@@ -161,16 +155,24 @@ def _lone_merges(table: CostTable, groups: list[GroupState], slow: int) -> list[
     same = sorted((k for k, g in enumerate(groups) if g.size == d and k != slow), key=lambda k: (groups[k].load_s, k))
     if same:
         out.append((sorted([slow, same[0]]), [2 * d]))
-    rest, taken = d, [slow]
-    smaller = (k for k, g in enumerate(groups) if g.size < d)
-    for k in sorted(smaller, key=lambda k: (groups[k].load_s, -groups[k].size, k)):
+    taken = _with_smaller(groups, slow, key=lambda k: (groups[k].load_s, -groups[k].size, k))
+    if taken is not None:
+        out.append((taken, [2 * d]))
+    return out
+
+
+def _with_smaller(groups: list[GroupState], first: int, *, key: Callable[[int], tuple[float, ...]]
+                  ) -> list[int] | None:
+    """Group ``first`` (size ``d``) with smaller groups, taken greedily in ``key`` order where
+    they still fit, that add up to ``d`` (sorted indices); None when none do."""
+    rest, taken = groups[first].size, [first]
+    for k in sorted((k for k, g in enumerate(groups) if g.size < groups[first].size), key=key):
         if groups[k].size <= rest:
             taken.append(k)
             rest -= groups[k].size
             if rest == 0:
-                out.append((sorted(taken), [2 * d]))
-                break
-    return out
+                return sorted(taken)
+    return None
 
 
 def lone_merge(table: CostTable, groups: list[GroupState], *, max_moves: int, max_ejections: int
