@@ -31,6 +31,10 @@ Run from the repository root::
 (Gemma-3-27B is left out: its bf16 parameters and gradients alone, 108 GB, are over an H200's cap
 under the state shardings the executor runs.)
 
+A step whose batch holds a sample that fits nowhere on the cluster is counted as refused, with
+the planner's message, and the cell's figures are over its other steps (``bench/refusals.py``);
+a cell with every step refused says so in place of figures.
+
 It prints tables and writes ``--out`` (default ``bench-out/plan_quality[_quick].json``).
 ``--layouts`` runs the attention-layout comparison of issue 25 instead
 (``bench/plan_quality_layouts.py``, default ``bench-out/plan_quality_layouts.json``)::
@@ -47,31 +51,21 @@ import platform
 import resource
 import subprocess
 import sys
-import time
-from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from plan_quality_cells import ablation, by_workload, run_cell  # noqa: E402  (bench/, the script's folder)
 from provenance import default_out, provenance  # noqa: E402  (bench/, the script's folder, is on sys.path)
+from refusals import fully_refused, refusal_note  # noqa: E402  (bench/, the script's folder)
 
-from costmodel.presets import default_cost_model_file, load_cluster, load_model, workload_names  # noqa: E402
+from costmodel.presets import workload_names  # noqa: E402
 from dcp_cli.progress import make_progress  # noqa: E402
-from planner.baselines import strongest  # noqa: E402
-from planner.bounds.lp import partition_lp_bound  # noqa: E402
 from planner.config import PlannerConfig  # noqa: E402
-from planner.planning import check_bound, plan_batch_with_stats, prepare  # noqa: E402
-from planner.workload import WorkloadSpec, sample_batch  # noqa: E402
-
-BUCKETS = ("bucket-sp1", "bucket-sp2", "bucket-sp4", "bucket-sp8")
-BASELINES = (*BUCKETS, "bucket-best", "static-best", "megatron-dyncp", "dcp-greedy", "naive",
-             "strongest")
-"""Speedup columns: the registry's baselines, the best bucket size of the cell, the strongest."""
 
 LAYOUT_WORKLOADS = ("text-millionctx", "video3d-longclip")
 """Presets of the attention-layout comparison (``--layouts``, bench/plan_quality_layouts.py),
@@ -84,120 +78,6 @@ def _pin(cpu: int | None) -> str:
         return "unpinned"
     os.sched_setaffinity(0, {cpu})
     return f"cpu {cpu}"
-
-
-def _pct(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else float("nan")
-
-
-def run_cell(workload: str, cluster_name: str, num_samples: int, steps: int,
-             config: PlannerConfig, seed: int = 0, lp_bound: bool = True,
-             expert_parallel_size: int = 1) -> dict[str, Any]:
-    """Plan ``steps`` batches of one cell; summary and per-step rows. ``workload`` is a preset
-    name, or ``NAME@MODEL`` for its samples under another model preset (``text-longtail@llama-3.1-8b``).
-    ``expert_parallel_size`` splits a mixture-of-experts model's experts (dense models ignore it)."""
-    name, _, model = workload.partition("@")
-    spec = WorkloadSpec.preset(name)
-    if model:
-        spec = spec.model_copy(update={"model": model})
-    experts = load_model(spec.model).num_experts
-    cluster = load_cluster(cluster_name, **({"expert_parallel_size": expert_parallel_size}
-                                            if experts and expert_parallel_size > 1 else {}))
-    cmf = default_cost_model_file(spec.model, cluster.hardware.name)
-    rows = []
-    for step in range(steps):
-        samples = sample_batch(spec, num_samples=num_samples, seed=seed, step=step)
-        start, cpu_start = time.perf_counter(), time.process_time()
-        plan, stats = plan_batch_with_stats(samples, cluster=cluster, cost_model=cmf,
-                                            config=config, step=step,
-                                            reference_sample=spec.max_sample)
-        latency, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-        best = strongest(plan.baselines_s)
-        # Offline, untimed: the partition LP bound (planner.bounds.lp, whole group counts) on
-        # the steps whose gap is over 2%, for the gap to the tightest bound we can prove; the
-        # plan itself is unchanged. (Skipped below 2%: ~0.3 s per solve at 1024 samples.)
-        bound_lp = plan.lower_bound.value_s
-        if lp_bound and plan.gap > 0.02 and plan.solver.status != "OPTIMAL":
-            table = prepare(samples, cluster=cluster, cost_model=cmf, config=config).table
-            sync = table.grad_sync_s
-            # (the bounds' view: with rings, the table's own times are upper bounds of a sample's share)
-            bound_lp = max(bound_lp, sync + partition_lp_bound(
-                table.for_bounds(), lower_s=bound_lp - sync, iterations=6, integral_groups=True))
-            check_bound(bound_lp, "partition-lp (offline)", plan.predicted_step_time_s,
-                        status=plan.solver.status)
-        sync = plan.grad_sync_time_s
-        rows.append({
-            "bound_lp_s": bound_lp, "gap_lp": plan.predicted_step_time_s / bound_lp - 1,
-            # The same gap on compute alone (gradient sync taken off both sides).
-            "gap_lp_compute": (plan.predicted_step_time_s - sync) / (bound_lp - sync) - 1,
-            "heuristic_step_time_s": stats.heuristic_step_time_s,
-            "cpsat_step_time_s": stats.cpsat_step_time_s, "cpsat_improved": stats.cpsat_improved,
-            "lns_rounds": stats.lns_rounds, "lns_improved_rounds": stats.lns_improved_rounds,
-            # The search's own plan (before any baseline) against the strongest baseline, and what
-            # polishing a winning baseline gained.
-            "search_step_time_s": stats.search_step_time_s,
-            "search_beat_strongest": bool(best is not None and stats.search_step_time_s < best[1] * (1 - 1e-9)),
-            "polish_gain": (stats.polished_from_s / plan.predicted_step_time_s
-                            if stats.polished_from_s is not None else None),
-            "step": step, "step_time_s": plan.predicted_step_time_s,
-            "bound_s": plan.lower_bound.value_s, "bound_kind": plan.lower_bound.kind,
-            "gap": plan.gap, "status": plan.solver.status, "method": plan.solver.method,
-            "latency_s": latency, "cpu_s": cpu,
-            "baselines_s": {**plan.baselines_s, **({"strongest": best[1]} if best else {})},
-            "strongest": best[0] if best else None,
-            "group_sizes": sorted((g.size for g in plan.groups), reverse=True),
-        })
-    summary: dict[str, Any] = {
-        "workload": workload, "cluster": cluster_name, "num_samples": num_samples,
-        "steps": steps,
-        "gap_mean": float(np.mean([r["gap"] for r in rows])),
-        "gap_p95": _pct([r["gap"] for r in rows], 95),
-        "gap_max": float(max(r["gap"] for r in rows)),
-        "gap_lp_mean": float(np.mean([r["gap_lp"] for r in rows])),
-        "gap_lp_p95": _pct([r["gap_lp"] for r in rows], 95),
-        "gap_lp_compute_mean": float(np.mean([r["gap_lp_compute"] for r in rows])),
-        "gap_lp_compute_p95": _pct([r["gap_lp_compute"] for r in rows], 95),
-        # The most any plan could gain over the strongest baseline: strongest / bound.
-        "ceiling_strongest_mean": float(np.mean([r["baselines_s"]["strongest"] / r["bound_lp_s"]
-                                                 for r in rows if "strongest" in r["baselines_s"]])),
-        "methods": dict(Counter(r["method"] for r in rows)),
-        "cpsat_improved_share": float(np.mean([r["cpsat_improved"] for r in rows])),
-        "cpsat_gain_mean": float(np.mean([r["heuristic_step_time_s"] / r["step_time_s"]
-                                          for r in rows if r["cpsat_improved"]] or [1.0])),
-        "cpsat_gain_max": float(max([r["heuristic_step_time_s"] / r["step_time_s"]
-                                     for r in rows if r["cpsat_improved"]] or [1.0])),
-        "lns_rounds": int(sum(r["lns_rounds"] for r in rows)),
-        "lns_improved_rounds": int(sum(r["lns_improved_rounds"] for r in rows)),
-        "bound_kinds": dict(Counter(r["bound_kind"] for r in rows)),
-        "statuses": dict(Counter(r["status"] for r in rows)),
-        "search_beat_strongest_share": float(np.mean([r["search_beat_strongest"] for r in rows])),
-        "polished_steps": int(sum(r["polish_gain"] is not None for r in rows)),
-        "polish_gain_mean": float(np.mean([r["polish_gain"] for r in rows if r["polish_gain"] is not None]
-                                          or [1.0])),
-        "strongest_names": dict(Counter(r["strongest"] for r in rows)),
-        "latency_p50_s": _pct([r["latency_s"] for r in rows], 50),
-        "latency_p95_s": _pct([r["latency_s"] for r in rows], 95),
-        "cpu_p50_s": _pct([r["cpu_s"] for r in rows], 50),
-        "cpu_p95_s": _pct([r["cpu_s"] for r in rows], 95),
-    }
-    # The bucket size fixed for the run: the one with the least total time over the cell's
-    # steps (among those that held every step).
-    totals = {b: sum(r["baselines_s"][b] for r in rows) for b in BUCKETS
-              if all(b in r["baselines_s"] for r in rows)}
-    summary["bucket_best_size"] = min(totals, key=lambda b: totals[b]) if totals else None
-    for r in rows:
-        if summary["bucket_best_size"] is not None:
-            r["baselines_s"]["bucket-best"] = r["baselines_s"][summary["bucket_best_size"]]
-    for name in BASELINES:
-        ratios = [r["baselines_s"][name] / r["step_time_s"] for r in rows if name in r["baselines_s"]]
-        summary[f"speedup_{name}_mean"] = float(np.mean(ratios)) if ratios else None
-        summary[f"speedup_{name}_min"] = float(min(ratios)) if ratios else None
-        # Throughput speedup over the whole run: total baseline time / total plan time.
-        total = sum(r["step_time_s"] for r in rows if name in r["baselines_s"])
-        summary[f"speedup_{name}_total"] = (
-            sum(r["baselines_s"][name] for r in rows if name in r["baselines_s"]) / total
-            if ratios else None)
-    return {"summary": summary, "rows": rows}
 
 
 def rss_probe(num_samples: int, cluster_name: str, workload: str) -> dict[str, Any]:
@@ -228,93 +108,74 @@ def rss_probe(num_samples: int, cluster_name: str, workload: str) -> dict[str, A
             "status": status}
 
 
-SEARCH_STATUSES = ("HEURISTIC", "FEASIBLE", "OPTIMAL")
-
-
-def by_workload(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per workload, over its grid cells' steps: the steps by where the plan came from (the
-    search's own HEURISTIC/FEASIBLE/OPTIMAL, a BASELINE as it is, a POLISHED_BASELINE), the share
-    where the search alone beat the strongest baseline, and the gain of polishing (baseline's
-    time / polished plan's time, over the polished steps)."""
-    rows_of: dict[str, list[dict[str, Any]]] = {}
-    for cell in cells:
-        rows_of.setdefault(cell["summary"]["workload"], []).extend(cell["rows"])
-    out = []
-    for workload, rows in rows_of.items():
-        statuses = Counter(r["status"] for r in rows)
-        gains = [r["polish_gain"] for r in rows if r["polish_gain"] is not None]
-        out.append({
-            "workload": workload, "steps": len(rows),
-            "search_steps": sum(statuses[s] for s in SEARCH_STATUSES),
-            "baseline_steps": statuses["BASELINE"], "polished_steps": statuses["POLISHED_BASELINE"],
-            "statuses": dict(statuses),
-            "search_beat_strongest_steps": int(sum(r["search_beat_strongest"] for r in rows)),
-            "search_beat_strongest_share": float(np.mean([r["search_beat_strongest"] for r in rows])),
-            "polish_gain_mean": float(np.mean(gains)) if gains else None,
-            "polish_gain_max": float(max(gains)) if gains else None,
-        })
-    return out
+def _line(head: str, item: dict[str, Any], figures: Callable[[dict[str, Any]], str]) -> str:
+    """A printed row: ``head``, then the item's figures and any refused steps, or for an item
+    with no planned step the refusal alone."""
+    if fully_refused(item):
+        return f"{head}{refusal_note(item)}"
+    note = refusal_note(item)
+    return head + figures(item) + (f"  {note}" if note else "")
 
 
 def _print_by_workload(summaries: list[dict[str, Any]]) -> None:
     print(f"\n{'workload':17s}{'steps':>6s}{'search':>7s}{'BASE':>5s}{'POLISH':>7s}"
           f"{'search beat strongest':>23s}{'polish gain mean / max':>24s}")
     for s in summaries:
-        gain = ("-" if s["polish_gain_mean"] is None else
-                f"{(s['polish_gain_mean'] - 1) * 100:.2f}% / {(s['polish_gain_max'] - 1) * 100:.2f}%")
-        print(f"{s['workload']:17s}{s['steps']:6d}{s['search_steps']:7d}{s['baseline_steps']:5d}"
-              f"{s['polished_steps']:7d}{s['search_beat_strongest_share'] * 100:22.0f}%{gain:>24s}")
+        print(_line(f"{s['workload']:17s}", s, _by_workload_figures))
+
+
+def _by_workload_figures(s: dict[str, Any]) -> str:
+    gain = ("-" if s["polish_gain_mean"] is None else
+            f"{(s['polish_gain_mean'] - 1) * 100:.2f}% / {(s['polish_gain_max'] - 1) * 100:.2f}%")
+    return (f"{s['steps']:6d}{s['search_steps']:7d}{s['baseline_steps']:5d}"
+            f"{s['polished_steps']:7d}{s['search_beat_strongest_share'] * 100:22.0f}%{gain:>24s}")
 
 
 def _fmt(v: float | None) -> str:
     return f"{v:.2f}" if v is not None else "-"
 
 
+GRID_COLUMNS = [("xsp4", "bucket-sp4"), ("xbkbest", "bucket-best"), ("xstatic", "static-best"),
+                ("xmegat", "megatron-dyncp"), ("xdcpgr", "dcp-greedy"), ("xnaive", "naive"),
+                ("xstrong", "strongest")]
+"""The printed grid's speedup columns: heading, baseline."""
+
+
+def _grid_figures(s: dict[str, Any]) -> str:
+    return ("".join(f"{_fmt(s[f'speedup_{n}_mean']):>8s}" for _, n in GRID_COLUMNS)
+            + f"{_fmt(s['speedup_strongest_min']):>6s}{_fmt(s['ceiling_strongest_mean']):>6s}"
+            f"{s['statuses'].get('BASELINE', 0) + s['statuses'].get('POLISHED_BASELINE', 0):5d} "
+            f"{s['gap_mean'] * 100:8.2f}%{s['gap_p95'] * 100:7.2f}%"
+            f"{s['gap_lp_mean'] * 100:7.2f}%{s['gap_lp_p95'] * 100:7.2f}%"
+            f"{s['gap_lp_compute_mean'] * 100:8.2f}%{s['gap_lp_compute_p95'] * 100:7.2f}%"
+            f"{s['cpu_p50_s'] * 1e3:8.1f}{s['cpu_p95_s'] * 1e3:8.1f}")
+
+
 def _print_grid(cells: list[dict[str, Any]]) -> None:
-    cols = [("xsp4", "bucket-sp4"), ("xbkbest", "bucket-best"), ("xstatic", "static-best"),
-            ("xmegat", "megatron-dyncp"), ("xdcpgr", "dcp-greedy"), ("xnaive", "naive"),
-            ("xstrong", "strongest")]
     head = (f"{'workload':17s}{'cluster':9s}{'batch':>6s} "
-            + "".join(f"{c:>8s}" for c, _ in cols)
+            + "".join(f"{c:>8s}" for c, _ in GRID_COLUMNS)
             + f"{'min':>6s}{'ceil':>6s}{'BASE':>5s} {'gap mean':>9s}{'gap p95':>8s}{'lp mean':>8s}"
             f"{'lp p95':>8s}{'cmp mean':>9s}{'cmp p95':>8s}{'cpu p50':>8s}{'cpu p95':>8s}")
     print(head)
     print("-" * len(head))
     for cell in cells:
         s = cell["summary"]
-        base = s["statuses"].get("BASELINE", 0) + s["statuses"].get("POLISHED_BASELINE", 0)
-        print(f"{s['workload']:17s}{s['cluster']:9s}{s['num_samples']:6d} "
-              + "".join(f"{_fmt(s[f'speedup_{n}_mean']):>8s}" for _, n in cols)
-              + f"{_fmt(s['speedup_strongest_min']):>6s}{_fmt(s['ceiling_strongest_mean']):>6s}"
-              f"{base:5d} {s['gap_mean'] * 100:8.2f}%{s['gap_p95'] * 100:7.2f}%"
-              f"{s['gap_lp_mean'] * 100:7.2f}%{s['gap_lp_p95'] * 100:7.2f}%"
-              f"{s['gap_lp_compute_mean'] * 100:8.2f}%{s['gap_lp_compute_p95'] * 100:7.2f}%"
-              f"{s['cpu_p50_s'] * 1e3:8.1f}{s['cpu_p95_s'] * 1e3:8.1f}")
+        print(_line(f"{s['workload']:17s}{s['cluster']:9s}{s['num_samples']:6d} ", s, _grid_figures))
 
 
-def ablation(workloads: list[str], clusters: list[str], num_samples: int, steps: int,
-             grid_rows: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """DCP-intra ablation: the default preset with inter-step search only (every sample at its
-    cheapest policy alone, packed first-fit) against inter + intra (the grid's plans, or
-    planned here when the grid did not run the cell)."""
-    out = []
-    for workload in workloads:
-        for cluster_name in clusters:
-            key = f"{workload}/{cluster_name}/{num_samples}"
-            both = grid_rows.get(key) or run_cell(workload, cluster_name, num_samples, steps,
-                                                  PlannerConfig(), lp_bound=False)["rows"]
-            inter = run_cell(workload, cluster_name, num_samples, steps,
-                             PlannerConfig(intra_policies=False), lp_bound=False)["rows"]
-            gains = [a["step_time_s"] / b["step_time_s"] for a, b in zip(inter, both, strict=True)]
-            out.append({"workload": workload, "cluster": cluster_name, "num_samples": num_samples,
-                        "steps": len(gains), "intra_gain_mean": float(np.mean(gains)),
-                        "intra_gain_max": float(max(gains)), "intra_gain_min": float(min(gains)),
-                        "steps_faster": int(sum(g > 1 + 1e-9 for g in gains)),
-                        "inter_only_x_strongest": float(np.mean(
-                            [r["baselines_s"]["strongest"] / r["step_time_s"] for r in inter])),
-                        "both_x_strongest": float(np.mean(
-                            [r["baselines_s"]["strongest"] / r["step_time_s"] for r in both]))})
-    return out
+def _budget_figures(s: dict[str, Any]) -> str:
+    return (f"{s['gap_mean'] * 100:8.2f}%"
+            f"{s['gap_p95'] * 100:7.2f}%{s['gap_lp_mean'] * 100:7.2f}%"
+            f"{s['gap_lp_p95'] * 100:7.2f}%{_fmt(s['speedup_strongest_mean']):>8s}"
+            f"{s['latency_p50_s'] * 1e3:8.1f}{s['latency_p95_s'] * 1e3:8.1f}"
+            f"{s['cpu_p50_s'] * 1e3:8.1f}{s['cpu_p95_s'] * 1e3:8.1f}"
+            f"{s['cpsat_improved_share'] * 100:6.0f}%{(s['cpsat_gain_mean'] - 1) * 100:6.2f}%"
+            f"{s['lns_improved_rounds']:4d}/{s['lns_rounds']:<4d}")
+
+
+def _ablation_figures(a: dict[str, Any]) -> str:
+    return (f"{a['intra_gain_mean']:8.4f}{a['intra_gain_max']:8.4f}{a['steps_faster']:5d}/{a['steps']:<2d}"
+            f"{a['inter_only_x_strongest']:16.3f}{a['both_x_strongest']:15.3f}")
 
 
 def main() -> None:
@@ -377,16 +238,17 @@ def main() -> None:
                     bar.advance(task)
                     s = cells[-1]["summary"]
                     if not args.quiet:
-                        print(f"  {workload} {cluster_name} {num_samples}: gap {s['gap_mean']:.3%} "
-                              f"x{_fmt(s['speedup_strongest_mean'])} (strongest) "
-                              f"p50 {s['latency_p50_s'] * 1e3:.1f} ms", flush=True)
+                        print(_line(f"  {workload} {cluster_name} {num_samples}: ", s, lambda s: (
+                            f"gap {s['gap_mean']:.3%} x{_fmt(s['speedup_strongest_mean'])} (strongest) "
+                            f"p50 {s['latency_p50_s'] * 1e3:.1f} ms")), flush=True)
         print()
         _print_grid(cells)
         result["by_workload"] = by_workload(cells)
         _print_by_workload(result["by_workload"])
     result["grid"] = [c["summary"] for c in cells]
-    result["grid_rows"] = {f"{c['summary']['workload']}/{c['summary']['cluster']}/"
-                           f"{c['summary']['num_samples']}": c["rows"] for c in cells}
+    grid_cells = {f"{c['summary']['workload']}/{c['summary']['cluster']}/{c['summary']['num_samples']}": c
+                  for c in cells}
+    result["grid_rows"] = {key: c["rows"] for key, c in grid_cells.items()}
     budgets = []
     for budget in args.budgets:
         for workload in workloads:
@@ -403,24 +265,16 @@ def main() -> None:
               f"{'p50 ms':>8s}{'p95 ms':>8s}{'cpu p50':>8s}{'cpu p95':>8s}"
               f"{'cpsat+':>7s}{'gain':>7s}{'rounds':>9s}")
         for s in budgets:
-            print(f"{s['budget_s']:7.2f} {s['workload']:17s}{s['gap_mean'] * 100:8.2f}%"
-                  f"{s['gap_p95'] * 100:7.2f}%{s['gap_lp_mean'] * 100:7.2f}%"
-                  f"{s['gap_lp_p95'] * 100:7.2f}%{_fmt(s['speedup_strongest_mean']):>8s}"
-                  f"{s['latency_p50_s'] * 1e3:8.1f}{s['latency_p95_s'] * 1e3:8.1f}"
-                  f"{s['cpu_p50_s'] * 1e3:8.1f}{s['cpu_p95_s'] * 1e3:8.1f}"
-                  f"{s['cpsat_improved_share'] * 100:6.0f}%{(s['cpsat_gain_mean'] - 1) * 100:6.2f}%"
-                  f"{s['lns_improved_rounds']:4d}/{s['lns_rounds']:<4d}")
+            print(_line(f"{s['budget_s']:7.2f} {s['workload']:17s}", s, _budget_figures))
     result["budgets"] = budgets
     if args.ablation_batch:
-        abl = ablation(workloads, args.clusters, args.ablation_batch, steps, result["grid_rows"])
+        abl = ablation(workloads, args.clusters, args.ablation_batch, steps, grid_cells)
         print(f"\nDCP-intra ablation ({args.ablation_batch} samples, default preset): step time "
               "inter only / inter + intra")
         print(f"{'workload':17s}{'cluster':9s}{'mean':>8s}{'max':>8s}{'faster':>8s}"
               f"{'x strong inter':>16s}{'x strong both':>15s}")
         for a in abl:
-            print(f"{a['workload']:17s}{a['cluster']:9s}{a['intra_gain_mean']:8.4f}"
-                  f"{a['intra_gain_max']:8.4f}{a['steps_faster']:5d}/{a['steps']:<2d}"
-                  f"{a['inter_only_x_strongest']:16.3f}{a['both_x_strongest']:15.3f}")
+            print(_line(f"{a['workload']:17s}{a['cluster']:9s}", a, _ablation_figures))
         result["ablation"] = abl
     rss = rss_probe(1024, "h200x64", "text-longtail")
     print(f"\npeak RSS, 1024 samples at 64 GPUs (text-longtail, fresh process): "

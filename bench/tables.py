@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from refusals import fully_refused, refusal_note  # bench/, the script's folder, is on sys.path
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 DOCS = (ROOT / "README.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md")))
@@ -59,6 +61,19 @@ def _row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def _refusable(item: dict[str, Any], head: list[str], *, width: int,
+               figures: Callable[[dict[str, Any]], list[str]]) -> list[str]:
+    """A row of ``width`` cells: ``head`` (the cells naming the item), then ``figures(item)``; a partly
+    refused item's last head cell adds its refused steps (``bench/refusals.py``), and one with no
+    planned step shows the refusal in place of figures."""
+    note = refusal_note(item)
+    if fully_refused(item):
+        return [*head, note, *["-"] * (width - len(head) - 1)]
+    if note:
+        head = [*head[:-1], f"{head[-1]} ({note})"]
+    return [*head, *figures(item)]
+
+
 def _grid(data: dict[str, Any]) -> list[str]:
     head = ["workload", "GPUs", "batch", "x bucket-sp4", "x bucket-best", "x static-best",
             "x megatron-dyncp", "x dcp-greedy", "x naive", "**x strongest** (min)", "ceiling",
@@ -66,20 +81,26 @@ def _grid(data: dict[str, Any]) -> list[str]:
             "CPU p50 / p95 ms"]
     lines = [_row(head), "|---|" + "---:|" * (len(head) - 1)]
     for c in data["grid"]:
-        size = (c.get("bucket_best_size") or "-").removeprefix("bucket-")
-        statuses = c.get("statuses", {})
-        lines.append(_row([
-            c["workload"], _gpus(c["cluster"]), str(c["num_samples"]), _x(c["speedup_bucket-sp4_mean"]),
-            f"{_x(c['speedup_bucket-best_mean'])} ({size})", _x(c["speedup_static-best_mean"]),
-            _x(c["speedup_megatron-dyncp_mean"]), _x(c["speedup_dcp-greedy_mean"]), _x(c["speedup_naive_mean"]),
-            f"**{_x(c['speedup_strongest_mean'])}** ({_x(c['speedup_strongest_min'])})",
-            _x(c["ceiling_strongest_mean"]),
-            f"{statuses.get('BASELINE', 0)} / {statuses.get('POLISHED_BASELINE', 0)}",
-            f"{_pct(c['gap_lp_mean'])} / {_pct(c['gap_lp_p95'])}",
-            f"{_pct(c['gap_lp_compute_mean'])} / {_pct(c['gap_lp_compute_p95'])}",
-            f"{_ms(c['cpu_p50_s'])} / {_ms(c['cpu_p95_s'])}",
-        ]))
+        lines.append(_row(_refusable(c, [c["workload"], _gpus(c["cluster"]), str(c["num_samples"])],
+                                     width=len(head), figures=_grid_figures)))
     return lines
+
+
+def _grid_figures(c: dict[str, Any]) -> list[str]:
+    """A grid cell's figures (``_grid``'s columns after the batch)."""
+    size = (c.get("bucket_best_size") or "-").removeprefix("bucket-")
+    statuses = c.get("statuses", {})
+    return [
+        _x(c["speedup_bucket-sp4_mean"]),
+        f"{_x(c['speedup_bucket-best_mean'])} ({size})", _x(c["speedup_static-best_mean"]),
+        _x(c["speedup_megatron-dyncp_mean"]), _x(c["speedup_dcp-greedy_mean"]), _x(c["speedup_naive_mean"]),
+        f"**{_x(c['speedup_strongest_mean'])}** ({_x(c['speedup_strongest_min'])})",
+        _x(c["ceiling_strongest_mean"]),
+        f"{statuses.get('BASELINE', 0)} / {statuses.get('POLISHED_BASELINE', 0)}",
+        f"{_pct(c['gap_lp_mean'])} / {_pct(c['gap_lp_p95'])}",
+        f"{_pct(c['gap_lp_compute_mean'])} / {_pct(c['gap_lp_compute_p95'])}",
+        f"{_ms(c['cpu_p50_s'])} / {_ms(c['cpu_p95_s'])}",
+    ]
 
 
 def _budget(value_s: float) -> str:
@@ -91,15 +112,22 @@ def _budgets(data: dict[str, Any]) -> list[str]:
             "wall p50 / p95 ms", "steps CP-SAT improved", "CP-SAT gain mean (max)", "LNS rounds kept / run"]
     lines = [_row(head), "|---:|---|" + "---:|" * (len(head) - 2)]
     for c in data["budgets"]:
-        improved = round(c["cpsat_improved_share"] * c["steps"])
-        lines.append(_row([
-            _budget(c["budget_s"]), c["workload"], f"{_pct(c['gap_lp_mean'])} / {_pct(c['gap_lp_p95'])}",
-            _x(c["speedup_strongest_mean"]), f"{_ms(c['cpu_p50_s'])} / {_ms(c['cpu_p95_s'])}",
-            f"{_ms(c['latency_p50_s'])} / {_ms(c['latency_p95_s'])}", f"{improved} / {c['steps']}",
-            f"{_pct(c['cpsat_gain_mean'] - 1)} ({_pct(c['cpsat_gain_max'] - 1)})",
-            f"{c['lns_improved_rounds']} / {c['lns_rounds']}",
-        ]))
+        lines.append(_row(_refusable(c, [_budget(c["budget_s"]), c["workload"]], width=len(head),
+                                     figures=_budget_figures)))
     return lines
+
+
+def _budget_figures(c: dict[str, Any]) -> list[str]:
+    """A budget cell's figures (``_budgets``' columns after the workload), over its planned steps."""
+    planned = c.get("planned_steps", c["steps"])
+    return [
+        f"{_pct(c['gap_lp_mean'])} / {_pct(c['gap_lp_p95'])}",
+        _x(c["speedup_strongest_mean"]), f"{_ms(c['cpu_p50_s'])} / {_ms(c['cpu_p95_s'])}",
+        f"{_ms(c['latency_p50_s'])} / {_ms(c['latency_p95_s'])}",
+        f"{round(c['cpsat_improved_share'] * planned)} / {planned}",
+        f"{_pct(c['cpsat_gain_mean'] - 1)} ({_pct(c['cpsat_gain_max'] - 1)})",
+        f"{c['lns_improved_rounds']} / {c['lns_rounds']}",
+    ]
 
 
 def _mib(num_bytes: float) -> str:
@@ -142,11 +170,16 @@ def _statuses(data: dict[str, Any]) -> list[str]:
             "search alone beat strongest", "polishing gain mean (max)"]
     lines = [_row(head), "|---|" + "---:|" * (len(head) - 1)]
     for w in data["by_workload"]:
-        gain = ("-" if w["polish_gain_mean"] is None
-                else f"{_pct(w['polish_gain_mean'] - 1)} ({_pct(w['polish_gain_max'] - 1)})")
-        lines.append(_row([w["workload"], str(w["steps"]), str(w["search_steps"]), str(w["baseline_steps"]),
-                           str(w["polished_steps"]), f"{w['search_beat_strongest_steps']} of {w['steps']}", gain]))
+        lines.append(_row(_refusable(w, [w["workload"]], width=len(head), figures=_status_figures)))
     return lines
+
+
+def _status_figures(w: dict[str, Any]) -> list[str]:
+    """A workload's steps by status (``_statuses``' columns after the workload)."""
+    gain = ("-" if w["polish_gain_mean"] is None
+            else f"{_pct(w['polish_gain_mean'] - 1)} ({_pct(w['polish_gain_max'] - 1)})")
+    return [str(w["steps"]), str(w["search_steps"]), str(w["baseline_steps"]), str(w["polished_steps"]),
+            f"{w['search_beat_strongest_steps']} of {w['steps']}", gain]
 
 
 def _points(gap: float | None, reference: float | None) -> str:
@@ -212,13 +245,19 @@ Cell = str | Callable[[dict[str, Any]], str]
 
 
 def _columns(rows: Callable[[dict[str, Any]], list[dict[str, Any]]], columns: list[tuple[str, Cell]], *,
-             left: int = 1) -> Callable[[dict[str, Any]], list[str]]:
+             left: int = 1, refusable: int = 0) -> Callable[[dict[str, Any]], list[str]]:
     """A renderer of one table row per item of ``rows(data)``; the first ``left`` columns
-    (text) left-aligned, the others (numbers) right-aligned."""
+    (text) left-aligned, the others (numbers) right-aligned. With ``refusable``, an item's
+    refused steps are shown after its first ``refusable`` columns (``_refusable``)."""
+    def cells(r: dict[str, Any], part: list[tuple[str, Cell]]) -> list[str]:
+        return [cell.format_map(r) if isinstance(cell, str) else cell(r) for _, cell in part]
+
     def render(data: dict[str, Any]) -> list[str]:
         lines = [_row([head for head, _ in columns]), "|" + "---|" * left + "---:|" * (len(columns) - left)]
         for r in rows(data):
-            lines.append(_row([cell.format_map(r) if isinstance(cell, str) else cell(r) for _, cell in columns]))
+            lines.append(_row(_refusable(r, cells(r, columns[:refusable]), width=len(columns),
+                                         figures=lambda item: cells(item, columns[refusable:]))
+                              if refusable else cells(r, columns)))
         return lines
     return render
 
@@ -310,13 +349,13 @@ TABLES: dict[str, TableSpec] = {
         ("workload", "{workload}"), ("GPUs", lambda r: _gpus(r["cluster"])), ("batch", "{num_samples}"),
         ("inter only / inter + intra, mean", "{intra_gain_mean:.4f}"), ("max", "{intra_gain_max:.4f}"),
         ("steps faster", "{steps_faster} / {steps}"), ("x strongest inter only", "{inter_only_x_strongest:.3f}"),
-        ("x strongest inter + intra", "{both_x_strongest:.3f}")])),
+        ("x strongest inter + intra", "{both_x_strongest:.3f}")], refusable=3)),
     "plan-quality-modern": TableSpec(json_name="plan_quality_modern.json", render=_grid),
     **{name: TableSpec(json_name=json_name, render=_columns(_named("grid"), [
         ("model", lambda r: r["workload"].partition("@")[2] or r["workload"]), ("cluster", "{cluster}"),
         ("batch", "{num_samples}"), ("gap to the plan's bound, mean", lambda r: _pct(r["gap_mean"])),
         ("gap to the LP bound, mean", lambda r: _pct(r["gap_lp_mean"])),
-        ("**x strongest**", lambda r: f"**{_x(r['speedup_strongest_mean'])}**")], left=2))
+        ("**x strongest**", lambda r: f"**{_x(r['speedup_strongest_mean'])}**")], left=2, refusable=3))
        for name, json_name in (("plan-quality-moe", "plan_quality_moe.json"),
                                ("plan-quality-gemma", "plan_quality_gemma.json"))},
     "plan-quality-layouts": TableSpec(json_name="plan_quality_layouts.json", render=_layouts),

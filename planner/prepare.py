@@ -24,6 +24,13 @@ from planner.layouts import layout_options
 from planner.placement import representable
 
 
+class SampleFitsNowhereError(ValueError):
+    """A sample of the batch fits on no allowed group, even with full checkpointing: no plan of
+    this batch exists on this cluster under this cost model. A ``ValueError`` like the other
+    refusals of bad input; its own type lets a caller that plans many batches (a benchmark's grid)
+    record this refusal and go on while any other error still stops it."""
+
+
 @dataclass(frozen=True, slots=True)
 class Prepared:
     """A checked batch with its cost table and bounds."""
@@ -39,8 +46,9 @@ def prepare(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: Cost
 
     Raises:
         ValueError: for an empty batch, repeated sample ids, a 1D sample for a 2D model, a world
-            the allowed sizes cannot partition, model states over the memory cap, or a sample
-            that fits nowhere.
+            the allowed sizes cannot partition, or model states over the memory cap.
+        SampleFitsNowhereError: (a ``ValueError``) for a sample that fits nowhere, named with
+            its tokens, the activation memory it needs on the largest allowed group and the limit.
     """
     if len(samples) == 0:
         raise ValueError("the batch is empty: a plan needs at least one sample")
@@ -77,7 +85,7 @@ def prepare(samples: Sequence[Sample], *, cluster: ClusterSpec, cost_model: Cost
         biggest = max(sizes)
         act = float(cm.activation_bytes(sample.tokens, group_size=biggest,
                                         recompute_layers=cm.num_layers))
-        raise ValueError(
+        raise SampleFitsNowhereError(
             f"sample {sample.id!r} ({sample.tokens:,} tokens) fits nowhere: even on the largest "
             f"allowed group ({biggest} ranks) with full checkpointing it needs {fmt_bytes(act)} "
             f"of activations per rank, over the limit of {fmt_bytes(table.budget_bytes)} "
