@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 from typing import Any
 
 if "PYTEST_XDIST_WORKER" in os.environ:
@@ -38,6 +39,21 @@ def module_scope(nodeid: str) -> str:
     """The scheduling unit of a test: its module's group, or the module itself."""
     module = nodeid.split("::", 1)[0]
     return MODULE_GROUPS.get(module, module)
+
+
+def pytest_ignore_collect(collection_path: Path, config: Any) -> bool | None:
+    """Under ``-m alone`` (``make test``'s second part), import only the test modules that name
+    the mark: collecting the whole suite imports torch, transformers, diffusers, Ray and OR-Tools,
+    ~20 s of a busy 2-core machine, to run a handful of tests. A module whose tests are ``alone``
+    therefore names the mark itself (``pytest.mark.alone``), as every such module does."""
+    if config.getoption("markexpr", "") != "alone" or collection_path.suffix != ".py" \
+            or not collection_path.name.startswith("test_"):
+        return None
+    try:
+        text = collection_path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return None if "mark.alone" in text else True
 
 
 if importlib.util.find_spec("xdist") is not None:
