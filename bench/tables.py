@@ -342,10 +342,10 @@ def _yes(flag: bool) -> str:
 
 
 TABLES: dict[str, TableSpec] = {
-    "plan-quality-quick": TableSpec(json_name="plan_quality_quick.json", render=_grid),
-    "plan-statuses-quick": TableSpec(json_name="plan_quality_quick.json", render=_statuses),
-    "plan-quality-budgets-quick": TableSpec(json_name="plan_quality_quick.json", render=_budgets),
-    "plan-intra-ablation-quick": TableSpec(json_name="plan_quality_quick.json", render=_columns(_named("ablation"), [
+    "plan-quality": TableSpec(json_name="plan_quality.json", render=_grid),
+    "plan-statuses": TableSpec(json_name="plan_quality.json", render=_statuses),
+    "plan-quality-budgets": TableSpec(json_name="plan_quality.json", render=_budgets),
+    "plan-intra-ablation": TableSpec(json_name="plan_quality.json", render=_columns(_named("ablation"), [
         ("workload", "{workload}"), ("GPUs", lambda r: _gpus(r["cluster"])), ("batch", "{num_samples}"),
         ("inter only / inter + intra, mean", "{intra_gain_mean:.4f}"), ("max", "{intra_gain_max:.4f}"),
         ("steps faster", "{steps_faster} / {steps}"), ("x strongest inter only", "{inter_only_x_strongest:.3f}"),

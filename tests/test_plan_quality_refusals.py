@@ -117,7 +117,7 @@ def test_tables_show_refused_cells_in_words(cells: dict[str, dict[str, Any]]) ->
     whole = f"refused: {STEPS} of {STEPS} steps (sample 'video3d-long:"
     some = f"refused: {STEPS - planned} of {STEPS} steps (sample 'video3d-long:"
     renders = {name: tables.TABLES[name].render(data) for name in (
-        "plan-quality-quick", "plan-statuses-quick", "plan-quality-budgets-quick", "plan-intra-ablation-quick",
+        "plan-quality", "plan-statuses", "plan-quality-budgets", "plan-intra-ablation",
         "plan-quality-moe")}
     for name, lines in renders.items():
         width = lines[0].count("|")
@@ -126,10 +126,10 @@ def test_tables_show_refused_cells_in_words(cells: dict[str, dict[str, Any]]) ->
         assert refused_rows, (name, lines)
         for row in refused_rows:  # the refusal in place of the figures, shortened to the sample
             assert "fits nowhere)" in row and "GiB" not in row and "%" not in row, row
-    grid = renders["plan-quality-quick"]
+    grid = renders["plan-quality"]
     (partly_row,) = [line for line in grid if some in line]
     assert f"| {partly['summary']['gap_lp_mean']:.2%} / " in partly_row  # its figures, over the planned steps
-    (budget_row,) = [line for line in renders["plan-quality-budgets-quick"] if some in line]
+    (budget_row,) = [line for line in renders["plan-quality-budgets"] if some in line]
     assert f"/ {planned} |" in budget_row  # CP-SAT's steps out of those planned
 
 
