@@ -8,7 +8,6 @@ from __future__ import annotations
 import random
 import socket
 import sqlite3
-import statistics
 import subprocess
 import sys
 import threading
@@ -55,25 +54,6 @@ def release_lock(holder: subprocess.Popen[str]) -> None:
     holder.wait(timeout=60)
 
 
-def healthz_latencies_s(url: str, *, count: int, pause_s: float = 0.01) -> list[float]:
-    out = []
-    with httpx.Client(timeout=10.0) as client:
-        for _ in range(count):
-            start = time.perf_counter()
-            assert client.get(f"{url}/healthz").status_code == 200
-            out.append(time.perf_counter() - start)
-            time.sleep(pause_s)
-    return out
-
-
-FROZEN_BOUND_S = 0.3
-"""How much later than idle /healthz may answer at p99 while the loop is loaded."""
-
-
-def p99(values: list[float]) -> float:
-    return statistics.quantiles(values, n=100)[98]
-
-
 def raw_http(port: int, head: bytes, body: bytes = b"", *, wait_s: float = 10.0) -> bytes:
     """Send raw bytes and read the answer until the server closes or ``wait_s`` passes."""
     with socket.create_connection(("127.0.0.1", port), timeout=wait_s) as sock:
@@ -103,87 +83,135 @@ def test_plan_stops_at_its_deadline_whatever_the_options(server_factory: Any) ->
                                                           "cost_model_id": COST_MODEL, "options": heavy})
     elapsed_s = time.monotonic() - start
     assert response.status_code == 422, response.text[:300]
-    assert response.json()["detail"][0]["loc"] == ["body", "options", "time_limit_s"]
-    # the 422 naming time_limit_s shows the deadline ended it (the plan itself runs minutes with
-    # these options); the bound only catches a deadline that fires far too late: 3.5 s on a quiet
-    # box, 6.1 s beside a second test suite on 2 cores
-    assert elapsed_s < 1.0 + 30.0, elapsed_s
+    detail = response.json()["detail"][0]
+    assert detail["loc"] == ["body", "options", "time_limit_s"]
+    # Judged by order: a 422 naming the 1 s limit, not the plan these options make (it runs for
+    # minutes), shows the deadline stopped it before the plan's own end; and not before its limit.
+    assert "wall-clock limit of 1 s" in detail["msg"], detail
+    assert elapsed_s >= 1.0, elapsed_s
     small = {"samples": samples[:8], "cluster": "h200x8", "cost_model_id": COST_MODEL, "options": FAST}
     assert server.request("POST", "/v1/plans", json=small).status_code == 200  # the worker is fine
 
 
 def test_loop_answers_while_the_store_is_locked(server_factory: Any) -> None:
-    server = server_factory(env={"DCP_STORE_BUSY_TIMEOUT_S": "1.5"}).start()
+    """Judged by order, not latency: the lock is held until the test releases it and the store
+    waits up to a minute for it, so no write can finish before the release. /healthz and a read
+    answered while every write is still pending show the loop is not frozen by them (a write run on
+    the loop would hold every later request until the release)."""
+    server = server_factory(env={"DCP_STORE_BUSY_TIMEOUT_S": "60"}).start()
     db = server.tmp_path / "plans.sqlite"
     assert server.request("GET", "/v1/epochs").status_code == 200
-    idle = healthz_latencies_s(server.url, count=50)
-    holder = hold_lock(db, 4.0)
-    codes: list[int] = []
-    details: list[str] = []
+    holder = hold_lock(db, None)
+    released = threading.Event()
+
+    def release() -> None:
+        if not released.is_set():
+            released.set()
+            release_lock(holder)
+
+    # Only a guard against a frozen loop hanging the test (the order check below fails then).
+    guard = threading.Timer(60.0, release)
+    guard.start()
+    answered: list[tuple[int, bool]] = []  # (status, lock released already) per write, in order
 
     def write(i: int) -> None:
-        body = {"manifest_jsonl": manifest_lines(4, prefix=f"w{i}-"), "batch": {"samples_per_step": 2},
-                "cluster": "h200x8", "cost_model_id": COST_MODEL, "options": FAST}
-        response = server.request("POST", "/v1/epochs", json=body)
-        codes.append(response.status_code)
-        details.append(response.text)
+        response = server.request("POST", "/v1/epochs", json=_epoch(f"w{i}", manifest_lines(4, prefix=f"w{i}-"), 2))
+        answered.append((response.status_code, released.is_set()))
 
     writers = [threading.Thread(target=write, args=(i,)) for i in range(6)]
     for t in writers:
         t.start()
-    latencies = healthz_latencies_s(server.url, count=100)
-    reads = [server.request("GET", "/v1/cost-models").status_code for _ in range(5)]
+    with httpx.Client(timeout=120.0) as client:
+        # the writes were sent first; one run on the loop would hold a probe until the release
+        health = [(client.get(f"{server.url}/healthz").status_code, released.is_set(), len(answered))
+                  for _ in range(100)]
+        reads = [(client.get(f"{server.url}/v1/cost-models", headers=AUTH).status_code, released.is_set())
+                 for _ in range(5)]
+    guard.cancel()
+    release()
     for t in writers:
         t.join()
-    holder.wait(timeout=30)
-    # A frozen loop answered in 3-28 s (issue 11); the bound is a tenth of the smallest freeze on
-    # top of what the shared machine costs when idle (a loaded 2-core box adds ~100 ms at p99;
-    # bench/faults.py measures the latencies).
-    assert p99(latencies) < FROZEN_BOUND_S + p99(idle), f"healthz p99 {p99(latencies) * 1e3:.1f} ms while locked " \
-                                               f"({p99(idle) * 1e3:.1f} ms idle)"
-    assert reads == [200] * 5
-    assert set(codes) <= {202, 503} and 503 in codes, codes
-    assert all("locked" in d for c, d in zip(codes, details, strict=True) if c == 503)
-    # After the lock: writes work, nothing half-written.
-    assert server.request("POST", "/v1/epochs", json=_epoch("after", manifest_lines(4), 2)).status_code == 202
-    assert _wait(server, "after")["state"] == "done"
+    assert health == [(200, False, 0)] * 100, "a /healthz waited for the store lock (or a write finished under it)"
+    assert reads == [(200, False)] * 5
+    assert answered == [(202, True)] * 6, answered  # each write waited for the lock, then landed
+    for i in range(6):
+        assert _wait(server, f"w{i}")["state"] == "done"
+
+
+def test_a_write_to_a_locked_store_is_a_503_naming_the_lock(settings: Any) -> None:
+    """Past DCP_STORE_BUSY_TIMEOUT_S a write is refused naming the lock; after it writes work and
+    nothing was half-written (the app in process: the loop's part is the test above)."""
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+
+    with TestClient(create_app(settings.model_copy(update={"store_busy_timeout_s": 0.5})),
+                    headers=AUTH) as client:
+        holder = hold_lock(settings.db_path, None)
+        try:
+            refused = client.post("/v1/epochs", json=_epoch("locked", manifest_lines(4), 2))
+        finally:
+            release_lock(holder)
+        assert refused.status_code == 503 and "locked" in refused.text, refused.text
+        assert client.get("/v1/epochs/locked").status_code == 404
+        assert client.post("/v1/epochs", json=_epoch("after", manifest_lines(4), 2)).status_code == 202
+        while (state := client.get("/v1/epochs/after").json()["state"]) in ("queued", "running"):
+            time.sleep(0.05)
+        assert state == "done"
+
+
+def _tcp_queues(local_port: int, remote_port: int) -> tuple[int, int]:
+    """(bytes sent but not yet taken by the peer's kernel, bytes received but not yet read by the
+    application) of the loopback IPv4 socket ``local_port`` -> ``remote_port`` (/proc/net/tcp)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].split(":")[1], 16) == local_port and int(fields[2].split(":")[1], 16) == remote_port:
+            tx, rx = fields[4].split(":")
+            return int(tx, 16), int(rx, 16)
+    raise AssertionError(f"no socket {local_port} -> {remote_port} in /proc/net/tcp")
 
 
 def test_large_body_and_unauthenticated_body(server_factory: Any) -> None:
+    """Judged by order, not latency: once the server has read the whole 30 MB body (the kernel
+    holds none of it on either side), it parses it until the value limit stops it (413); a
+    /healthz answered after that and before the 413 shows the parse does not hold the loop."""
     server = server_factory(env={"DCP_MAX_BODY_BYTES": str(40_000_000)}).start()
     samples = ",".join(f'{{"id":"sample-{i}","tokens":{1000 + i % 5000}}}' for i in range(900_000))
     body = ('{"samples":[' + samples + '],"cluster":"h200x8","cost_model_id":"' + COST_MODEL + '"}').encode()
     assert len(body) > 30_000_000
-    # Two tries at most: on the shared 2-core machine another process can take both cores for
-    # a while; the loop itself must stay responsive in at least one of them.
-    measured = []
-    for _ in range(2):
-        result: dict[str, Any] = {}
-        idle = healthz_latencies_s(server.url, count=50)
+    head = (f"POST /v1/plans HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"authorization: {AUTH['Authorization']}\r\ncontent-length: {len(body)}\r\n\r\n").encode()
+    answered = threading.Event()
+    answer: list[bytes] = []
+    with socket.create_connection(("127.0.0.1", server.port)) as sock, httpx.Client(timeout=120.0) as client:
+        own_port = sock.getsockname()[1]
 
-        def post(out: dict[str, Any] = result) -> None:
-            response = httpx.post(f"{server.url}/v1/plans", content=body, timeout=120,
-                                  headers={**AUTH, "content-type": "application/json"})
-            out.update(code=response.status_code, text=response.text)
+        def read_answer() -> None:
+            answer.append(sock.recv(65536))
+            answered.set()
 
-        poster = threading.Thread(target=post)
-        poster.start()
-        latencies = healthz_latencies_s(server.url, count=150)
-        poster.join()
-        assert result["code"] == 413 and "values" in result["text"], result  # stopped while parsing
-        measured.append((p99(latencies), p99(idle)))
-        if p99(latencies) < FROZEN_BOUND_S + p99(idle):
-            break
-    assert any(busy < FROZEN_BOUND_S + idle_s for busy, idle_s in measured), \
-        [f"healthz p99 {busy * 1e3:.1f} ms during a 30 MB body ({idle_s * 1e3:.1f} ms idle)"
-         for busy, idle_s in measured]
+        reader = threading.Thread(target=read_answer)
+        sock.sendall(head + body)
+        reader.start()
+        while _tcp_queues(own_port, server.port) != (0, 0) or _tcp_queues(server.port, own_port)[1] != 0:
+            assert not answered.is_set(), answer  # answered before it read the body
+            time.sleep(0.001)
+        # The body is the server's now; each /healthz below is sent after it was read.
+        during = []
+        while not answered.is_set():
+            assert client.get(f"{server.url}/healthz").status_code == 200
+            during.append(not answered.is_set())
+        reader.join()
+    assert answer[0].startswith(b"HTTP/1.1 413") and b"values" in answer[0], answer[0][:300]  # stopped while parsing
+    assert any(during), "no /healthz answered between the body's last byte read and the 413: the parse holds the loop"
 
-    # Without the token, a large declared body is refused before a byte of it is read.
-    start = time.monotonic()
-    answer = raw_http(server.port, b"POST /v1/plans HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                                   b"content-length: 30000000\r\n\r\n", wait_s=5.0)
-    assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
-    assert b"connection: close" in answer.lower() and time.monotonic() - start < 2.0
+    # Without the token, a large declared body is refused before a byte of it is read: the 401
+    # comes back and the connection is closed although no body byte was ever sent (a server that
+    # read the body first would answer 408 after DCP_BODY_READ_TIMEOUT_S, 30 s here, or nothing).
+    answer_401 = raw_http(server.port, b"POST /v1/plans HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                                       b"content-length: 30000000\r\n\r\n", wait_s=120.0)
+    assert answer_401.startswith(b"HTTP/1.1 401"), answer_401[:200]
+    assert b"connection: close" in answer_401.lower()
 
 
 def test_chunked_over_limit_is_413_and_slow_body_is_408(server_factory: Any) -> None:
@@ -197,10 +225,13 @@ def test_chunked_over_limit_is_413_and_slow_body_is_408(server_factory: Any) -> 
     for _ in range(10):
         answer = raw_http(server.port, head + b"transfer-encoding: chunked\r\n\r\n", chunked)
         assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    # The body never completes: the 408 names the configured 1 s (not the default 30 s), and it
+    # comes no sooner than that after the head was sent (a lower bound: a slow machine only adds).
     start = time.monotonic()
-    answer = raw_http(server.port, head + b"content-length: 100\r\n\r\n", b'{"samples": [')
-    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
-    assert 0.8 < time.monotonic() - start < 5.0
+    answer = raw_http(server.port, head + b"content-length: 100\r\n\r\n", b'{"samples": [', wait_s=120.0)
+    elapsed_s = time.monotonic() - start
+    assert answer.startswith(b"HTTP/1.1 408") and b"not received within 1 s" in answer, answer[:300]
+    assert elapsed_s > 0.8, elapsed_s
 
 
 def test_killed_worker_and_locked_store_do_not_fail_a_job(server_factory: Any) -> None:
