@@ -96,8 +96,8 @@ class PlannerClient:
             PlanUnavailableError: when the deadline passes without a useful answer.
             PlanRequestError: on a 4xx answer that is not retried.
         """
-        deadline = time.monotonic() + (self.retry.deadline_s if deadline_s is None else deadline_s)
         start = time.monotonic()
+        deadline = start + (self.retry.deadline_s if deadline_s is None else deadline_s)
         backoff = self.retry.initial_backoff_s
         attempts = 0
         last = "no attempt"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -83,7 +84,10 @@ def test_outage_shorter_than_deadline_is_ridden_out_longer_one_is_a_clear_error(
         message = str(info.value)
         assert f"/v1/epochs/{EPOCH}/steps/2/ranks/1" in message
         assert "deadline" in message and "attempts" in message and "ConnectError" in message
-        assert 1.4 <= elapsed <= 6.0
+        # Judged by structure: the deadline it gave up at is the policy's (the service stays down,
+        # so a client that ignored it would never return); it waited at least that long.
+        assert "within the 1.5 s deadline" in message, message
+        assert elapsed >= 1.5, elapsed
 
         # With a local fallback the same step is planned in-process, identically.
         fallback = PlanPrefetcher(short, epoch_id=EPOCH, rank=1, depth=0, fallback=_local_plan)
@@ -96,25 +100,33 @@ def test_outage_shorter_than_deadline_is_ridden_out_longer_one_is_a_clear_error(
         client.close()
 
 
-@pytest.mark.timeout(60)
-def test_bad_request_fails_at_once(service: Service) -> None:
-    with PlannerClient(service.url, retry=RetryPolicy(deadline_s=30)) as client:
-        start = time.monotonic()
-        with pytest.raises(PlanRequestError, match="HTTP 422"):
-            client.start_epoch({"epoch_id": "bad", "batch": {"samples_per_step": 2},
-                                "cluster": "h200x8", "cost_model_id": "x"})
-        assert time.monotonic() - start < 5
+def _retried_answers(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The client's "failed (HTTP ...); retrying" records: an answer after which it tried again (a
+    connection refused while the service restarts after the test above is retried, rightly)."""
+    return [r.getMessage() for r in caplog.records
+            if r.name == "executor.client" and "(HTTP " in r.getMessage() and "retrying" in r.getMessage()]
 
 
 @pytest.mark.timeout(60)
-def test_unknown_epoch_or_step_fails_at_once(service: Service) -> None:
+def test_bad_request_fails_at_once(service: Service, caplog: pytest.LogCaptureFixture) -> None:
+    """At once: on the first answer, not retried (judged by attempts, not by the clock)."""
+    caplog.set_level(logging.DEBUG, logger="executor.client")
+    with PlannerClient(service.url, retry=RetryPolicy(deadline_s=30)) as client, \
+            pytest.raises(PlanRequestError, match="HTTP 422"):
+        client.start_epoch({"epoch_id": "bad", "batch": {"samples_per_step": 2},
+                            "cluster": "h200x8", "cost_model_id": "x"})
+    assert _retried_answers(caplog) == []
+
+
+@pytest.mark.timeout(60)
+def test_unknown_epoch_or_step_fails_at_once(service: Service, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="executor.client")
     with PlannerClient(service.url, retry=RetryPolicy(deadline_s=30)) as client:
-        start = time.monotonic()
         with pytest.raises(PlanRequestError, match="HTTP 404: unknown epoch 'no-such-epoch'"):
             client.rank_plan("no-such-epoch", 0, 0)
         with pytest.raises(PlanRequestError, match="step 999 does not exist"):
             client.rank_plan(EPOCH, 999, 0)
-        assert time.monotonic() - start < 5
+    assert _retried_answers(caplog) == []
 
 
 def test_retry_policy_rejects_bad_values() -> None:
