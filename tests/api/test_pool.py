@@ -114,10 +114,11 @@ def test_deadline_backstop_kills_a_task_that_ignores_its_alarm_even_after_a_repl
                 break
         with pytest.raises(DeadlineExceededError):  # the cooperative stop
             pool.submit_with_deadline(0.3, _sleep, 30.0).result(timeout=30)
-        start = time.monotonic()
-        with pytest.raises(BrokenProcessPool):  # the backstop: 0.3 s + 0.5 s grace, then killed
-            pool.submit_with_deadline(0.3, _ignores_alarm, 30.0).result(timeout=30)
-        assert time.monotonic() - start < 15.0
+        # The backstop: 0.3 s + 0.5 s grace, then killed. Judged by order, not by a bound on the
+        # clock: the task returns "finished" after 30 s, so a broken pool (not that result) and
+        # one deadline kill show the backstop ended it before its own end.
+        with pytest.raises(BrokenProcessPool):
+            pool.submit_with_deadline(0.3, _ignores_alarm, 30.0).result()
         assert pool.num_deadline_kills == 1
     finally:
         pool.shutdown(wait=False, cancel_futures=True)

@@ -130,10 +130,11 @@ def _ray_workers_running(name: str = "plan_step_batch") -> list[int]:
 
 def test_unreachable_cluster_is_refused_naming_it(cluster: Any) -> None:
     port = free_port()
-    start = time.monotonic()
+    # Judged by the cause, not the clock: the refusal comes from the TCP probe of the address
+    # (connection refused), before any Ray call could wait on the missing cluster.
     with pytest.raises(ClusterUnavailableError, match=f"127.0.0.1:{port}.*unreachable") as info:
         connect_executor(RayConfig(address=f"127.0.0.1:{port}", connect_timeout_s=2.0))
-    assert time.monotonic() - start < 5.0
+    assert "Connection refused" in str(info.value), info.value
     assert classify(info.value).transient
     with pytest.raises(ValueError, match="no valid port"):
         RayConfig(address="ray://somewhere")
