@@ -267,8 +267,8 @@ def test_lost_cluster_fails_the_job_naming_it_and_keeps_the_steps(
         store, "e", get_cost_model=_cost_model, executor=executor, num_workers=0, write_batch_steps=2,
         requeue_transient=True)))
     thread.start()
-    deadline = time.monotonic() + 60
-    while (record := store.get_epoch("e")) is not None and record.steps_done < 4 and time.monotonic() < deadline:
+    # Judged by progress, not by a deadline: the kill lands once 4 steps are stored.
+    while (record := store.get_epoch("e")) is not None and record.steps_done < 4 and thread.is_alive():
         time.sleep(0.01)
     # Everything but the raylet this process (the driver) is attached to: Ray's core worker exits
     # its process on the first message to a dead local raylet ("Exiting because the Raylet IPC
@@ -284,11 +284,12 @@ def test_lost_cluster_fails_the_job_naming_it_and_keeps_the_steps(
                 for pid in victims:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
-    killed_at = time.monotonic()
-    thread.join(timeout=60)
+    # Judged by the outcome, not by how soon: Ray's driver waits a year for a lost GCS
+    # (GCS_RECONNECT_TIMEOUT_S), so the job returns only because the runner fails it (a runner
+    # that waited on the cluster instead would reach the test's timeout).
+    thread.join()
     try:
         final = result["final"]
-        assert time.monotonic() - killed_at < 20
         assert final.state == "queued" and final.transient, final  # the service retries it with backoff
         assert cluster.address in final.error and "failed mid-job" in final.error
         assert 4 <= final.steps_done < NUM_STEPS
