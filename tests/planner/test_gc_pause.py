@@ -104,7 +104,10 @@ def test_a_callers_frozen_objects_stay_frozen() -> None:
         assert frozen > 0
         with paused_gc():
             _ = [[i] for i in range(1000)]
-        assert gc.get_freeze_count() == frozen  # not released by an unfreeze
+        # Not released by an unfreeze (which empties the permanent generation). The count may
+        # still drop by the few frozen objects other threads of this process free meanwhile
+        # (2 of ~900,000 in one run beside a second test suite), so equality is not the test.
+        assert gc.get_freeze_count() >= frozen * 0.99, (gc.get_freeze_count(), frozen)
         assert gc.isenabled()
     finally:
         gc.unfreeze()
